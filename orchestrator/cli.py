@@ -1,0 +1,132 @@
+"""The `orchestrator` command: run, plan, translate and report.
+
+Every subcommand that takes a trial reads Hydra overrides (`model=gpt2-350m
+zero.stage=2`), and with -m a Hydra multirun sweep (`parallel.dp=1,2,4`,
+`+sweep=dp_bucket`). All points of a sweep are composed and validated before anything
+starts, so a bad value fails in a second with exit code 2 and a one-paragraph message,
+not half-way through a sweep with a traceback.
+
+Exit codes: 0 ok; 1 a trial ran and failed; 2 invalid config; 3 the plan refuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from orchestrator.compose import expand_sweep, presets
+from orchestrator.config import GROUPS
+from orchestrator.errors import ConfigError, PlanRefused
+from orchestrator.spec import TrialSpec, build_spec
+
+DEFAULT_GROUPS_NOTE = "(fields, no presets)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ConfigError, PlanRefused) as exc:
+        print(f"orchestrator {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def specs_from(args: argparse.Namespace) -> list[TrialSpec]:
+    """Every trial the command line asks for, composed and validated (ConfigError if not)."""
+    points = expand_sweep(args.overrides) if args.multirun else [args.overrides]
+    specs = []
+    for i, point in enumerate(points):
+        try:
+            specs.append(build_spec(point))
+        except ConfigError as exc:
+            if len(points) > 1:
+                exc.args = (f"sweep point {i + 1} of {len(points)} ({' '.join(point)}): {exc}",)
+            raise
+    return specs
+
+
+# --- subcommands (filled in by the plan, translate, run and report stages) ------------
+
+
+def _not_yet(what: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        specs = specs_from(args)
+        for spec in specs:
+            print(_summary(spec))
+        print(f"orchestrator {args.command}: {what} is not implemented yet; "
+              f"the {len(specs)} trial(s) above are valid and nothing was launched.", file=sys.stderr)
+        return 1
+
+    return handler
+
+
+def _report_not_yet(args: argparse.Namespace) -> int:
+    print(f"orchestrator report: collecting result.json files below {args.dir} is not implemented yet.", file=sys.stderr)
+    return 1
+
+
+def _summary(spec: TrialSpec) -> str:
+    c = spec.choices
+    return (f"model={c.get('model')} zero.stage={spec.cfg.zero.stage} recompute={spec.cfg.recompute.mode} "
+            f"dp={spec.dp} nodes={spec.nodes} micro={spec.micro_batch_size} grad_accum={spec.grad_accum_steps} "
+            f"global={spec.global_batch_size} tokens/step={spec.tokens_per_step} precision={spec.precision} "
+            f"hardware={spec.cfg.hardware.name}")
+
+
+# --- argument parsing -----------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="orchestrator",
+        description="Declarative experiments for distributed LLM training: plan a trial, "
+                    "write its DeepSpeed/Accelerate configs, launch it here or on SLURM, measure it.",
+        epilog=_groups_help() + _EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def trial_command(name: str, summary: str, handler) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=summary, description=summary, epilog=_groups_help(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                       help="Hydra override: group=preset (model=gpt2-350m), field=value "
+                            "(zero.reduce_bucket_size=2e8), with -m a sweep (parallel.dp=1,2,4)")
+        p.add_argument("-m", "--multirun", action="store_true", help="run a Hydra sweep over comma lists, range(), +sweep=NAME")
+        p.set_defaults(handler=handler)
+        return p
+
+    trial_command("run", "Run one trial (or a sweep with -m) and record result.json.", _not_yet("launching trials"))
+    plan = trial_command("plan", "Predict memory, FLOPs, communication and step time; launch nothing.",
+                         _not_yet("the planner"))
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (the keys of DESIGN.md)")
+    translate = trial_command("translate", "Write the engine configs and launch commands without running.",
+                              _not_yet("translation to engine configs"))
+    translate.add_argument("--out", required=True, metavar="DIR", help="directory for the configs and commands")
+    report = sub.add_parser("report", help="Collect every result.json below DIR into a table, CSV and plots.",
+                            description="Collect every result.json below DIR into a table, CSV and plots.")
+    report.add_argument("dir", metavar="DIR")
+    report.add_argument("--json", action="store_true", help="print the collected rows as JSON")
+    report.set_defaults(handler=_report_not_yet)
+    return parser
+
+
+def _groups_help() -> str:
+    lines = ["config groups (choose with GROUP=PRESET, override fields with GROUP.FIELD=VALUE):"]
+    lines += [f"  {group:<10} {', '.join(presets(group))}" for group in GROUPS]
+    lines += [f"  {group:<10} {DEFAULT_GROUPS_NOTE}" for group in ("parallel", "run")]
+    sweeps = presets("sweep")
+    lines.append(f"  {'sweep':<10} {', '.join(sweeps) if sweeps else '(none yet)'}  (with -m: +sweep=NAME)")
+    return "\n".join(lines) + "\n"
+
+
+_EXAMPLES = """
+examples:
+  orchestrator run                                   the default: tiny GPT, 2 CPU ranks, W&B offline
+  orchestrator plan model=gpt2-1.3b zero=stage2 hardware=h100-sxm parallel.dp=8
+  orchestrator plan -m model=gpt2-1.3b hardware=h100-sxm parallel.dp=8,16,32,64
+  orchestrator translate model=llama3-8b zero=stage3 hardware=h100-sxm --out cfgs/
+  orchestrator run -m +sweep=dp_bucket_local
+  orchestrator report multirun/
+
+exit codes: 0 ok, 1 a trial failed, 2 invalid config, 3 the plan refuses (run.force=true launches anyway)
+"""

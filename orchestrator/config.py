@@ -1,0 +1,177 @@
+"""The typed schema of a trial: one dataclass per Hydra config group.
+
+This module owns the *shape* of the declarative surface. `conf/` holds the presets
+(YAML files merged into these dataclasses), Hydra composes them with the user's
+overrides, and OmegaConf rejects unknown keys and wrong types on the way. What a
+value may be (ranges, choices, cross-field rules) is checked in `spec.py`, which also
+derives the numbers a trial needs.
+
+Units: bucket sizes and parameter thresholds in elements (as DeepSpeed counts them),
+batch sizes in sequences, memory in GiB, bandwidth in GB/s, latency in microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "gpt2"  # gpt2 | llama
+    n_layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: Optional[int] = None  # null: = heads (no grouped-query attention)
+    ffn_hidden: Optional[int] = None  # null: 4 x hidden
+    vocab: int = 512
+    seq_len: int = 128
+    max_positions: int = 128  # position embeddings (gpt2) / max_position_embeddings (llama)
+    attention: str = "sdpa"  # sdpa | eager
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0  # llama only
+    norm_eps: float = 1e-5
+
+
+@dataclass
+class WarmupConfig:
+    start: int = 8
+    end: int = 32
+    ramp_tokens: int = 16384
+    increment: Optional[int] = None  # null: micro_batch_size x dp, the smallest step
+
+
+@dataclass
+class BatchConfig:
+    micro_batch_size: int = 4
+    global_batch_size: Optional[int] = None  # null: micro_batch_size x dp (no accumulation)
+    warmup: Optional[WarmupConfig] = None
+
+
+@dataclass
+class RecomputeConfig:
+    mode: str = "none"  # none | selective | full
+
+
+@dataclass
+class ZeroConfig:
+    stage: int = 0
+    # Sizes typed Any so that 5e8 is accepted as written and a wrong value reaches
+    # spec.py, which checks for a positive whole number and names the field.
+    reduce_bucket_size: Any = 5e8
+    allgather_bucket_size: Any = 5e8
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    prefetch_bucket_size: Any = 5e7
+    max_live_parameters: Any = 1e9
+    param_persistence_threshold: Any = 1e5
+    offload_optimizer: str = "none"  # none | cpu
+    offload_param: str = "none"  # none | cpu
+    pin_memory: bool = True
+
+
+@dataclass
+class ParallelConfig:
+    dp: int = 2  # data-parallel degree = world size (no tensor/pipeline parallelism yet)
+
+
+@dataclass
+class NumaConfig:
+    mode: str = "none"  # none | node | socket | exclusive | core-complex (torchrun's names)
+
+
+@dataclass
+class EngineConfig:
+    name: str = "deepspeed"  # deepspeed | accelerate
+    backend: str = "deepspeed"  # accelerate only: deepspeed | fsdp
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"  # local | slurm
+    gpus_per_node: int = 8
+    cpus_per_task: int = 8
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time: str = "01:00:00"
+    constraint: Optional[str] = None
+    setup: list[str] = field(default_factory=list)  # shell lines run before srun
+    srun_args: list[str] = field(default_factory=list)
+    wait: bool = False  # block until the job ends (default: submit and return)
+
+
+@dataclass
+class PeakTflops:
+    bf16: Optional[float] = None
+    fp16: Optional[float] = None
+    fp32: Optional[float] = None
+
+
+@dataclass
+class LinkConfig:
+    bandwidth_gbps: float = 5.0  # GB/s per rank, one direction
+    latency_us: float = 50.0  # per ring hop
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "auto"  # auto | a preset name | your own name (then give peak_tflops)
+    device: str = "cpu"  # cpu | cuda
+    peak_tflops: PeakTflops = field(default_factory=PeakTflops)  # dense; null on cpu: measured
+    memory_gib: Optional[float] = None  # null on cpu: the host's RAM
+    compute_efficiency: float = 0.5  # plan assumption: share of peak the matmuls reach
+    intra_node: LinkConfig = field(default_factory=LinkConfig)
+    inter_node: LinkConfig = field(default_factory=LinkConfig)
+
+
+@dataclass
+class LoggerConfig:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "orchestrator"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # null: the sweep's directory name
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    steps: int = 10
+    warmup_steps: int = 2  # timing warm-up: excluded from the measured figures
+    seed: int = 1234
+    # Mixed precision, as DeepSpeed spells it (bf16.enabled / fp16.enabled); both off: fp32.
+    bf16: bool = True
+    fp16: bool = False
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    force: bool = False  # launch even when the plan predicts it will not fit
+    profile: bool = False
+    data: Optional[str] = None  # binary file of token ids; null: synthetic tokens
+
+
+@dataclass
+class TrialConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    numa: NumaConfig = field(default_factory=NumaConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+GROUPS = ("model", "batch", "recompute", "zero", "numa", "engine", "cluster", "hardware", "logger")
+FIELD_GROUPS = ("parallel", "run")  # plain fields, no presets
+
+
+def register() -> None:
+    """Make the schema known to Hydra as `trial` (conf/config.yaml's first default)."""
+    ConfigStore.instance().store(name="trial", node=TrialConfig)

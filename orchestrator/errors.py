@@ -1,0 +1,37 @@
+"""The two ways a trial is stopped before launch, as exceptions the CLI turns into exit codes.
+
+ConfigError (exit 2): the input is wrong. Its message is one short paragraph that names
+the field, the value and what is allowed; the CLI prints it without a traceback.
+PlanRefused (exit 3): the input is valid but the plan predicts the trial cannot run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class ConfigError(ValueError):
+    """A config value that is not allowed, or a combination of values that contradict."""
+
+    exit_code = 2
+
+    def __init__(self, field: str, value: Any, allowed: str, where: str = ""):
+        self.field, self.value, self.allowed = field, value, allowed
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}{field}={_show(value)} is not allowed: {allowed}")
+
+
+class PlanRefused(RuntimeError):
+    """The plan predicts the trial does not fit; `run.force=true` launches anyway."""
+
+    exit_code = 3
+
+
+def one_of(values: Iterable[Any]) -> str:
+    """'a, b or c' for an error message."""
+    items = [str(v) for v in values]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

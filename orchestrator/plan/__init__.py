@@ -1,0 +1,1 @@
+"""Analytic models of a trial, computed before launch (see ../shared/theory/)."""

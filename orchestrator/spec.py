@@ -1,0 +1,305 @@
+"""TrialSpec: a composed config, validated, with the numbers every later stage needs.
+
+`build_spec(overrides)` is the one entry point: Hydra composes (compose.py), this module
+resolves hardware=auto, checks every value and every cross-field rule, and derives world
+size, nodes, grad-accum steps, tokens per step and the global-batch schedule. Anything
+wrong raises ConfigError naming the field, the value and what is allowed, before any
+process is started.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator import hardware
+from orchestrator.compose import Composed, compose_trial, presets
+from orchestrator.config import TrialConfig
+from orchestrator.errors import ConfigError, one_of
+from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
+
+ARCHS = ("gpt2", "llama")
+ATTENTION = ("sdpa", "eager")
+RECOMPUTE = ("none", "selective", "full")
+NUMA = ("none", "node", "socket", "exclusive", "core-complex")
+ENGINES = ("deepspeed", "accelerate")
+BACKENDS = ("deepspeed", "fsdp")
+CLUSTERS = ("local", "slurm")
+DEVICES = ("cpu", "cuda")
+OFFLOAD = ("none", "cpu")
+LOGGER_MODES = ("offline", "online", "disabled")
+BYTES_PER = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    cfg: TrialConfig  # validated; bucket sizes are ints here
+    choices: dict[str, str]  # preset chosen per config group, e.g. {"model": "gpt2-350m"}
+    overrides: tuple[str, ...]
+    precision: str  # bf16 | fp16 | fp32
+    world_size: int
+    dp: int
+    nodes: int
+    gpus_per_node: int  # ranks per node actually used
+    micro_batch_size: int
+    grad_accum_steps: int  # at the final (post warm-up) global batch
+    global_batch_size: int  # sequences, after the warm-up
+    tokens_per_step: int  # at the final global batch
+    schedule: Schedule  # [(from_token, global_batch_size)]
+
+    def resolved(self) -> dict[str, Any]:
+        """The whole config as plain data (for result.json, snapshots and W&B)."""
+        return OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True)
+
+
+def build_spec(overrides: list[str] | tuple[str, ...] = ()) -> TrialSpec:
+    """Compose, resolve hardware=auto, validate and derive; ConfigError on bad input."""
+    composed = compose_trial(list(overrides))
+    if composed.cfg.hardware.name == "auto":
+        composed = _resolve_auto_hardware(composed)
+    return spec_from(composed)
+
+
+def spec_from(composed: Composed) -> TrialSpec:
+    _reject_unknown_keys(composed.cfg)
+    cfg: TrialConfig = OmegaConf.to_object(composed.cfg)
+    _check_model(cfg)
+    _check_zero(cfg)
+    _check_choices(cfg)
+    precision = _check_run(cfg)
+    _check_hardware(cfg, precision, composed.choices.get("hardware", ""))
+    _check_logger(cfg)
+    dp = _positive(cfg.parallel.dp, "parallel.dp")
+    gpus_per_node, nodes = _placement(cfg, dp)
+    mbs, gbs = _check_batch(cfg, dp)
+    return TrialSpec(
+        cfg=cfg, choices=composed.choices, overrides=composed.overrides, precision=precision,
+        world_size=dp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node,
+        micro_batch_size=mbs, grad_accum_steps=grad_accum_steps(gbs, mbs, dp),
+        global_batch_size=gbs, tokens_per_step=gbs * cfg.model.seq_len,
+        schedule=_schedule(cfg, mbs * dp),
+    )
+
+
+# --- one check per concern -----------------------------------------------------------
+
+
+def _reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
+    """`+model.foo=1` slips past Hydra's struct mode; the dataclass schema has the last word."""
+    kind = OmegaConf.get_type(node)
+    allowed = [f.name for f in fields(kind)] if is_dataclass(kind) else None
+    for key, value in node.items_ex(resolve=False):
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if allowed is not None and key not in allowed:
+            raise ConfigError(path, value, f"'{prefix or 'the config'}' has no such field; its fields are {one_of(allowed)}")
+        if isinstance(value, DictConfig) and not value._is_none():
+            _reject_unknown_keys(value, path)
+
+
+def _check_model(cfg: TrialConfig) -> None:
+    m = cfg.model
+    _choice(m.arch, "model.arch", ARCHS)
+    _choice(m.attention, "model.attention", ATTENTION)
+    for name in ("n_layers", "hidden", "heads", "vocab", "max_positions"):
+        _positive(getattr(m, name), f"model.{name}")
+    if m.hidden % m.heads:
+        raise ConfigError("model.heads", m.heads, f"must divide model.hidden={m.hidden} (head size = hidden / heads)")
+    if m.kv_heads is None:
+        m.kv_heads = m.heads
+    _positive(m.kv_heads, "model.kv_heads")
+    if m.heads % m.kv_heads:
+        raise ConfigError("model.kv_heads", m.kv_heads, f"must divide model.heads={m.heads} (grouped-query attention)")
+    if m.arch == "gpt2" and m.kv_heads != m.heads:
+        raise ConfigError("model.kv_heads", m.kv_heads, f"GPT-2 has no grouped-query attention: must equal model.heads={m.heads}")
+    if m.arch == "llama" and (m.hidden // m.heads) % 2:
+        raise ConfigError("model.heads", m.heads, "rotary embeddings need an even head size (hidden / heads)")
+    if m.ffn_hidden is None:
+        m.ffn_hidden = 4 * m.hidden
+    _positive(m.ffn_hidden, "model.ffn_hidden")
+    if not 0 < m.seq_len <= m.max_positions:
+        raise ConfigError("model.seq_len", m.seq_len, f"a length from 1 to model.max_positions={m.max_positions}")
+
+
+def _check_zero(cfg: TrialConfig) -> None:
+    z = cfg.zero
+    _choice(z.stage, "zero.stage", (0, 1, 2, 3))
+    for name in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
+        setattr(z, name, _whole_number(getattr(z, name), f"zero.{name}", minimum=1))
+    z.param_persistence_threshold = _whole_number(z.param_persistence_threshold, "zero.param_persistence_threshold", minimum=0)
+    _choice(z.offload_optimizer, "zero.offload_optimizer", OFFLOAD)
+    _choice(z.offload_param, "zero.offload_param", OFFLOAD)
+    if z.offload_optimizer != "none" and z.stage == 0:
+        raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "needs zero.stage 1, 2 or 3 (stage 0 keeps the optimizer on the device)")
+    if z.offload_param != "none" and z.stage < 3:
+        raise ConfigError("zero.offload_param", z.offload_param, f"needs zero.stage=3 (parameters are partitioned only there; stage is {z.stage})")
+
+
+def _check_choices(cfg: TrialConfig) -> None:
+    _choice(cfg.recompute.mode, "recompute.mode", RECOMPUTE)
+    _choice(cfg.numa.mode, "numa.mode", NUMA)
+    _choice(cfg.engine.name, "engine.name", ENGINES)
+    _choice(cfg.engine.backend, "engine.backend", BACKENDS)
+    if cfg.engine.backend == "fsdp" and cfg.engine.name != "accelerate":
+        raise ConfigError("engine.backend", "fsdp", "FSDP runs through engine=accelerate")
+    if cfg.engine.backend == "fsdp" and cfg.zero.stage == 1:
+        raise ConfigError("zero.stage", 1, "FSDP shards nothing, grads and optimizer, or everything: zero.stage 0, 2 or 3")
+    _choice(cfg.cluster.name, "cluster.name", CLUSTERS)
+    _positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
+    _positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
+    if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", cfg.cluster.time):
+        raise ConfigError("cluster.time", cfg.cluster.time, "a SLURM time limit: MM, HH:MM:SS or D-HH:MM:SS")
+
+
+def _check_run(cfg: TrialConfig) -> str:
+    r = cfg.run
+    _positive(r.steps, "run.steps")
+    if not 0 <= r.warmup_steps < r.steps:
+        raise ConfigError("run.warmup_steps", r.warmup_steps, f"0 to run.steps-1={r.steps - 1} (timing warm-up steps are not measured)")
+    if r.bf16 and r.fp16:
+        raise ConfigError("run.fp16", True, "run.bf16 is on too; choose one precision (set the other false; both false is fp32)")
+    if r.lr <= 0:
+        raise ConfigError("run.lr", r.lr, "a learning rate > 0")
+    if r.grad_clip < 0:
+        raise ConfigError("run.grad_clip", r.grad_clip, "a norm >= 0 (0 turns clipping off)")
+    if r.data is not None and cfg.cluster.name == "local" and not os.path.isfile(r.data):
+        raise ConfigError("run.data", r.data, "a file of token ids that exists (or null for synthetic tokens)")
+    return "bf16" if r.bf16 else "fp16" if r.fp16 else "fp32"
+
+
+def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
+    hw = cfg.hardware
+    _choice(hw.device, "hardware.device", DEVICES)
+    if hw.device == "cpu":
+        if precision == "fp16":
+            raise ConfigError("run.fp16", True, "DeepSpeed's CPU accelerator has no fp16; use run.bf16=true or fp32")
+    else:
+        peak = getattr(hw.peak_tflops, precision)
+        if peak is None or peak <= 0:
+            known = hw.name in presets("hardware")
+            raise ConfigError(f"hardware.peak_tflops.{precision}", peak,
+                              f"{'preset' if known else 'unknown hardware'} '{hw.name}' needs its dense {precision} peak in TFLOPS; "
+                              "MFU never uses a guessed peak")
+        _above_zero(hw.memory_gib, "hardware.memory_gib")
+    if hw.memory_gib is not None:
+        _above_zero(hw.memory_gib, "hardware.memory_gib")
+    if not 0 < hw.compute_efficiency <= 1:
+        raise ConfigError("hardware.compute_efficiency", hw.compute_efficiency, "a share of the peak in (0, 1]")
+    for link in ("intra_node", "inter_node"):
+        _above_zero(getattr(hw, link).bandwidth_gbps, f"hardware.{link}.bandwidth_gbps")
+        if getattr(hw, link).latency_us < 0:
+            raise ConfigError(f"hardware.{link}.latency_us", getattr(hw, link).latency_us, "a latency >= 0")
+
+
+def _check_logger(cfg: TrialConfig) -> None:
+    _choice(cfg.logger.mode, "logger.mode", LOGGER_MODES)
+    if cfg.logger.mode == "online" and not _wandb_key_available():
+        raise ConfigError("logger.mode", "online", "needs WANDB_API_KEY in the environment (or `wandb login`); "
+                          "use logger.mode=offline and `wandb sync` later")
+
+
+def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
+    b = cfg.batch
+    mbs = _positive(b.micro_batch_size, "batch.micro_batch_size")
+    unit = mbs * dp
+    if b.global_batch_size is None and b.warmup is None:
+        b.global_batch_size = unit
+    gbs = _positive(b.global_batch_size, "batch.global_batch_size")
+    if gbs % unit:
+        raise ConfigError("batch.global_batch_size", gbs, f"a multiple of micro_batch_size x dp = {mbs} x {dp} = {unit}")
+    w = b.warmup
+    if w is None:
+        return mbs, gbs
+    if w.end != gbs:
+        raise ConfigError("batch.warmup.end", w.end, f"the global batch after the warm-up, batch.global_batch_size={gbs}")
+    _positive(w.start, "batch.warmup.start")
+    if w.start > w.end:
+        raise ConfigError("batch.warmup.start", w.start, f"at most batch.warmup.end={w.end}")
+    if w.ramp_tokens <= 0:
+        raise ConfigError("batch.warmup.ramp_tokens", w.ramp_tokens, "a number of tokens > 0")
+    if w.start % unit:
+        raise ConfigError("batch.warmup.start", w.start, f"a multiple of micro_batch_size x dp = {unit}")
+    w.increment = unit if w.increment is None else _positive(w.increment, "batch.warmup.increment")
+    if w.increment % unit or (w.end - w.start) % w.increment:
+        raise ConfigError("batch.warmup.increment", w.increment,
+                          f"a multiple of micro_batch_size x dp = {unit} that divides end - start = {w.end - w.start}")
+    return mbs, gbs
+
+
+# --- derivations -------------------------------------------------------------------
+
+
+def _placement(cfg: TrialConfig, dp: int) -> tuple[int, int]:
+    """(ranks per node, nodes): local runs every rank here; SLURM fills whole nodes."""
+    if cfg.cluster.name == "local":
+        return dp, 1
+    per_node = min(dp, cfg.cluster.gpus_per_node)
+    if dp % per_node:
+        raise ConfigError("parallel.dp", dp, f"on SLURM, at most cluster.gpus_per_node={per_node} or a multiple of it (whole nodes)")
+    return per_node, math.ceil(dp / per_node)
+
+
+def _schedule(cfg: TrialConfig, unit: int) -> Schedule:
+    b = cfg.batch
+    if b.warmup is None:
+        return [(0, b.global_batch_size)]
+    return warmup_schedule(b.warmup.start, b.warmup.end, b.warmup.increment, b.warmup.ramp_tokens)
+
+
+def _resolve_auto_hardware(composed: Composed) -> Composed:
+    """hardware=auto: the local GPU's preset, or cpu; never a guess for a remote cluster."""
+    presets_known = [p for p in presets("hardware") if p != "auto"]
+    if composed.cfg.cluster.name != "local":
+        raise ConfigError("hardware", "auto", f"on cluster={composed.cfg.cluster.name} the compute nodes cannot be "
+                          f"seen from here; choose one of {one_of(presets_known)}")
+    gpu = hardware.local_gpu_name()
+    preset = "cpu" if gpu is None else hardware.preset_for_gpu(gpu)
+    if preset is None:
+        raise ConfigError("hardware", f"auto (found '{gpu}')", "no preset for this GPU: describe it with hardware.name=NAME "
+                          "hardware.device=cuda hardware.peak_tflops.bf16=TFLOPS hardware.memory_gib=GIB")
+    kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
+    return compose_trial(kept + [f"hardware={preset}"])
+
+
+# --- small value checks ------------------------------------------------------------
+
+
+def _choice(value: Any, field: str, allowed: tuple) -> Any:
+    if value not in allowed:
+        raise ConfigError(field, value, f"one of {one_of(allowed)}")
+    return value
+
+
+def _positive(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, value, "a whole number >= 1")
+    return value
+
+
+def _above_zero(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(field, value, "a number > 0")
+    return value
+
+
+def _whole_number(value: Any, field: str, minimum: int) -> int:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and float(value).is_integer()
+    if not ok or value < minimum:
+        raise ConfigError(field, value, f"a whole number of elements >= {minimum} (5e8 and 500000000 both work)")
+    return int(value)
+
+
+def _wandb_key_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc  # `wandb login` stores the key here
+
+    try:
+        path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+        return bool(netrc.netrc(path).authenticators("api.wandb.ai"))
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
