@@ -1,0 +1,134 @@
+"""TrialSpec: composition of the presets and the numbers derived from them."""
+
+import math
+
+import pytest
+
+from orchestrator import hardware
+from orchestrator.compose import conf_dir, expand_sweep, presets
+from orchestrator.errors import ConfigError
+from orchestrator.spec import build_spec
+
+GPU = ["hardware=h100-sxm"]
+
+
+def test_default_trial_is_tiny_on_two_local_cpu_ranks_with_wandb_offline():
+    spec = build_spec([])
+    assert spec.choices["model"] == "tiny" and spec.cfg.cluster.name == "local"
+    assert spec.dp == spec.world_size == 2 and spec.nodes == 1
+    assert spec.cfg.logger.mode == "offline"
+    assert spec.cfg.hardware.device == "cpu"  # this machine has no GPU; auto found the CPU
+
+
+def test_derived_batch_numbers():
+    spec = build_spec(["parallel.dp=4", "batch.micro_batch_size=2", "batch.global_batch_size=64"])
+    assert spec.grad_accum_steps == 8 and spec.global_batch_size == 64
+    assert spec.tokens_per_step == 64 * spec.cfg.model.seq_len
+    assert spec.schedule == [(0, 64)]
+
+
+def test_null_global_batch_means_one_micro_batch_per_rank():
+    spec = build_spec(["parallel.dp=4", "batch.micro_batch_size=3"])
+    assert spec.global_batch_size == 12 and spec.grad_accum_steps == 1
+
+
+@pytest.mark.parametrize("dp,gpn,nodes,per_node", [(8, 8, 1, 8), (64, 8, 8, 8), (4, 8, 1, 4), (16, 4, 4, 4)])
+def test_slurm_nodes_are_ceil_dp_over_gpus_per_node(dp, gpn, nodes, per_node):
+    spec = build_spec(["cluster=slurm", *GPU, f"parallel.dp={dp}", f"cluster.gpus_per_node={gpn}"])
+    assert spec.nodes == nodes == math.ceil(dp / gpn) and spec.gpus_per_node == per_node
+
+
+def test_slurm_rejects_a_dp_that_leaves_a_node_partly_used():
+    with pytest.raises(ConfigError, match="parallel.dp=12"):
+        build_spec(["cluster=slurm", *GPU, "parallel.dp=12", "cluster.gpus_per_node=8"])
+
+
+def test_warmup_schedule_sizes_are_multiples_of_micro_times_dp():
+    spec = build_spec(["batch=warmup", "parallel.dp=2", "batch.micro_batch_size=2",
+                       "batch.warmup.start=4", "batch.global_batch_size=20", "batch.warmup.ramp_tokens=1000"])
+    sizes = [s for _, s in spec.schedule]
+    assert sizes == [4, 8, 12, 16, 20] and all(s % 4 == 0 for s in sizes)
+    assert spec.schedule[-1][0] == 1000 and spec.global_batch_size == 20
+    assert spec.cfg.batch.warmup.increment == 4  # null became micro x dp
+
+
+def test_bucket_sizes_accept_scientific_notation_and_become_ints():
+    spec = build_spec(["zero=stage2", "zero.reduce_bucket_size=2e8", "zero.allgather_bucket_size=300000000"])
+    assert spec.cfg.zero.reduce_bucket_size == 200_000_000 and isinstance(spec.cfg.zero.reduce_bucket_size, int)
+    assert spec.cfg.zero.allgather_bucket_size == 300_000_000
+
+
+# GPT-3 paper, Table 2.1 (n_layers, d_model, n_heads), with the two shapes the paper
+# misprints corrected as trained (1.3B: 16 heads of 128; 13B: d_model 5120).
+GPT3_TABLE = {"gpt2-125m": (12, 768, 12), "gpt2-350m": (24, 1024, 16), "gpt2-1.3b": (24, 2048, 16),
+              "gpt2-2.7b": (32, 2560, 32), "gpt2-6.7b": (32, 4096, 32), "gpt2-13b": (40, 5120, 40),
+              "gpt3-175b": (96, 12288, 96)}
+
+
+@pytest.mark.parametrize("preset", presets("model"))
+def test_every_model_preset_composes_and_validates(preset):
+    spec = build_spec([f"model={preset}", *GPU])
+    m = spec.cfg.model
+    if preset in GPT3_TABLE:
+        assert (m.n_layers, m.hidden, m.heads) == GPT3_TABLE[preset]
+        assert m.seq_len == 2048 and m.vocab == 50257 and m.ffn_hidden == 4 * m.hidden
+    if preset.startswith("llama3"):
+        assert m.arch == "llama" and m.vocab == 128256 and m.kv_heads == 8 and m.seq_len == 8192
+        assert (m.n_layers, m.hidden, m.heads, m.ffn_hidden) == {"llama3-8b": (32, 4096, 32, 14336),
+                                                                  "llama3-70b": (80, 8192, 64, 28672)}[preset]
+
+
+@pytest.mark.parametrize("preset,bf16,memory", [("a100-80gb", 312, 80.0), ("h100-sxm", 989, 79.6),
+                                                ("h100-pcie", 756, 79.6), ("h200", 989, 140.4)])
+def test_hardware_presets_carry_published_dense_bf16_peaks(preset, bf16, memory):
+    hw = build_spec([f"hardware={preset}"]).cfg.hardware
+    assert hw.peak_tflops.bf16 == bf16 and hw.memory_gib == memory and hw.device == "cuda"
+
+
+def test_every_preset_of_every_group_composes():
+    for group in ("batch", "recompute", "zero", "numa", "engine", "cluster", "logger"):
+        for preset in presets(group):
+            build_spec([f"{group}={preset}", *GPU] + (["zero=stage2"] if group == "engine" else []))
+
+
+@pytest.mark.parametrize("name,preset", [("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
+                                         ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+                                         ("NVIDIA L40S", None)])
+def test_gpu_names_map_to_presets(name, preset):
+    assert hardware.preset_for_gpu(name) == preset
+
+
+def test_auto_hardware_on_a_known_gpu_picks_its_preset_and_keeps_overrides(monkeypatch):
+    # No GPU here: the CUDA device name is the one thing mocked.
+    monkeypatch.setattr(hardware, "local_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    spec = build_spec(["hardware.compute_efficiency=0.4"])
+    assert spec.cfg.hardware.name == "h100-sxm" and spec.cfg.hardware.compute_efficiency == 0.4
+
+
+def test_sweep_expands_the_product_in_hydra_order():
+    points = expand_sweep(["parallel.dp=1,2", "zero=stage0,stage2", "run.steps=3"])
+    assert len(points) == 4 and all("run.steps=3" in p for p in points)
+    assert {(p[0], p[1]) for p in points} == {(f"parallel.dp={d}", f"zero={z}") for d in (1, 2) for z in ("stage0", "stage2")}
+
+
+def test_sweep_file_axes_and_a_command_line_axis_replaces_the_files():
+    from_file = expand_sweep(["+sweep=dp_bucket_local"])
+    assert len(from_file) == 4
+    specs = [build_spec(p) for p in from_file]
+    assert {(s.dp, s.cfg.zero.reduce_bucket_size) for s in specs} == {(1, 10**4), (1, 10**5), (2, 10**4), (2, 10**5)}
+    assert all(s.cfg.zero.stage == 2 for s in specs)
+    narrowed = expand_sweep(["+sweep=dp_bucket_local", "parallel.dp=2"])
+    assert {build_spec(p).dp for p in narrowed} == {2} and len(narrowed) == 2
+
+
+def test_conf_tree_has_every_group_of_the_design():
+    expected = {"model": {"tiny", "gpt2-125m", "gpt2-350m", "gpt2-1.3b", "gpt2-2.7b", "gpt2-6.7b", "gpt2-13b",
+                          "gpt3-175b", "llama3-8b", "llama3-70b"},
+                "batch": {"constant", "warmup"}, "recompute": {"none", "selective", "full"},
+                "zero": {"stage0", "stage1", "stage2", "stage3"},
+                "numa": {"none", "node", "socket", "exclusive", "core-complex"},
+                "engine": {"deepspeed", "accelerate"}, "cluster": {"local", "slurm"},
+                "hardware": {"auto", "cpu", "a100-80gb", "h100-sxm", "h100-pcie", "h200"}, "logger": {"wandb"}}
+    for group, names in expected.items():
+        assert names <= set(presets(group)), group
+    assert (conf_dir() / "config.yaml").is_file()
