@@ -12,15 +12,18 @@ Exit codes: 0 ok; 1 a trial ran and failed; 2 invalid config; 3 the plan refuses
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Callable
 
 from orchestrator.compose import expand_sweep, presets
 from orchestrator.config import GROUPS
+from orchestrator.display import console, gib, show_plan, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
+from orchestrator.plan.planner import make_plan
 from orchestrator.spec import TrialSpec, build_spec
 
-DEFAULT_GROUPS_NOTE = "(fields, no presets)"
+FIELDS_ONLY = "(fields, no presets)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,13 +52,42 @@ def specs_from(args: argparse.Namespace) -> list[TrialSpec]:
 # --- subcommands (filled in by the plan, translate, run and report stages) ------------
 
 
+def plan_command(args: argparse.Namespace) -> int:
+    points = [(spec, make_plan(spec)) for spec in specs_from(args)]
+    if args.json:
+        data = ([{"overrides": list(spec.overrides), "plan": plan.as_dict()} for spec, plan in points]
+                if args.multirun else points[0][1].as_dict())
+        print(json.dumps(data, indent=2))
+    elif len(points) == 1 and not args.multirun:
+        show_plan(*points[0], console())
+    else:
+        show_sweep(points, console())
+    refused = [spec for spec, plan in points if not plan.fits]
+    if refused:
+        print(f"orchestrator plan: {len(refused)} of {len(points)} trial(s) do not fit in device memory "
+              "(run.force=true launches anyway)", file=sys.stderr)
+        return PlanRefused.exit_code
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    specs = specs_from(args)
+    for spec in specs:
+        plan = make_plan(spec)
+        if not plan.fits and not spec.cfg.run.force:
+            show_plan(spec, plan, console(stderr=True))
+            raise PlanRefused(f"{trial_label(spec)} does not fit: predicted {gib(plan.memory.total)} GiB per rank "
+                              f"> {gib(plan.memory.capacity)} GiB; run.force=true launches anyway")
+    print(f"orchestrator run: launching trials is not implemented yet; the {len(specs)} trial(s) are valid "
+          "and fit by the plan, and nothing was launched.", file=sys.stderr)
+    return 1
+
+
 def _not_yet(what: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         specs = specs_from(args)
-        for spec in specs:
-            print(_summary(spec))
         print(f"orchestrator {args.command}: {what} is not implemented yet; "
-              f"the {len(specs)} trial(s) above are valid and nothing was launched.", file=sys.stderr)
+              f"the {len(specs)} trial(s) are valid and nothing was written.", file=sys.stderr)
         return 1
 
     return handler
@@ -64,14 +96,6 @@ def _not_yet(what: str) -> Callable[[argparse.Namespace], int]:
 def _report_not_yet(args: argparse.Namespace) -> int:
     print(f"orchestrator report: collecting result.json files below {args.dir} is not implemented yet.", file=sys.stderr)
     return 1
-
-
-def _summary(spec: TrialSpec) -> str:
-    c = spec.choices
-    return (f"model={c.get('model')} zero.stage={spec.cfg.zero.stage} recompute={spec.cfg.recompute.mode} "
-            f"dp={spec.dp} nodes={spec.nodes} micro={spec.micro_batch_size} grad_accum={spec.grad_accum_steps} "
-            f"global={spec.global_batch_size} tokens/step={spec.tokens_per_step} precision={spec.precision} "
-            f"hardware={spec.cfg.hardware.name}")
 
 
 # --- argument parsing -----------------------------------------------------------------
@@ -95,9 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    trial_command("run", "Run one trial (or a sweep with -m) and record result.json.", _not_yet("launching trials"))
-    plan = trial_command("plan", "Predict memory, FLOPs, communication and step time; launch nothing.",
-                         _not_yet("the planner"))
+    trial_command("run", "Run one trial (or a sweep with -m) and record result.json.", run_command)
+    plan = trial_command("plan", "Predict memory, FLOPs, communication and step time; launch nothing.", plan_command)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (the keys of DESIGN.md)")
     translate = trial_command("translate", "Write the engine configs and launch commands without running.",
                               _not_yet("translation to engine configs"))
@@ -113,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
 def _groups_help() -> str:
     lines = ["config groups (choose with GROUP=PRESET, override fields with GROUP.FIELD=VALUE):"]
     lines += [f"  {group:<10} {', '.join(presets(group))}" for group in GROUPS]
-    lines += [f"  {group:<10} {DEFAULT_GROUPS_NOTE}" for group in ("parallel", "run")]
+    lines += [f"  {group:<10} {FIELDS_ONLY}" for group in ("parallel", "run")]
     sweeps = presets("sweep")
     lines.append(f"  {'sweep':<10} {', '.join(sweeps) if sweeps else '(none yet)'}  (with -m: +sweep=NAME)")
     return "\n".join(lines) + "\n"

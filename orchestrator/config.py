@@ -30,6 +30,7 @@ class ModelConfig:
     seq_len: int = 128
     max_positions: int = 128  # position embeddings (gpt2) / max_position_embeddings (llama)
     attention: str = "sdpa"  # sdpa | eager
+    dropout: float = 0.0  # every dropout of the model (GPT-2: residual, embedding, attention)
     tie_embeddings: bool = True
     rope_theta: float = 10000.0  # llama only
     norm_eps: float = 1e-5

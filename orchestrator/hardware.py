@@ -7,6 +7,13 @@ MFU never uses a guessed peak: a GPU without a preset has to be described by the
 from __future__ import annotations
 
 import functools
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from orchestrator.files import atomic_write_text
 
 # Substrings of torch.cuda.get_device_name() -> preset. Checked in order (H100 PCIe
 # before the SXM part, whose name is just "NVIDIA H100 80GB HBM3").
@@ -33,3 +40,59 @@ def local_gpu_name() -> str | None:
     import torch  # imported here: composing a config must not pay for torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def threads_per_rank(ranks_on_node: int) -> int:
+    return max(1, (os.cpu_count() or 1) // ranks_on_node)
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
+    """This CPU's dense matmul rate in TFLOPS for `precision` on `threads` threads.
+
+    Measured once (a few hundred ms) and cached per CPU model, torch version, dtype and
+    thread count under ~/.cache/orchestrator/, so MFU on CPU is against what this
+    machine's matmul really reaches, not a guess.
+    """
+    import torch
+
+    key = f"{_cpu_model()}|torch {torch.__version__}|{precision}|{threads} threads"
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator" / "cpu_peak.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = 512
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        for _ in range(3):
+            a @ b  # warm-up: thread pool, caches
+        best, reps = float("inf"), 5
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            best = min(best, (time.perf_counter() - start) / reps)
+    finally:
+        torch.set_num_threads(before)
+    known[key] = 2 * n**3 / best / 1e12
+    atomic_write_text(cache, json.dumps(known, indent=1))
+    return known[key]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

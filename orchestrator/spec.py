@@ -121,6 +121,8 @@ def _check_model(cfg: TrialConfig) -> None:
     if m.ffn_hidden is None:
         m.ffn_hidden = 4 * m.hidden
     _positive(m.ffn_hidden, "model.ffn_hidden")
+    if not 0 <= m.dropout < 1:
+        raise ConfigError("model.dropout", m.dropout, "a probability from 0 (off) up to, not including, 1")
     if not 0 < m.seq_len <= m.max_positions:
         raise ConfigError("model.seq_len", m.seq_len, f"a length from 1 to model.max_positions={m.max_positions}")
 

@@ -1,0 +1,107 @@
+"""What the terminal shows: rich tables for a plan and for a sweep of plans.
+
+Every figure printed here is a prediction, and the titles say so; the assumptions the
+plan rests on are printed under it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.plan.memory import GIB
+from orchestrator.plan.planner import Plan
+from orchestrator.spec import TrialSpec
+
+
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output keeps whole table rows rather than 80-column wrapping.
+    return Console(file=stream, width=None if stream.isatty() else 140, highlight=False)
+
+
+def gib(x: float) -> str:
+    return f"{x / GIB:,.2f}"
+
+
+def trial_label(spec: TrialSpec) -> str:
+    c = spec.cfg
+    return (f"model={spec.choices.get('model')} zero.stage={c.zero.stage} recompute={c.recompute.mode} "
+            f"dp={spec.dp} hardware={c.hardware.name} precision={spec.precision}")
+
+
+def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
+    m, t = plan.memory, plan.time
+    out.print(f"[bold]Plan (predicted)[/bold]  {trial_label(spec)}")
+    out.print(f"{plan.parameters / 1e9:.3f} B parameters; {spec.world_size} ranks on {spec.nodes} node(s) x "
+              f"{spec.gpus_per_node}; micro {spec.micro_batch_size} x grad-accum {spec.grad_accum_steps} x dp {spec.dp} "
+              f"= global {spec.global_batch_size} sequences = {spec.tokens_per_step:,} tokens/step")
+
+    mem = Table(title=f"Memory per rank at the peak ({m.peak_phase}), predicted", title_justify="left")
+    mem.add_column("component")
+    mem.add_column("GiB", justify="right")
+    mem.add_column("note")
+    z = spec.cfg.zero
+    rows = [("parameters", m.params, f"ZeRO stage {z.stage}, {spec.precision}"),
+            ("gradients", m.grads, ""),
+            ("optimizer states", m.optimizer, "fp32 master + Adam moments"),
+            ("activations", m.activations, f"micro batch {spec.micro_batch_size}, recompute {spec.cfg.recompute.mode}, "
+                                           f"{spec.cfg.model.attention} attention"),
+            ("buffers", m.buffers, "reduce buckets" + (", gathered parameters" if z.stage == 3 else "")),
+            ("optimizer step", m.optimizer_step, "fp32 gradient copy inside step()" +
+             ("" if m.peak_phase == "optimizer step" else "; not alive at the peak")),
+            ("runtime", m.runtime, "CUDA context + NCCL" if spec.cfg.hardware.device == "cuda" else "Python process")]
+    for name, value, note in rows:
+        mem.add_row(name, gib(value), note)
+    if m.offloaded:
+        mem.add_row("offloaded to host", gib(m.offloaded), "not on the device")
+    verdict = "[green]fits[/green]" if m.fits else "[red]DOES NOT FIT[/red]"
+    mem.add_row("[bold]total[/bold]", f"[bold]{gib(m.total)}[/bold]",
+                f"of {gib(m.capacity)} capacity: {verdict} ({m.total / m.capacity:.0%})")
+    out.print(mem)
+
+    tt = Table(title="Time per optimizer step, predicted", title_justify="left")
+    tt.add_column("")
+    tt.add_column("value", justify="right")
+    tt.add_row("compute", f"{t['compute_s']:.4g} s")
+    tt.add_row("communication", f"{t['comm_s']:.4g} s ({t['exposed_comm_s']:.4g} s exposed)")
+    tt.add_row("step", f"{t['step_s']:.4g} s")
+    tt.add_row("tokens/s/GPU", f"{t['tokens_per_sec_per_gpu']:,.0f}")
+    tt.add_row("MFU / HFU", f"{t['mfu']:.1%} / {t['hfu']:.1%}")
+    tt.add_row("model FLOPs/token", f"{plan.flops.model_per_token:.4g} (attention: {plan.flops.attention_flops})")
+    out.print(tt)
+    for c in plan.comm["collectives"]:
+        out.print(f"  {c['op']} x{c['calls']} ({c['phase']}): {c['bytes_per_rank'] / 1e9:.3g} GB per rank, {c['time_s']:.3g} s")
+    for w in plan.warnings:
+        out.print(f"[yellow]warning:[/yellow] {w}")
+    out.print("[dim]assumptions: " + "; ".join(plan.assumptions) + "[/dim]")
+
+
+def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
+    """One row per point: where memory runs out and where scaling stops paying."""
+    swept = _swept_keys([spec.overrides for spec, _ in points])
+    table = Table(title=f"Sweep of {len(points)} plans, predicted", title_justify="left")
+    for key in swept:
+        table.add_column(key, justify="right")
+    for name in ("memory GiB", "fits", "step s", "exposed comm s", "tokens/s/GPU", "MFU"):
+        table.add_column(name, justify="right")
+    for spec, plan in points:
+        values = dict(o.split("=", 1) for o in spec.overrides if "=" in o)
+        t = plan.time
+        table.add_row(*[values.get(k, "") for k in swept], gib(plan.memory.total),
+                      "yes" if plan.fits else "[red]no[/red]", f"{t['step_s']:.4g}", f"{t['exposed_comm_s']:.3g}",
+                      f"{t['tokens_per_sec_per_gpu']:,.0f}", f"{t['mfu']:.1%}")
+    out.print(table)
+    out.print("[dim]assumptions: " + "; ".join(points[0][1].assumptions) + "[/dim]")
+
+
+def _swept_keys(overrides: list[tuple[str, ...]]) -> list[str]:
+    """The override keys whose value differs between points, in command-line order."""
+    seen: dict[str, set] = {}
+    for point in overrides:
+        for o in point:
+            key, _, value = o.partition("=")
+            seen.setdefault(key, set()).add(value)
+    return [k for k, values in seen.items() if len(values) > 1] or list(seen)[:1]

@@ -1,0 +1,181 @@
+"""Memory per rank at the peak, by component, as DeepSpeed and transformers allocate it.
+
+Model states follow the ZeRO paper's 2 + 2 + 12 bytes per parameter (16N), divided by
+dp where ZeRO partitions them, with what DeepSpeed 0.19 really does on top:
+- bf16/fp16 at stage 0 runs DeepSpeed's FP16_Optimizer wrapper: fp32 master weights
+  (4N) and, during step(), a flat fp32 copy of the gradients (4N more): 20N at that
+  moment, not 16N (the theory's "20N with fp32 gradient accumulation").
+- ZeRO 1-3 keep an fp32 master partition even for fp32 training (a clone), and create
+  the fp32 gradient partition (4N/dp) only inside step().
+- The reduce buckets are allocated at the configured size whatever the model size:
+  stage 1/2 allocate two of reduce_bucket_size elements with overlap_comm (one without),
+  stage 3 one (stage_1_and_2.py / stage3.py). A 5e8 default costs 2 GB in bf16.
+- ZeRO-3 keeps parameters under param_persistence_threshold whole on every rank and
+  holds the gathered working set (the module in use, the prefetch bucket ahead,
+  capped by max_live_parameters).
+The peak is the larger of the backward pass (activations + buckets alive) and the
+optimizer step (the fp32 gradient copy alive, activations freed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from orchestrator.config import ModelConfig
+from orchestrator.plan.params import module_sizes, parameter_tensors
+
+GIB = 2**30
+# What a CUDA rank holds besides tensors: the CUDA context and preloaded kernels
+# (~0.55 GB on H100, 003_0448ac9f835ea7a3.txt) and NCCL's buffers once a collective
+# ran (~1.5 GB there). On CPU: the Python process with torch and DeepSpeed imported.
+CUDA_CONTEXT = int(0.6 * GIB)
+NCCL_BUFFERS = int(1.5 * GIB)
+CPU_PROCESS = int(0.5 * GIB)
+
+
+@dataclass(frozen=True)
+class ZeroLayout:
+    """The few facts of a trial that model-state memory depends on."""
+
+    stage: int
+    dp: int
+    precision: str  # bf16 | fp16 | fp32
+    reduce_bucket_size: int
+    overlap_comm: bool
+    contiguous_gradients: bool
+    prefetch_bucket_size: int
+    max_live_parameters: int
+    param_persistence_threshold: int
+    offload_optimizer: bool
+    offload_param: bool
+
+
+@dataclass(frozen=True)
+class Memory:
+    params: int
+    grads: int
+    optimizer: int  # fp32 master weights + Adam moments, on the device
+    activations: int
+    buffers: int  # reduce buckets, ZeRO-3 gathered parameters
+    optimizer_step: int  # transient fp32 gradient copy inside step()
+    runtime: int  # CUDA context, NCCL / the Python process on CPU
+    offloaded: int  # host memory per rank that offload moved off the device
+    total: int
+    capacity: int
+    peak_phase: str  # "backward" or "optimizer step"
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "fits": self.fits}
+
+
+def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
+    """params / grads / optimizer / buffers / optimizer_step / offloaded bytes per rank."""
+    n = sum(p.numel for p in parameter_tensors(model))
+    low = 4 if z.precision == "fp32" else 2  # bytes of a parameter and of its gradient
+    dp = z.dp
+    if z.stage == 0:
+        params, grads = low * n, low * n
+        master = 0 if z.precision == "fp32" else 4 * n
+        optimizer, step = master + 8 * n, (0 if z.precision == "fp32" else 4 * n)
+        buffers = 0  # stage 0 all-reduces the gradients in place, bucket by bucket
+    else:
+        shard = n / dp
+        optimizer, step = 12 * shard, 4 * shard  # fp32 master + Adam m, v; fp32 grads in step()
+        if z.stage == 3:
+            persistent = sum(p.numel for p in parameter_tensors(model) if p.numel < z.param_persistence_threshold)
+            params = low * (shard + persistent * (1 - 1 / dp))
+            largest = max(module_sizes(model).values())
+            live = min(n, max(largest, min(largest + z.prefetch_bucket_size, z.max_live_parameters)))
+            buffers = low * (live + z.reduce_bucket_size)
+        else:
+            params = low * n
+            n_buckets = 2 if z.overlap_comm else 1
+            buffers = low * z.reduce_bucket_size * n_buckets if z.contiguous_gradients else 0
+        grads = low * (n if z.stage == 1 else shard)
+    offloaded = 0
+    if z.offload_optimizer and z.stage > 0:
+        offloaded += optimizer + step
+        optimizer, step = 0, 0
+    if z.offload_param and z.stage == 3:
+        offloaded += params
+        params = 0
+    return dict(params=int(params), grads=int(grads), optimizer=int(optimizer), buffers=int(buffers),
+                optimizer_step=int(step), offloaded=int(offloaded))
+
+
+def activation_bytes(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
+    """Bytes saved for backward by one micro batch (see activations_per_layer)."""
+    s, b, h, v = model.seq_len, micro_batch, model.hidden, model.vocab
+    act = 4 if precision == "fp32" else 2
+    per_layer = activations_per_layer(model, micro_batch, recompute, precision)
+    boundary = act * s * b * h  # a block's input, what full recompute keeps per layer
+    if recompute == "full":
+        # Every block keeps its input; backward re-runs one block at a time, whose
+        # activations exist only while that block's backward runs.
+        layers = model.n_layers * boundary + activations_per_layer(model, micro_batch, "none", precision)
+    else:
+        layers = model.n_layers * per_layer
+    # The final norm's input and the lm_head input, then the logits: transformers keeps
+    # the logits (act bytes) in its output and upcasts them to fp32 for the loss, whose
+    # log_softmax saves its fp32 output (4 bytes): the "logits in fp32" of the theory.
+    head = 2 * boundary + s * b * v * (act + 4)
+    return int(layers + head)
+
+
+def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
+    """Bytes one transformer block saves for backward, as transformers' code saves them.
+
+    GPT-2 with eager attention and dropout is exactly Korthikanti et al.'s
+    34sbh + 5as^2b (bf16): LayerNorm inputs 4, c_attn input 2, Q K V 6, c_proj input 2,
+    c_fc input 2, GeLU input and output 16, two residual dropout masks 2 (1 byte each);
+    softmax output 2, attention dropout mask 1 and its output 2 per a*s^2*b. Without
+    dropout the masks and the dropped copy go. sdpa (flash / memory-efficient kernels)
+    saves the output and a row log-sum-exp instead of any s x s tensor, and draws its
+    dropout from the RNG instead of a mask. Selective recompute (Korthikanti) recomputes
+    the attention core (scores, softmax, dropout, attention over V), so everything it
+    alone saved goes; full recompute is handled by the caller.
+    """
+    s, b, h = model.seq_len, micro_batch, model.hidden
+    a, f = model.heads, model.ffn_hidden or 4 * model.hidden
+    kv = (model.kv_heads or a) * (h // a)
+    act = 4 if precision == "fp32" else 2
+    sbh, sbf, as2b = s * b * h, s * b * f, a * s * s * b
+    dropout = model.dropout > 0
+    if model.attention == "eager":
+        core = act * as2b + (as2b + act * as2b if dropout else 0)  # softmax out (+ mask, dropped copy)
+    else:
+        core = act * sbh + 4 * a * s * b  # flash output + log-sum-exp (fp32)
+    if model.arch == "gpt2":
+        norms = 2 * act * sbh  # LayerNorm inputs
+        attn = act * sbh + act * 3 * sbh + act * sbh  # c_attn input, Q K V, c_proj input
+        mlp = act * sbh + 2 * act * sbf  # c_fc input, GeLU input, GeLU output
+        masks = 2 * sbh if dropout else 0  # residual dropouts after attention and MLP
+    else:
+        # transformers' LlamaRMSNorm upcasts to fp32 and saves that copy (4 bytes), the
+        # normalised copy and the weighted output; SwiGLU saves gate, up, SiLU(gate) and
+        # their product. GQA: K and V are kv wide (sdpa's enable_gqa, no repeat).
+        norms = 2 * (4 * sbh + 2 * act * sbh)
+        attn = act * (sbh + 2 * s * b * kv) + act * sbh  # Q, K, V after RoPE; o_proj input
+        mlp = 4 * act * sbf
+        masks = 0  # Llama's only dropout is inside attention
+    if recompute == "selective":
+        core = 0
+    return int(norms + attn + mlp + masks + core)
+
+
+def runtime_bytes(device: str, world_size: int) -> int:
+    if device == "cpu":
+        return CPU_PROCESS
+    return CUDA_CONTEXT + (NCCL_BUFFERS if world_size > 1 else 0)
+
+
+def peak_memory(states: dict[str, int], activations: int, runtime: int, capacity: int) -> Memory:
+    backward = activations + states["buffers"]
+    step = states["optimizer_step"]
+    static = states["params"] + states["grads"] + states["optimizer"] + runtime
+    return Memory(activations=activations, runtime=runtime, capacity=capacity, total=static + max(backward, step),
+                  peak_phase="backward" if backward >= step else "optimizer step", **states)
