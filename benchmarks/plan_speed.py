@@ -1,0 +1,36 @@
+"""How long planning a large sweep takes: compose + validate + plan, per point.
+
+    .venv/bin/python benchmarks/plan_speed.py [POINTS]
+
+Target (issue: Plan): 1,000 points in under 10 s on the 2-core CI machine.
+"""
+
+import sys
+import time
+
+from orchestrator.compose import expand_sweep
+from orchestrator.plan.planner import make_plan
+from orchestrator.spec import build_spec
+
+
+def main(points: int = 1000) -> None:
+    dps = ",".join(str(2**i) for i in range(2, 11))  # 4 .. 1024
+    sweep = ["model=gpt2-1.3b,llama3-8b", "hardware=h100-sxm", "cluster=slurm", "zero=stage0,stage1,stage2,stage3",
+             f"parallel.dp={dps}", "zero.reduce_bucket_size=1e7,5e7,1e8,2e8,5e8", "batch.micro_batch_size=1,2,4"]
+    start = time.perf_counter()
+    overrides = expand_sweep(sweep)[:points]
+    expanded = time.perf_counter()
+    specs = [build_spec(o) for o in overrides]
+    validated = time.perf_counter()
+    plans = [make_plan(s) for s in specs]
+    planned = time.perf_counter()
+    n = len(plans)
+    print(f"points: {n}")
+    print(f"expand sweep:      {expanded - start:6.2f} s")
+    print(f"compose+validate:  {validated - expanded:6.2f} s  ({(validated - expanded) / n * 1e3:.2f} ms/point)")
+    print(f"plan:              {planned - validated:6.2f} s  ({(planned - validated) / n * 1e3:.2f} ms/point)")
+    print(f"total:             {planned - start:6.2f} s  (target < 10 s for 1,000 points)")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1000)

@@ -1,0 +1,86 @@
+"""`orchestrator plan` and the refusal of `orchestrator run`, as a user types them."""
+
+import json
+
+from orchestrator.cli import main
+from orchestrator.spec import build_spec
+from orchestrator.plan.planner import make_plan
+from tests.conftest import run_cli
+
+H100 = ["hardware=h100-sxm"]
+DESIGN_KEYS = {
+    "parallel": {"world_size", "dp", "nodes", "gpus_per_node"},
+    "batch": {"micro_batch_size", "grad_accum_steps", "global_batch_size", "tokens_per_step", "schedule"},
+    "memory": {"params", "grads", "optimizer", "activations", "buffers", "runtime", "total", "capacity", "fits"},
+    "flops": {"model_per_token", "hardware_per_token", "per_step"},
+    "comm": {"bytes_per_rank_per_step", "collectives", "time_s", "exposed_s"},
+    "time": {"compute_s", "comm_s", "step_s", "tokens_per_sec_per_gpu", "mfu"},
+}
+
+
+def test_plan_json_has_the_keys_of_the_design(capsys):
+    assert main(["plan", "--json", "model=gpt2-350m", "zero=stage2", "parallel.dp=8", *H100]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["parameters"] > 3e8 and isinstance(plan["warnings"], list)
+    for section, keys in DESIGN_KEYS.items():
+        assert keys <= set(plan[section]), section
+    m = plan["memory"]
+    parts = m["params"] + m["grads"] + m["optimizer"] + m["runtime"] + max(m["activations"] + m["buffers"],
+                                                                            m["optimizer_step"])
+    assert m["total"] == parts and m["fits"] is True
+    assert 0 < plan["time"]["mfu"] <= 0.5  # at most the assumed compute efficiency
+
+
+def test_plan_table_labels_figures_predicted_and_lists_assumptions():
+    result = run_cli("plan", "model=gpt2-350m", "zero=stage2", "parallel.dp=8", *H100)
+    assert result.returncode == 0
+    out = result.stdout
+    assert "predicted" in out and "assumptions:" in out and "989" in out and "published" in out
+    for word in ("parameters", "gradients", "optimizer states", "activations", "buffers", "runtime", "total",
+                 "tokens/s/GPU", "MFU"):
+        assert word in out, word
+
+
+def test_plan_on_cpu_uses_a_measured_peak():
+    plan = make_plan(build_spec(["hardware=cpu"]))
+    assert plan.time["peak_tflops"] > 0
+    assert any("measured" in a for a in plan.assumptions)
+
+
+def test_a_trial_that_does_not_fit_exits_3_with_the_breakdown():
+    result = run_cli("plan", "model=gpt2-13b", "parallel.dp=1", *H100)
+    assert result.returncode == 3
+    assert "DOES NOT FIT" in result.stdout and "activations" in result.stdout
+    assert "do not fit" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_refuses_what_does_not_fit_unless_forced(capsys):
+    assert main(["run", "model=gpt2-13b", "parallel.dp=1", *H100]) == 3
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "run.force=true" in err and "optimizer states" in err
+    assert main(["run", "model=gpt2-13b", "parallel.dp=1", "run.force=true", *H100]) != 3
+
+
+def test_sweep_view_has_one_row_per_point_and_scaling_flattens(capsys):
+    dps = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    argv = ["plan", "-m", "--json", "model=gpt2-1.3b", "zero=stage2", "cluster=slurm", *H100,
+            "batch.global_batch_size=1024", "batch.micro_batch_size=1", f"parallel.dp={','.join(map(str, dps))}"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["plan"]["parallel"]["dp"] for r in rows] == dps
+    step = [r["plan"]["time"]["step_s"] for r in rows]
+    per_gpu = [r["plan"]["time"]["tokens_per_sec_per_gpu"] for r in rows]
+    assert step == sorted(step, reverse=True)  # more ranks: shorter steps (004's monotone question)...
+    assert per_gpu[-1] < per_gpu[0]  # ...but each GPU does less: communication stops paying
+    assert main(argv[:2] + argv[3:]) == 0  # the table
+    table = capsys.readouterr().out
+    assert "parallel.dp" in table and all(f" {d} " in table for d in dps)
+
+
+def test_shape_warnings():
+    warned = lambda *ov: " ".join(make_plan(build_spec([*ov, *H100])).warnings)
+    assert "multiple of 64" in warned("model=gpt2-125m")  # vocab 50257
+    assert "head size" in warned("model=gpt2-2.7b")  # 2560 / 32 = 80
+    assert "SwiGLU" in warned("model=llama3-8b", "model.ffn_hidden=11000", "batch.micro_batch_size=1")
+    assert "SwiGLU" not in warned("model=llama3-8b", "batch.micro_batch_size=1")
+    assert "leaves memory unused" in warned("model=gpt2-125m", "batch.micro_batch_size=1")

@@ -1,0 +1,215 @@
+"""The planner's pure models against the theory's worked numbers and against themselves."""
+
+import dataclasses
+
+import pytest
+
+from orchestrator.config import ModelConfig
+from orchestrator.plan import comm
+from orchestrator.plan.flops import attention_forward_per_token, flops_per_token, layer_matmul_forward_per_token
+from orchestrator.plan.memory import ZeroLayout, activation_bytes, activations_per_layer, model_states
+from orchestrator.plan.params import count_parameters, matmul_parameters
+from orchestrator.spec import build_spec
+
+GPU = ["hardware=h100-sxm"]
+
+
+def model(preset: str, *more: str) -> ModelConfig:
+    return build_spec([f"model={preset}", *GPU, *more]).cfg.model
+
+
+def layout(stage: int, dp: int = 8, precision: str = "bf16", **kw) -> ZeroLayout:
+    base = dict(stage=stage, dp=dp, precision=precision, reduce_bucket_size=5 * 10**8, overlap_comm=True,
+                contiguous_gradients=True, prefetch_bucket_size=5 * 10**7, max_live_parameters=10**9,
+                param_persistence_threshold=0, offload_optimizer=False, offload_param=False)
+    return ZeroLayout(**{**base, **kw})
+
+
+def states_bytes(s: dict) -> int:
+    return s["params"] + s["grads"] + s["optimizer"]
+
+
+# --- parameters -------------------------------------------------------------------
+
+
+def test_gpt_count_is_the_theory_formula_plus_position_embeddings():
+    m = model("gpt2-1.3b")
+    h, v, L = m.hidden, m.vocab, m.n_layers
+    assert count_parameters(m) == h * v + L * (12 * h * h + 13 * h) + 2 * h + m.max_positions * h
+
+
+# --- model states: 16N, 20N, the ZeRO paper's ratios -------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["gpt2-1.3b", "llama3-8b", "llama3-70b"])
+def test_stage0_mixed_precision_is_16n_and_20n_inside_the_optimizer_step(preset):
+    m = model(preset)
+    n = count_parameters(m)
+    s = model_states(m, layout(0, dp=1))
+    assert states_bytes(s) == 16 * n  # 2 (bf16 params) + 2 (grads) + 4 (fp32 master) + 8 (Adam)
+    assert states_bytes(s) + s["optimizer_step"] == 20 * n  # + the fp32 gradient copy in step()
+    fp32 = model_states(m, layout(0, dp=1, precision="fp32"))
+    assert states_bytes(fp32) == 16 * n and fp32["optimizer_step"] == 0  # 4 + 4 + 8, no master copy
+
+
+@pytest.mark.parametrize("billions,gb16,gb20", [(1, 16, 20), (7, 112, 140), (70, 1120, 1400), (405, 6480, 8100)])
+def test_theory_memory_table(billions, gb16, gb20):
+    # The table of 000_a4a0a3c0c1f9bbb5.txt, section 6.4, from the bytes per parameter of stage 0.
+    m = model("llama3-8b")
+    s = model_states(m, layout(0, dp=1))
+    per_param_16 = states_bytes(s) / count_parameters(m)
+    per_param_20 = (states_bytes(s) + s["optimizer_step"]) / count_parameters(m)
+    assert per_param_16 * billions == gb16 and per_param_20 * billions == gb20
+
+
+@pytest.mark.parametrize("dp", [2, 8, 64])
+def test_zero_stages_partition_as_the_zero_paper_says(dp):
+    m = model("llama3-8b")
+    n = count_parameters(m)
+    expected = {1: 2 * n + 2 * n + 12 * n / dp, 2: 2 * n + 14 * n / dp, 3: 16 * n / dp}
+    for stage, bytes_ in expected.items():
+        assert states_bytes(model_states(m, layout(stage, dp))) == pytest.approx(bytes_, rel=1e-9, abs=16)
+
+
+def test_zero_paper_7_5b_on_64_gpus():
+    # ZeRO paper, Figure 1: 7.5B parameters, 64 GPUs: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+    m = dataclasses.replace(model("llama3-8b"), n_layers=33, vocab=32000)  # ~7.5B
+    n = count_parameters(m)
+    assert 7.0e9 < n < 8.0e9
+    got = [states_bytes(model_states(m, layout(st, 64))) / n * 7.5e9 / 1e9 for st in (0, 1, 2, 3)]
+    assert got == pytest.approx([120, 31.4, 16.6, 1.9], abs=0.1)
+
+
+@pytest.mark.parametrize("dp", [2, 16, 1024])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_model_states_shrink_with_each_stage(dp, precision):
+    m = model("gpt2-1.3b")
+    totals = [states_bytes(model_states(m, layout(st, dp, precision))) for st in (0, 1, 2, 3)]
+    assert totals[3] <= totals[2] <= totals[1] <= totals[0]
+
+
+def test_offload_moves_optimizer_and_parameters_to_the_host():
+    m = model("llama3-8b")
+    plain = model_states(m, layout(3, 8))
+    off = model_states(m, layout(3, 8, offload_optimizer=True, offload_param=True))
+    assert off["optimizer"] == 0 and off["params"] == 0 and off["optimizer_step"] == 0
+    assert off["offloaded"] == plain["optimizer"] + plain["optimizer_step"] + plain["params"]
+
+
+def test_stage3_keeps_small_parameters_whole_on_every_rank():
+    m = model("gpt2-125m")
+    none_persist = model_states(m, layout(3, 8, param_persistence_threshold=0))["params"]
+    persist = model_states(m, layout(3, 8, param_persistence_threshold=10**5))["params"]
+    assert persist > none_persist
+
+
+def test_reduce_buckets_cost_their_configured_size_even_for_a_tiny_model():
+    m = model("tiny")
+    two = model_states(m, layout(2, 2, reduce_bucket_size=5 * 10**8))["buffers"]
+    assert two == 2 * 2 * 5 * 10**8  # two bf16 buckets with overlap_comm, as DeepSpeed allocates
+    assert model_states(m, layout(2, 2, reduce_bucket_size=5 * 10**8, overlap_comm=False))["buffers"] == two // 2
+
+
+# --- activations ------------------------------------------------------------------
+
+
+def test_eager_gpt_with_dropout_is_korthikanti():
+    m = dataclasses.replace(model("gpt2-1.3b"), attention="eager", dropout=0.1)
+    s, b, h, a = m.seq_len, 2, m.hidden, m.heads
+    assert activations_per_layer(m, b, "none", "bf16") == s * b * h * (34 + 5 * a * s / h)
+    assert activations_per_layer(m, b, "selective", "bf16") == 34 * s * b * h
+
+
+def test_selective_recompute_saves_70_percent_at_gpt3_scale():
+    m = dataclasses.replace(model("gpt3-175b"), attention="eager", dropout=0.1)
+    none = activations_per_layer(m, 1, "none", "bf16")
+    selective = activations_per_layer(m, 1, "selective", "bf16")
+    assert 1 - selective / none == pytest.approx(0.70, abs=0.01)
+
+
+def test_full_recompute_keeps_one_hidden_state_per_layer():
+    m = model("gpt2-1.3b")
+    full = activation_bytes(m, 4, "full", "bf16")
+    none = activation_bytes(m, 4, "none", "bf16")
+    sbh = m.seq_len * 4 * m.hidden
+    layers_full = m.n_layers * 2 * sbh  # 2 bytes x s x b x h per layer (000, section 8.2.1)
+    assert full - layers_full == none - m.n_layers * activations_per_layer(m, 4, "none", "bf16") + \
+        activations_per_layer(m, 4, "none", "bf16")
+    assert full < activation_bytes(m, 4, "selective", "bf16") <= none
+
+
+@pytest.mark.parametrize("preset", ["gpt2-350m", "llama3-8b"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_activations_grow_with_batch_and_sequence(preset, recompute):
+    m = model(preset)
+    by_batch = [activation_bytes(m, b, recompute, "bf16") for b in (1, 2, 4, 8)]
+    assert by_batch == sorted(by_batch) and by_batch[0] < by_batch[-1]
+    by_seq = [activation_bytes(dataclasses.replace(m, seq_len=s), 2, recompute, "bf16") for s in (256, 512, 1024, 2048)]
+    assert by_seq == sorted(by_seq) and by_seq[0] < by_seq[-1]
+
+
+# --- FLOPs ------------------------------------------------------------------------
+
+
+def test_model_flops_are_6n_plus_causal_attention():
+    m = model("gpt2-1.3b")
+    model_f, hardware_f, forward = flops_per_token(m, "none")
+    assert model_f == 6 * matmul_parameters(m) + 6 * m.n_layers * m.seq_len * m.hidden  # half of PaLM's 12Lsh
+    assert hardware_f == model_f and forward == model_f / 3
+
+
+def test_recompute_adds_forward_work_to_hardware_flops_only():
+    m = model("gpt2-1.3b")
+    model_none, _, _ = flops_per_token(m, "none")
+    model_full, hw_full, _ = flops_per_token(m, "full")
+    _, hw_sel, _ = flops_per_token(m, "selective")
+    assert model_full == model_none
+    assert hw_full - model_full == layer_matmul_forward_per_token(m) + attention_forward_per_token(m)
+    assert model_none < hw_sel < hw_full
+    assert 1.25 < hw_full / model_full < 4 / 3 + 1e-9  # "8N instead of 6N", less the lm_head
+
+
+# --- communication ------------------------------------------------------------------
+
+
+def _step(stage: int, dp: int, ga: int = 1, nodes: int = 1, overlap: bool = True, n: int = 10**9):
+    links = comm.links_for(dp, nodes, 450, 3, 50, 10)
+    return comm.step_time(stage=stage, n_params=n, param_bytes=2, grad_bytes=2, reduce_bucket=5 * 10**8,
+                          allgather_bucket=5 * 10**8, prefetch_bucket=5 * 10**7, overlap_comm=overlap,
+                          grad_accum=ga, fwd_s=0.1, bwd_s=0.2, links=links)
+
+
+@pytest.mark.parametrize("stage,factor", [(0, 2), (1, 2), (2, 2), (3, 3)])
+def test_communication_volume_is_2x_2x_2x_3x_the_parameter_bytes(stage, factor):
+    dp, n = 64, 10**9
+    volume = comm.bytes_per_rank_per_step(_step(stage, dp, n=n).collectives)
+    assert volume == pytest.approx(factor * 2 * n * (dp - 1) / dp)
+
+
+def test_stage2_reduces_every_micro_batch_stage1_only_the_last():
+    v1 = comm.bytes_per_rank_per_step(_step(1, 8, ga=4).collectives)
+    v2 = comm.bytes_per_rank_per_step(_step(2, 8, ga=4).collectives)
+    assert v2 > v1 and v1 == comm.bytes_per_rank_per_step(_step(1, 8, ga=1).collectives)
+
+
+def test_ring_time_follows_the_latency_bandwidth_model():
+    one_node = comm.links_for(8, 1, 100, 5, 10, 20)
+    assert comm.ring_time("all_reduce", 8e9, one_node) == pytest.approx(14 * 5e-6 + 14 * 1e9 / 100e9)
+    two_nodes = comm.links_for(16, 2, 100, 5, 10, 20)
+    # 30 hops: 4 cross nodes (2 per round), the rest inside; bytes go at the inter-node rate.
+    assert comm.ring_time("all_reduce", 16e9, two_nodes) == pytest.approx(26 * 5e-6 + 4 * 20e-6 + 30 * 1e9 / 10e9)
+    assert comm.ring_time("all_gather", 16e9, two_nodes) == pytest.approx(13 * 5e-6 + 2 * 20e-6 + 15 * 1e9 / 10e9)
+    assert comm.ring_time("all_reduce", 1e9, comm.links_for(1, 1, 1, 1, 1, 1)) == 0
+
+
+def test_bucketed_overlap_of_004():
+    # compute-bound: the backward hides all but the last bucket's communication
+    assert comm.overlapped(10.0, [1.0, 1.0, 1.0, 1.0]) == pytest.approx(2.5 + 7.5 + 1.0)
+    # communication-bound: the buckets queue up behind each other
+    assert comm.overlapped(1.0, [2.0, 2.0]) == pytest.approx(0.5 + 2.0 + 2.0)
+    assert comm.buckets(10, 4) == [4, 4, 2]
+
+
+def test_overlap_hides_communication_and_one_rank_has_none():
+    assert _step(2, 8, overlap=True).exposed_s < _step(2, 8, overlap=False).exposed_s
+    assert _step(0, 1).exposed_s == 0 and _step(0, 1).comm_s == 0
