@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from typing import Callable
+from pathlib import Path
 
 from orchestrator.compose import expand_sweep, presets
 from orchestrator.config import GROUPS
@@ -22,6 +23,7 @@ from orchestrator.display import console, gib, show_plan, show_sweep, trial_labe
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import TrialSpec, build_spec
+from orchestrator.translate import write_trial_files
 
 FIELDS_ONLY = "(fields, no presets)"
 
@@ -83,14 +85,22 @@ def run_command(args: argparse.Namespace) -> int:
     return 1
 
 
-def _not_yet(what: str) -> Callable[[argparse.Namespace], int]:
-    def handler(args: argparse.Namespace) -> int:
-        specs = specs_from(args)
-        print(f"orchestrator {args.command}: {what} is not implemented yet; "
-              f"the {len(specs)} trial(s) are valid and nothing was written.", file=sys.stderr)
-        return 1
+def translate_command(args: argparse.Namespace) -> int:
+    specs = specs_from(args)
+    out = Path(args.out)
+    for i, spec in enumerate(specs):
+        trial_dir = out / point_name(i, spec) if args.multirun else out
+        files = write_trial_files(spec, trial_dir)
+        print(f"{trial_label(spec)}\n  wrote {', '.join(p.name for p in files.written)} in {files.directory}")
+        for w in files.warnings:
+            print(f"  warning: {w}", file=sys.stderr)
+    return 0
 
-    return handler
+
+def point_name(index: int, spec: TrialSpec) -> str:
+    """A sweep point's directory: its index, then its overrides made file-name safe."""
+    slug = re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(spec.overrides))[:120]
+    return f"{index:03d}_{slug}" if slug else f"{index:03d}"
 
 
 def _report_not_yet(args: argparse.Namespace) -> int:
@@ -123,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     plan = trial_command("plan", "Predict memory, FLOPs, communication and step time; launch nothing.", plan_command)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (the keys of DESIGN.md)")
     translate = trial_command("translate", "Write the engine configs and launch commands without running.",
-                              _not_yet("translation to engine configs"))
+                              translate_command)
     translate.add_argument("--out", required=True, metavar="DIR", help="directory for the configs and commands")
     report = sub.add_parser("report", help="Collect every result.json below DIR into a table, CSV and plots.",
                             description="Collect every result.json below DIR into a table, CSV and plots.")

@@ -95,6 +95,7 @@ class ClusterConfig:
     name: str = "local"  # local | slurm
     gpus_per_node: int = 8
     cpus_per_task: int = 8
+    sockets_per_node: int = 2  # for numa.mode=socket: --ntasks-per-socket = gpus_per_node / sockets
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None

@@ -9,9 +9,12 @@ process is started.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import re
+from pathlib import Path
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
@@ -63,6 +66,17 @@ def build_spec(overrides: list[str] | tuple[str, ...] = ()) -> TrialSpec:
     if composed.cfg.hardware.name == "auto":
         composed = _resolve_auto_hardware(composed)
     return spec_from(composed)
+
+
+def load_spec(trial_dir: Path) -> TrialSpec:
+    """The TrialSpec written into a trial directory (config.yaml + trial.json), validated again.
+
+    Built from the resolved config, not re-composed, so a rank on another host gets the
+    very trial that was planned (hardware=auto already resolved on the submitting host).
+    """
+    meta = json.loads((trial_dir / "trial.json").read_text())
+    cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.load(trial_dir / "config.yaml"))
+    return spec_from(Composed(cfg=cfg, choices=meta["choices"], overrides=tuple(meta["overrides"]), sweep_params={}))
 
 
 def spec_from(composed: Composed) -> TrialSpec:
@@ -153,6 +167,11 @@ def _check_choices(cfg: TrialConfig) -> None:
     _choice(cfg.cluster.name, "cluster.name", CLUSTERS)
     _positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
     _positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
+    _positive(cfg.cluster.sockets_per_node, "cluster.sockets_per_node")
+    for name in ("partition", "account", "qos"):
+        value = getattr(cfg.cluster, name)
+        if value is not None and not re.fullmatch(r"[\w.\-,]+", value):
+            raise ConfigError(f"cluster.{name}", value, "a SLURM name: letters, digits, _ . - and commas")
     if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", cfg.cluster.time):
         raise ConfigError("cluster.time", cfg.cluster.time, "a SLURM time limit: MM, HH:MM:SS or D-HH:MM:SS")
 
@@ -264,7 +283,8 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
         raise ConfigError("hardware", f"auto (found '{gpu}')", "no preset for this GPU: describe it with hardware.name=NAME "
                           "hardware.device=cuda hardware.peak_tflops.bf16=TFLOPS hardware.memory_gib=GIB")
     kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
-    return compose_trial(kept + [f"hardware={preset}"])
+    resolved = compose_trial(kept + [f"hardware={preset}"])
+    return dataclasses.replace(resolved, overrides=composed.overrides)  # what the user typed
 
 
 # --- small value checks ------------------------------------------------------------

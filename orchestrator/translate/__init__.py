@@ -1,0 +1,103 @@
+"""Translate a validated trial into exactly what the engines and launchers consume.
+
+`write_trial_files(spec, trial_dir)` writes, without running anything:
+  config.yaml, trial.json    the resolved trial (what every rank loads back)
+  ds_config.json             DeepSpeed's config (engine=deepspeed, or accelerate + deepspeed)
+  accelerate_config.yaml     Accelerate's config (engine=accelerate)
+  launch.json                the launch as argument lists and environment
+  launch.sh                  the same for a person: torchrun / accelerate launch, or an sbatch script
+  EXPLAIN.md                 how each value follows from the trial
+`orchestrator translate` calls it on --out DIR; `orchestrator run` on the trial directory.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from launchers import slurm
+from launchers.binding import Binding, binding
+from launchers.local import Command, local_command
+from orchestrator.files import atomic_write_json, atomic_write_text
+from orchestrator.spec import TrialSpec
+from orchestrator.translate import accelerate, deepspeed
+
+
+@dataclass(frozen=True)
+class TrialFiles:
+    directory: Path
+    written: list[Path]
+    warnings: list[str]
+    command: Command | None  # local launches
+    slurm: dict | None  # submitit parameters and the per-task command
+
+
+def trial_binding(spec: TrialSpec) -> Binding:
+    return binding(spec.cfg.numa.mode, spec.cfg.hardware.device, spec.gpus_per_node, spec.cfg.cluster.sockets_per_node)
+
+
+def write_trial_files(spec: TrialSpec, trial_dir: Path) -> TrialFiles:
+    trial_dir = trial_dir.resolve()
+    bind = trial_binding(spec)
+    files: dict[str, str | dict] = {
+        "config.yaml": OmegaConf.to_yaml(spec.resolved()),
+        "trial.json": {"overrides": list(spec.overrides), "choices": spec.choices},
+    }
+    explain = [f"# How this trial's configs follow from it", "", f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`", ""]
+    ds_path = trial_dir / "ds_config.json"
+    if spec.cfg.engine.backend == "deepspeed":
+        files["ds_config.json"] = deepspeed.ds_config(spec)
+        explain += ["## ds_config.json (DeepSpeed)", ""] + [f"- {line}" for line in deepspeed.explain(spec)] + [""]
+    if spec.cfg.engine.name == "accelerate":
+        files["accelerate_config.yaml"] = yaml.safe_dump(accelerate.accelerate_config(spec, ds_path), sort_keys=False)
+        explain += ["## accelerate_config.yaml", ""] + [f"- {line}" for line in accelerate.explain(spec)] + [""]
+
+    command, slurm_launch, warnings = None, None, list(bind.warnings)
+    if spec.cfg.cluster.name == "local":
+        if spec.cfg.engine.name == "accelerate" and bind.accelerate_args and spec.cfg.numa.mode != "node":
+            warnings.append(f"numa.mode={spec.cfg.numa.mode}: accelerate launch binds to the GPU's NUMA node only")
+        command = local_command(spec, trial_dir, bind)
+        files["launch.json"] = {"cluster": "local", "argv": command.argv, "env": command.env}
+        files["launch.sh"] = _local_script(command)
+        explain += ["## launch", "", f"- {spec.world_size} processes on this machine: "
+                    + ("accelerate launch" if spec.cfg.engine.name == "accelerate" else "torchrun --standalone")
+                    + (f", NUMA binding {bind.torchrun_args or bind.accelerate_args}" if bind.torchrun_args else "")]
+    else:
+        slurm_launch = {"submitit": slurm.submitit_parameters(spec, bind), "sbatch": slurm.sbatch_options(spec, bind),
+                        "srun": slurm.srun_options(spec, bind), "task": slurm.task_command(trial_dir)}
+        files["launch.json"] = {"cluster": "slurm", **slurm_launch}
+        files["launch.sh"] = _sbatch_script(spec, slurm_launch)
+        explain += ["## launch (SLURM)", "", f"- {spec.nodes} node(s) x {spec.gpus_per_node} tasks, one per GPU "
+                    f"(ntasks-per-node = ranks per node); time {spec.cfg.cluster.time}",
+                    f"- binding: srun {bind.srun_args or 'none'}, sbatch {bind.sbatch_options or 'none'}"]
+    explain += [f"- warning: {w}" for w in warnings]
+    files["EXPLAIN.md"] = "\n".join(explain) + "\n"
+
+    written = []
+    for name, content in files.items():
+        path = trial_dir / name
+        if isinstance(content, dict):
+            atomic_write_json(path, content)
+        else:
+            atomic_write_text(path, content)
+        written.append(path)
+    (trial_dir / "launch.sh").chmod(0o755)
+    return TrialFiles(directory=trial_dir, written=written, warnings=warnings, command=command, slurm=slurm_launch)
+
+
+def _local_script(command: Command) -> str:
+    lines = ["#!/usr/bin/env bash", "# Written by orchestrator translate: runs this trial's ranks on this machine.", "set -e"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in command.env.items()]
+    return "\n".join(lines + ["exec " + shlex.join(command.argv)]) + "\n"
+
+
+def _sbatch_script(spec: TrialSpec, launch: dict) -> str:
+    lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name=orchestrator"]
+    lines += [f"#SBATCH {opt}" for opt in launch["sbatch"]]
+    lines += ["# Written by orchestrator translate: `sbatch launch.sh` runs one task per GPU.", "set -e"]
+    lines += list(spec.cfg.cluster.setup)  # the user's own setup lines (module load ..., source ...)
+    return "\n".join(lines + ["srun " + shlex.join([*launch["srun"], *launch["task"]])]) + "\n"

@@ -1,0 +1,72 @@
+"""The Accelerate config of a trial: the YAML `accelerate config` writes and
+`accelerate launch --config_file` reads (loaded back by accelerate's own loader in a test).
+
+backend=deepspeed points at the DeepSpeed JSON of translate/deepspeed.py. backend=fsdp
+uses FSDP2 (fully_shard): zero.stage 3 shards everything and reshards after forward,
+stage 2 keeps parameters unsharded between forward and backward (FSDP1's
+SHARD_GRAD_OP: gradients and optimizer sharded), stage 0 shards nothing, which FSDP2
+has no mode for, so it is plain DDP (what FSDP1's NO_SHARD amounted to).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.spec import TrialSpec
+
+LAYER_CLASS = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer"}
+MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+
+
+def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
+    cfg = spec.cfg
+    cpu = cfg.hardware.device == "cpu"
+    common = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "mixed_precision": MIXED_PRECISION[spec.precision],
+        "num_processes": spec.world_size,
+        "num_machines": spec.nodes,
+        "machine_rank": 0,  # per node; the SLURM launcher passes each node's rank
+        "main_process_ip": "127.0.0.1" if spec.nodes == 1 else None,  # else the first node, known at launch
+        "main_process_port": None,  # a free port, chosen at launch
+        "rdzv_backend": "static",
+        "same_network": True,
+        "main_training_function": "main",
+        "enable_cpu_affinity": cfg.numa.mode != "none" and not cpu,
+        "downcast_bf16": "no",
+        "use_cpu": cpu,
+    }
+    if cfg.engine.backend == "deepspeed":
+        return {**common, "distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"deepspeed_config_file": str(ds_config_path), "zero3_init_flag": cfg.zero.stage == 3}}
+    if cfg.zero.stage == 0:
+        return {**common, "distributed_type": "MULTI_CPU" if cpu else "MULTI_GPU"}
+    return {**common, "distributed_type": "FSDP", "fsdp_config": {
+        "fsdp_version": 2,
+        "fsdp_reshard_after_forward": cfg.zero.stage == 3,
+        "fsdp_offload_params": cfg.zero.offload_param != "none" or cfg.zero.offload_optimizer != "none",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": LAYER_CLASS[cfg.model.arch],
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": False,
+        "fsdp_activation_checkpointing": cfg.recompute.mode == "full",
+    }}
+
+
+def explain(spec: TrialSpec) -> list[str]:
+    cfg = spec.cfg
+    lines = [f"distributed_type: engine.backend={cfg.engine.backend}, zero.stage={cfg.zero.stage}",
+             f"mixed_precision = {MIXED_PRECISION[spec.precision]}: run.bf16 / run.fp16",
+             f"num_processes = {spec.world_size} (parallel.dp), num_machines = {spec.nodes} "
+             f"(ceil(dp / cluster.gpus_per_node) on SLURM)",
+             f"use_cpu = {str(cfg.hardware.device == 'cpu').lower()}: hardware.device={cfg.hardware.device}",
+             f"enable_cpu_affinity: numa.mode={cfg.numa.mode} (binds only where there are GPUs)"]
+    if cfg.engine.backend == "deepspeed":
+        lines.append("deepspeed_config_file: the ds_config.json beside this file")
+    elif cfg.zero.stage:
+        lines += [f"fsdp_reshard_after_forward = {str(cfg.zero.stage == 3).lower()}: zero.stage 3 reshards, 2 keeps "
+                  "parameters gathered until backward",
+                  f"fsdp_activation_checkpointing = {str(cfg.recompute.mode == 'full').lower()}: recompute.mode="
+                  f"{cfg.recompute.mode} (selective is applied by the workload)"]
+    return lines
