@@ -38,7 +38,7 @@ class ModelConfig:
 
 @dataclass
 class WarmupConfig:
-    start: int = 8
+    start: Optional[int] = None  # null: micro_batch_size x dp, the smallest global batch
     end: int = 32
     ramp_tokens: int = 16384
     increment: Optional[int] = None  # null: micro_batch_size x dp, the smallest step

@@ -237,7 +237,7 @@ def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
         return mbs, gbs
     if w.end != gbs:
         raise ConfigError("batch.warmup.end", w.end, f"the global batch after the warm-up, batch.global_batch_size={gbs}")
-    _positive(w.start, "batch.warmup.start")
+    w.start = unit if w.start is None else _positive(w.start, "batch.warmup.start")
     if w.start > w.end:
         raise ConfigError("batch.warmup.start", w.start, f"at most batch.warmup.end={w.end}")
     if w.ramp_tokens <= 0:

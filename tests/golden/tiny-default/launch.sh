@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Written by orchestrator translate: runs this trial's ranks on this machine.
+set -e
+export OMP_NUM_THREADS=1
+export DS_ACCELERATOR=cpu
+exec python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 --module orchestrator.workload.train $TRIAL_DIR
