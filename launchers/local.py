@@ -1,15 +1,22 @@
 """Local launch: dp processes on this machine through torchrun (or accelerate launch).
 
 This module builds the command as an argument list (never a shell string, so no config
-value can reach a shell) with the environment it needs.
+value can reach a shell) with the environment it needs, runs it, streams rank 0's
+progress lines to the caller and keeps everything else in logs/launcher.log.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from launchers.binding import Binding
 from orchestrator import hardware
@@ -42,3 +49,63 @@ def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
 
 def environment(command: Command) -> dict[str, str]:
     return {**os.environ, **command.env}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int
+    timed_out: bool
+    seconds: float
+    log: Path  # the launcher's own output (torchrun / accelerate messages)
+
+
+def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
+              on_progress: Callable[[dict], None]) -> Outcome:
+    """Run the ranks and wait. A rank's crash ends torchrun (max restarts 0), which ends
+    the other ranks; a timeout ends the whole process group."""
+    log = trial_dir / "logs" / "launcher.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log, "a") as sink:
+        proc = subprocess.Popen(command.argv, env=environment(command), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        reader = threading.Thread(target=_pump, args=(proc.stdout, sink, on_progress), daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _end_group(proc)
+        except BaseException:  # Ctrl-C: take the ranks down with us
+            _end_group(proc)
+            raise
+        reader.join(timeout=10)
+    return Outcome(returncode=proc.returncode, timed_out=timed_out, seconds=time.monotonic() - start, log=log)
+
+
+def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
+    from orchestrator.workload.train import PROGRESS
+
+    for line in stream:
+        if line.startswith(PROGRESS):
+            try:
+                on_progress(json.loads(line[len(PROGRESS):]))
+                continue
+            except ValueError:
+                pass
+        sink.write(line)
+        sink.flush()
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -12,6 +12,7 @@ Exit codes: 0 ok; 1 a trial ran and failed; 2 invalid config; 3 the plan refuses
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 import sys
@@ -19,11 +20,12 @@ from pathlib import Path
 
 from orchestrator.compose import expand_sweep, presets
 from orchestrator.config import GROUPS
-from orchestrator.display import console, gib, show_plan, show_sweep, trial_label
+from orchestrator.display import console, show_plan, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.translate import write_trial_files
+from orchestrator.trial import run_trial
 
 FIELDS_ONLY = "(fields, no presets)"
 
@@ -74,15 +76,28 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     specs = specs_from(args)
-    for spec in specs:
-        plan = make_plan(spec)
-        if not plan.fits and not spec.cfg.run.force:
-            show_plan(spec, plan, console(stderr=True))
-            raise PlanRefused(f"{trial_label(spec)} does not fit: predicted {gib(plan.memory.total)} GiB per rank "
-                              f"> {gib(plan.memory.capacity)} GiB; run.force=true launches anyway")
-    print(f"orchestrator run: launching trials is not implemented yet; the {len(specs)} trial(s) are valid "
-          "and fit by the plan, and nothing was launched.", file=sys.stderr)
-    return 1
+    if any(spec.cfg.cluster.name != "local" for spec in specs):
+        print("orchestrator run: launching on cluster=slurm is not implemented yet; "
+              "`orchestrator translate cluster=slurm ...` writes the sbatch script", file=sys.stderr)
+        return 1
+    base = Path(args.out) if args.out else default_output_dir(args.multirun)
+    out = console()
+    results = []
+    for i, spec in enumerate(specs):
+        trial_dir = base / point_name(i, spec) if args.multirun else base
+        results.append(run_trial(spec, trial_dir, out))
+    if len(results) > 1:
+        failed = [r for r in results if r["status"] != "ok"]
+        out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not ({', '.join(r['status'] for r in failed)})"
+                  f" in {base}" if failed else f"sweep: all {len(results)} ok in {base}")
+    return max(r["exit_code"] for r in results if r["exit_code"] != 3) if any(
+        r["exit_code"] not in (0, 3) for r in results) else max(r["exit_code"] for r in results)
+
+
+def default_output_dir(multirun: bool) -> Path:
+    """Hydra's layout: outputs/DATE/TIME for one trial, multirun/DATE/TIME/N_overrides for a sweep."""
+    stamp = datetime.datetime.now()
+    return Path("multirun" if multirun else "outputs") / stamp.strftime("%Y-%m-%d") / stamp.strftime("%H-%M-%S")
 
 
 def translate_command(args: argparse.Namespace) -> int:
@@ -129,7 +144,8 @@ def _parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    trial_command("run", "Run one trial (or a sweep with -m) and record result.json.", run_command)
+    run = trial_command("run", "Run one trial (or a sweep with -m) and record result.json.", run_command)
+    run.add_argument("--out", metavar="DIR", help="trial directory (default outputs/DATE/TIME, multirun/DATE/TIME)")
     plan = trial_command("plan", "Predict memory, FLOPs, communication and step time; launch nothing.", plan_command)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (the keys of DESIGN.md)")
     translate = trial_command("translate", "Write the engine configs and launch commands without running.",

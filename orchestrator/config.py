@@ -151,8 +151,20 @@ class RunConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     force: bool = False  # launch even when the plan predicts it will not fit
-    profile: bool = False
+    timeout_min: Optional[float] = None  # end the trial (status timeout) after this long
     data: Optional[str] = None  # binary file of token ids; null: synthetic tokens
+    data_dtype: str = "uint16"  # uint16 | uint32, the ids' type in run.data
+    # Tuning knobs (003_0448ac9f835ea7a3.txt), each applied for real and recorded.
+    compile: bool = False  # torch.compile the model
+    gc_collect_every: int = 0  # 0: Python's automatic gc; N: gc disabled, collected every N steps
+    dataloader_workers: int = 0
+    pin_memory: bool = False  # pinned host batches, copied with non_blocking=True
+    expandable_segments: bool = True  # GPU only: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    profile: bool = False  # torch.profiler trace (wait 1, warm-up 1, active 3 steps) in the trial dir
+    # Debug: make rank `fail_rank` fail at step `fail_at_step` (raise | exit | oom), to test failure handling.
+    fail_at_step: Optional[int] = None
+    fail_rank: int = 0
+    fail_mode: str = "raise"
 
 
 @dataclass

@@ -26,6 +26,13 @@ def gib(x: float) -> str:
     return f"{x / GIB:,.2f}"
 
 
+def human_bytes(x: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= size:
+            return f"{x / size:,.2f} {unit}"
+    return f"{x:,.0f} B"
+
+
 def trial_label(spec: TrialSpec) -> str:
     c = spec.cfg
     return (f"model={spec.choices.get('model')} zero.stage={c.zero.stage} recompute={c.recompute.mode} "
@@ -105,3 +112,38 @@ def _swept_keys(overrides: list[tuple[str, ...]]) -> list[str]:
             key, _, value = o.partition("=")
             seen.setdefault(key, set()).add(value)
     return [k for k, values in seen.items() if len(values) > 1] or list(seen)[:1]
+
+
+def show_progress(p: dict, out: Console) -> None:
+    timing = "" if p["timed"] else "  (timing warm-up)"
+    out.print(f"  step {p['step'] + 1}/{p['steps']}  loss {p['loss']:.4f}  batch {p['global_batch_size']}  "
+              f"{p['step_time_s']:.3f} s  {p['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU{timing}")
+
+
+def show_result(result: dict, trial_dir, out: Console) -> None:
+    status = result["status"]
+    colour = "green" if status == "ok" else "red"
+    out.print(f"[bold {colour}]{status}[/bold {colour}]  {trial_dir / 'result.json'}")
+    if result["error"]:
+        e = result["error"]
+        rank = f" on rank {e['rank']}" if e.get("rank") is not None else ""
+        out.print(f"  {e['type']}{rank}: {e['message']}")
+    m, plan = result.get("metrics"), result.get("plan") or {}
+    if not m:
+        return
+    table = Table(title="Measured, with the plan's prediction beside it", title_justify="left")
+    for name in ("", "measured", "predicted"):
+        table.add_column(name, justify="right" if name else "left")
+    pt, pm = plan.get("time", {}), plan.get("memory", {})
+    table.add_row("tokens/s/GPU", f"{m['tokens_per_sec_per_gpu']:,.0f}", f"{pt.get('tokens_per_sec_per_gpu', 0):,.0f}")
+    table.add_row("step time", f"{m['step_time_s']:.4g} s", f"{pt.get('step_s', 0):.4g} s")
+    table.add_row("MFU / HFU", f"{m['mfu']:.1%} / {m['hfu']:.1%}", f"{pt.get('mfu', 0):.1%} / {pt.get('hfu', 0):.1%}")
+    mem = m["memory"]
+    table.add_row("activations", human_bytes(mem["activation_bytes"] or 0), human_bytes(pm.get("activations", 0)))
+    static_plan = sum(pm.get(k, 0) for k in ("params", "grads", "optimizer", "buffers"))
+    table.add_row("static (model states, buffers)", human_bytes(mem["static_bytes"] or 0), human_bytes(static_plan))
+    table.add_row("peak", human_bytes(mem["peak_bytes"]), human_bytes(pm.get("total", 0)))
+    table.add_row("loss", f"{m['loss_first']:.4f} -> {m['loss_last']:.4f}", "")
+    out.print(table)
+    out.print(f"[dim]peak for MFU: {m['peak_tflops']:.4g} TFLOPS ({m['peak_source']}); {m['timed_steps']} timed steps "
+              f"of {m['steps']}; peak memory: {mem['peak_source']}[/dim]")

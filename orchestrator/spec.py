@@ -187,6 +187,15 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.lr", r.lr, "a learning rate > 0")
     if r.grad_clip < 0:
         raise ConfigError("run.grad_clip", r.grad_clip, "a norm >= 0 (0 turns clipping off)")
+    _choice(r.data_dtype, "run.data_dtype", ("uint16", "uint32"))
+    _choice(r.fail_mode, "run.fail_mode", ("raise", "exit", "oom"))
+    for name in ("gc_collect_every", "dataloader_workers"):
+        if getattr(r, name) < 0:
+            raise ConfigError(f"run.{name}", getattr(r, name), "a whole number >= 0")
+    if r.timeout_min is not None and r.timeout_min <= 0:
+        raise ConfigError("run.timeout_min", r.timeout_min, "minutes > 0, or null for no limit")
+    if r.fail_at_step is not None and not 0 <= r.fail_rank < cfg.parallel.dp:
+        raise ConfigError("run.fail_rank", r.fail_rank, f"a rank from 0 to parallel.dp-1={cfg.parallel.dp - 1}")
     if r.data is not None and cfg.cluster.name == "local" and not os.path.isfile(r.data):
         raise ConfigError("run.data", r.data, "a file of token ids that exists (or null for synthetic tokens)")
     return "bf16" if r.bf16 else "fp16" if r.fp16 else "fp32"

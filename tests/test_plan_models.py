@@ -117,14 +117,19 @@ def test_eager_gpt_with_dropout_is_korthikanti():
     m = dataclasses.replace(model("gpt2-1.3b"), attention="eager", dropout=0.1)
     s, b, h, a = m.seq_len, 2, m.hidden, m.heads
     assert activations_per_layer(m, b, "none", "bf16") == s * b * h * (34 + 5 * a * s / h)
-    assert activations_per_layer(m, b, "selective", "bf16") == 34 * s * b * h
+    # selective keeps the block input and the linear layers' outputs: 2 + 6 + 2 + 8 + 2
+    assert activations_per_layer(m, b, "selective", "bf16") == 20 * s * b * h
 
 
-def test_selective_recompute_saves_70_percent_at_gpt3_scale():
+def test_selective_recompute_saves_at_least_the_theorys_70_percent_at_gpt3_scale():
+    # Korthikanti et al. recompute only the attention core and keep 34sbh: -70 % at GPT-3
+    # 175B. The workload's policy also recomputes norms and activations: it saves more.
     m = dataclasses.replace(model("gpt3-175b"), attention="eager", dropout=0.1)
     none = activations_per_layer(m, 1, "none", "bf16")
-    selective = activations_per_layer(m, 1, "selective", "bf16")
-    assert 1 - selective / none == pytest.approx(0.70, abs=0.01)
+    s, h, a = m.seq_len, m.hidden, m.heads
+    korthikanti = 1 - 34 / (34 + 5 * a * s / h)
+    assert korthikanti == pytest.approx(0.70, abs=0.01)
+    assert 1 - activations_per_layer(m, 1, "selective", "bf16") / none >= korthikanti
 
 
 def test_full_recompute_keeps_one_hidden_state_per_layer():

@@ -56,14 +56,6 @@ def little_headroom(spec: TrialSpec, plan: Plan) -> str | None:
     return None
 
 
-def selective_with_sdpa(spec: TrialSpec, plan: Plan) -> str | None:
-    m = spec.cfg.model
-    if spec.cfg.recompute.mode == "selective" and m.attention == "sdpa":
-        return ("recompute=selective with sdpa attention saves little: flash attention already recomputes the "
-                "s x s scores; recompute=full or a smaller micro batch saves more")
-    return None
-
-
 def numa_without_gpu(spec: TrialSpec, plan: Plan) -> str | None:
     if spec.cfg.numa.mode != "none" and spec.cfg.hardware.device == "cpu":
         return f"numa.mode={spec.cfg.numa.mode} binds ranks to GPUs' NUMA nodes; with no GPU nothing is bound"
@@ -71,7 +63,7 @@ def numa_without_gpu(spec: TrialSpec, plan: Plan) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (vocab_multiple_of_64, head_size_power_of_two, swiglu_shape, micro_batch_not_maxed,
-                           little_headroom, selective_with_sdpa, numa_without_gpu)
+                           little_headroom, numa_without_gpu)
 
 
 def warnings(spec: TrialSpec, plan: Plan) -> list[str]:

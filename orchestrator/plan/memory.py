@@ -134,10 +134,13 @@ def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, 
     c_fc input 2, GeLU input and output 16, two residual dropout masks 2 (1 byte each);
     softmax output 2, attention dropout mask 1 and its output 2 per a*s^2*b. Without
     dropout the masks and the dropped copy go. sdpa (flash / memory-efficient kernels)
-    saves the output and a row log-sum-exp instead of any s x s tensor, and draws its
-    dropout from the RNG instead of a mask. Selective recompute (Korthikanti) recomputes
-    the attention core (scores, softmax, dropout, attention over V), so everything it
-    alone saved goes; full recompute is handled by the caller.
+    saves its output and a row log-sum-exp instead of any s x s tensor, and draws its
+    dropout from the RNG instead of a mask.
+
+    Selective recompute (workload/model.py's policy) keeps the block's input, the outputs
+    of the linear layers' matmuls and of the fused attention kernel, and recomputes the
+    rest: for eager attention the whole s^2 term goes (Korthikanti's point), with sdpa the
+    norms, activations and their copies do. Full recompute is handled by the caller.
     """
     s, b, h = model.seq_len, micro_batch, model.hidden
     a, f = model.heads, model.ffn_hidden or 4 * model.hidden
@@ -145,10 +148,15 @@ def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, 
     act = 4 if precision == "fp32" else 2
     sbh, sbf, as2b = s * b * h, s * b * f, a * s * s * b
     dropout = model.dropout > 0
+    fused = act * sbh + 4 * a * s * b if model.attention == "sdpa" else 0  # flash output + log-sum-exp (fp32)
+    if recompute == "selective":
+        qkv = 3 * sbh if model.arch == "gpt2" else sbh + 2 * s * b * kv
+        mlp_outputs = sbf if model.arch == "gpt2" else 2 * sbf  # c_fc / gate and up
+        return int(act * (sbh + qkv + sbh + mlp_outputs + sbh) + fused)  # input, qkv, out proj, mlp, down proj
     if model.attention == "eager":
         core = act * as2b + (as2b + act * as2b if dropout else 0)  # softmax out (+ mask, dropped copy)
     else:
-        core = act * sbh + 4 * a * s * b  # flash output + log-sum-exp (fp32)
+        core = fused
     if model.arch == "gpt2":
         norms = 2 * act * sbh  # LayerNorm inputs
         attn = act * sbh + act * 3 * sbh + act * sbh  # c_attn input, Q K V, c_proj input
@@ -162,8 +170,6 @@ def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, 
         attn = act * (sbh + 2 * s * b * kv) + act * sbh  # Q, K, V after RoPE; o_proj input
         mlp = 4 * act * sbf
         masks = 0  # Llama's only dropout is inside attention
-    if recompute == "selective":
-        core = 0
     return int(norms + attn + mlp + masks + core)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from orchestrator.config import ModelConfig
 
 
@@ -34,3 +36,58 @@ def build_model(m: ModelConfig, device: str = "cpu"):
 
     with torch.device(device):
         return AutoModelForCausalLM.from_config(hf_config(m))
+
+
+def apply_recompute(model, mode: str) -> None:
+    """Activation recompute on every transformer block, as the plan models it.
+
+    full: each block is checkpointed; backward re-runs it from its input.
+    selective: each block is checkpointed with torch's selective activation checkpointing,
+    keeping what is expensive to recompute (the outputs of the linear layers' matmuls and
+    of the fused attention kernels) and recomputing the cheap, memory-heavy rest (norms,
+    activations, dropout, and eager attention's s x s scores and softmax): Korthikanti's
+    idea, as torchtitan applies it.
+    """
+    if mode == "none":
+        return
+    kwargs: dict = {"use_reentrant": False}
+    if mode == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _keep_matmul_outputs)
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers < 5
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _saved_ops() -> set:
+    import torch
+
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+
+def _keep_matmul_outputs(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if op in _SAVED:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class _LazySet:
+    """The aten ops are looked up on first use, so importing this module needs no torch."""
+
+    _ops: set | None = None
+
+    def __contains__(self, op) -> bool:
+        if self._ops is None:
+            self._ops = _saved_ops()
+        return op in self._ops
+
+
+_SAVED = _LazySet()

@@ -1,0 +1,44 @@
+"""One trial end to end: plan, translate, launch, collect, result.json.
+
+The CLI calls `run_trial` once per point of a sweep; a point that is refused or fails is
+recorded with its cause and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from launchers.local import run_local
+from orchestrator.display import show_plan, show_progress, show_result
+from orchestrator.plan.planner import make_plan
+from orchestrator.results import now, outcome_status, write_result
+from orchestrator.spec import TrialSpec
+from orchestrator.translate import write_trial_files
+
+
+def run_trial(spec: TrialSpec, trial_dir: Path, out: Console) -> dict:
+    started = now()
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    plan = make_plan(spec)
+    if not plan.fits and not spec.cfg.run.force:
+        show_plan(spec, plan, out)
+        message = (f"predicted {plan.memory.total / 2**30:.2f} GiB per rank > {plan.memory.capacity / 2**30:.2f} GiB "
+                   "capacity; run.force=true launches anyway")
+        return write_result(trial_dir, spec, plan.as_dict(), "refused", started,
+                            {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
+    files = write_trial_files(spec, trial_dir)
+    for stale in ("errors", "metrics.json", "result.json"):  # a re-run into the same directory
+        path = trial_dir / stale
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    for warning in files.warnings:
+        out.print(f"[yellow]warning:[/yellow] {warning}")
+    out.print(f"[bold]run[/bold] {trial_dir}")
+    timeout = spec.cfg.run.timeout_min * 60 if spec.cfg.run.timeout_min else None
+    outcome = run_local(files.command, trial_dir, timeout, lambda p: show_progress(p, out))
+    status, error = outcome_status(trial_dir, outcome.returncode, outcome.timed_out)
+    result = write_result(trial_dir, spec, plan.as_dict(), status, started, error)
+    show_result(result, trial_dir, out)
+    return result

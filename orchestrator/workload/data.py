@@ -1,0 +1,71 @@
+"""Token batches: synthetic by default, or windows of a binary file of token ids.
+
+Both are map-style datasets of [seq_len] windows, so the DataLoader's workers and pinned
+memory (run.dataloader_workers, run.pin_memory) apply to either. Each rank reads its own
+windows (index offset by rank), reproducibly from run.seed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class SyntheticTokens(Dataset):
+    """Uniform random ids: the throughput of a step does not depend on what the tokens say."""
+
+    def __init__(self, vocab: int, seq_len: int, seed: int, length: int = 2**31 - 1):
+        self.vocab, self.seq_len, self.seed, self.length = vocab, seq_len, seed, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        return torch.randint(0, self.vocab, (self.seq_len,), generator=g)
+
+
+class TokenFile(Dataset):
+    """Windows of seq_len ids from a flat binary file (uint16 / uint32), memory-mapped."""
+
+    def __init__(self, path: str, dtype: str, seq_len: int, vocab: int, seed: int):
+        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        if len(self.tokens) <= seq_len:
+            raise ValueError(f"run.data={path} holds {len(self.tokens)} tokens, fewer than one sequence of {seq_len}")
+        self.seq_len, self.vocab, self.seed = seq_len, vocab, seed
+
+    def __len__(self) -> int:
+        return 2**31 - 1  # windows are drawn at random positions, endlessly
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        rng = np.random.default_rng(self.seed * 1_000_003 + index)
+        start = int(rng.integers(0, len(self.tokens) - self.seq_len))
+        window = torch.from_numpy(self.tokens[start:start + self.seq_len].astype(np.int64))
+        if int(window.max()) >= self.vocab:
+            raise ValueError(f"run.data has token id {int(window.max())} >= model.vocab={self.vocab}")
+        return window
+
+
+class RankSampler(torch.utils.data.Sampler):
+    """rank, rank + world, rank + 2 world, ...: disjoint windows per rank."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+
+    def __iter__(self):
+        i = self.rank
+        while True:
+            yield i
+            i += self.world
+
+
+def batches(spec, rank: int, world: int) -> DataLoader:
+    m, run = spec.cfg.model, spec.cfg.run
+    if run.data:
+        dataset: Dataset = TokenFile(run.data, run.data_dtype, m.seq_len, m.vocab, run.seed)
+    else:
+        dataset = SyntheticTokens(m.vocab, m.seq_len, run.seed)
+    return DataLoader(dataset, batch_size=spec.micro_batch_size, sampler=RankSampler(rank, world),
+                      num_workers=run.dataloader_workers, pin_memory=run.pin_memory,
+                      persistent_workers=run.dataloader_workers > 0)

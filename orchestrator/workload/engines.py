@@ -1,0 +1,115 @@
+"""The training engines behind one interface: forward, backward, step, set_global_batch.
+
+DeepSpeedEngine wraps deepspeed.initialize with the trial's ds_config.json.
+AccelerateEngine wraps an Accelerator that `accelerate launch --config_file` configured
+(DeepSpeed or FSDP2 or DDP, from accelerate_config.yaml).
+Both build the transformers model of the trial and apply its recompute mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+
+from orchestrator.spec import TrialSpec
+from orchestrator.workload.model import apply_recompute, build_model
+
+
+class DeepSpeedEngine:
+    def __init__(self, spec: TrialSpec, trial_dir: Path, device: torch.device):
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+        self.config = json.loads((trial_dir / "ds_config.json").read_text())
+        # ZeRO-3 partitions the parameters while the model is built, so a model larger
+        # than one rank's memory can be constructed at all.
+        init = deepspeed.zero.Init(config_dict_or_path=self.config) if spec.cfg.zero.stage == 3 \
+            else contextlib.nullcontext()
+        with init:
+            model = build_model(spec.cfg.model, device="cpu")
+        apply_recompute(model, spec.cfg.recompute.mode)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=self.config)
+        if spec.cfg.run.compile:
+            self.engine.compile()
+        self.global_batch = self.config["train_batch_size"]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.engine(input_ids=tokens, labels=tokens).loss
+
+    def backward_and_step(self, loss: torch.Tensor) -> None:
+        # DeepSpeed counts micro batches itself: step() only updates at the boundary.
+        self.engine.backward(loss)
+        self.engine.step()
+
+    def set_global_batch(self, size: int) -> None:
+        if size != self.global_batch:
+            self.engine.set_train_batch_size(size)  # changes gradient_accumulation_steps
+            self.global_batch = size
+
+    def learning_rate(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+
+class AccelerateEngine:
+    def __init__(self, spec: TrialSpec, trial_dir: Path, device: torch.device):
+        from accelerate import Accelerator
+        from accelerate.utils import DummyOptim
+
+        self.accelerator = Accelerator()  # configured by accelerate launch from accelerate_config.yaml
+        self.deepspeed = spec.cfg.engine.backend == "deepspeed"
+        model = build_model(spec.cfg.model, device="cpu")
+        apply_recompute(model, spec.cfg.recompute.mode)
+        run = spec.cfg.run
+        if self.deepspeed:  # the optimizer is in ds_config.json
+            optimizer = DummyOptim(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=(0.9, 0.95), eps=1e-8,
+                                          weight_decay=run.weight_decay)
+        if run.compile:
+            model = torch.compile(model)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.grad_clip = run.grad_clip
+        self.micro_per_rank = spec.micro_batch_size * spec.world_size
+        self.global_batch = spec.schedule[0][1]
+        self._micro = 0
+
+    @property
+    def grad_accum(self) -> int:
+        return self.global_batch // self.micro_per_rank
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens, labels=tokens).loss
+
+    def backward_and_step(self, loss: torch.Tensor) -> None:
+        if self.deepspeed:  # accelerate's DeepSpeed wrapper runs engine.backward + engine.step
+            self.accelerator.backward(loss)
+            return
+        self._micro += 1
+        last = self._micro == self.grad_accum
+        sync = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
+        with sync:
+            self.accelerator.backward(loss / self.grad_accum)
+        if last:
+            if self.grad_clip:
+                self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._micro = 0
+
+    def set_global_batch(self, size: int) -> None:
+        if size == self.global_batch:
+            return
+        if self.deepspeed:
+            self.accelerator.deepspeed_engine_wrapped.engine.set_train_batch_size(size)
+        self.global_batch = size
+
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+
+def make_engine(spec: TrialSpec, trial_dir: Path, device: torch.device):
+    cls = DeepSpeedEngine if spec.cfg.engine.name == "deepspeed" else AccelerateEngine
+    return cls(spec, trial_dir, device)

@@ -1,0 +1,70 @@
+"""What a rank measures: activation and static memory, peak memory, the CPU's peak.
+
+activation_bytes: the storages created during one micro-batch forward that are still
+alive after it: what backward will need. A TorchDispatchMode sees every tensor an op
+creates (inside checkpointed regions and selective-checkpoint caches too, which
+saved_tensors_hooks cannot see), so full / selective recompute are measured as they
+really are.
+static_bytes: a census of the unique tensor storages alive in the process after the
+first optimizer step (parameters, gradient buffers, master weights, optimizer states,
+DeepSpeed's flat buffers and buckets).
+peak_bytes: the CUDA allocator's peak on a GPU; the process's max RSS on a CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class _Creations(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.created: list[weakref.ref] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.created.append(weakref.ref(t))
+        return out
+
+
+class ActivationCensus:
+    """with ActivationCensus() as census: loss = model(...)  ->  census.bytes"""
+
+    def __enter__(self) -> "ActivationCensus":
+        self._mode = _Creations()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        self.bytes = unique_storage_bytes(t() for t in self._mode.created)
+
+
+def unique_storage_bytes(tensors) -> int:
+    seen: dict[tuple, int] = {}
+    for t in tensors:
+        if t is None or t.device.type == "meta":
+            continue
+        storage = t.untyped_storage()
+        if storage.nbytes():
+            seen[(t.device.type, storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
+def static_bytes() -> int:
+    """Unique storages of every tensor the Python heap holds (call with no batch in flight)."""
+    gc.collect()
+    return unique_storage_bytes(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
+
+
+def peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -1,0 +1,237 @@
+"""One rank of a trial: `python -m orchestrator.workload.train TRIAL_DIR` under a launcher.
+
+It loads the trial (config.yaml + trial.json), builds the engine, trains run.steps
+optimizer steps on the global-batch schedule, and measures: the time of every step
+(device synchronised), activation and static memory, peak memory. Rank 0 gathers what
+every rank saw and writes metrics.json; the launcher turns it into result.json.
+
+Output: each rank's stdout/stderr go to logs/rank{R}.log. Rank 0 also writes one
+progress line per step, prefixed "ORCH|", to the launcher's pipe. A rank that fails
+writes errors/rank{R}.json (type, message, traceback, whether it was out of memory)
+before exiting non-zero, which makes torchrun end the other ranks.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from pathlib import Path
+
+PROGRESS = "ORCH|"
+
+
+def main() -> None:
+    trial_dir = Path(sys.argv[1]).resolve()
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    console = os.fdopen(os.dup(1), "w", buffering=1)  # the launcher's pipe, before the redirect
+    _redirect_output(trial_dir / "logs" / f"rank{rank}.log")
+    try:
+        train(trial_dir, rank, world, console if rank == 0 else None)
+    except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised as an exit
+        _record_failure(trial_dir, rank, exc)
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def train(trial_dir: Path, rank: int, world: int, console) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from orchestrator import hardware
+    from orchestrator.files import atomic_write_json
+    from orchestrator.plan.batch import batch_sizes_per_step
+    from orchestrator.plan.flops import flops_per_token
+    from orchestrator.spec import load_spec
+    from orchestrator.workload import measure
+    from orchestrator.workload.data import batches
+    from orchestrator.workload.engines import make_engine
+
+    spec = load_spec(trial_dir)
+    run, model_cfg = spec.cfg.run, spec.cfg.model
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = spec.cfg.hardware.device == "cuda"
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(run.seed + rank)
+    if run.gc_collect_every:
+        gc.disable()
+
+    engine = make_engine(spec, trial_dir, device)
+    sizes = batch_sizes_per_step(spec.schedule, run.steps, model_cfg.seq_len)
+    data = iter(batches(spec, rank, world))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    profiler = _profiler(trial_dir, run.steps) if run.profile and rank == 0 else nullcontext()
+    history, activation_bytes, static_bytes = [], None, None
+
+    with profiler as prof:
+        for step in range(run.steps):
+            engine.set_global_batch(sizes[step])
+            grad_accum = sizes[step] // (spec.micro_batch_size * world)
+            if run.fail_at_step == step and run.fail_rank == rank:
+                _fail(run.fail_mode)
+            sync()
+            start = time.perf_counter()
+            losses = []
+            for micro in range(grad_accum):
+                tokens = next(data).to(device, non_blocking=run.pin_memory)
+                census = measure.ActivationCensus() if step == 0 and micro == 0 else nullcontext()
+                with census:
+                    loss = engine.forward(tokens)
+                if step == 0 and micro == 0:
+                    activation_bytes = census.bytes
+                engine.backward_and_step(loss)
+                losses.append(loss.detach())
+            sync()
+            seconds = time.perf_counter() - start
+            if step == 0:
+                static_bytes = measure.static_bytes()  # after the first optimizer step, no batch in flight
+            loss_value = float(torch.stack(losses).float().mean())
+            tokens_step = sizes[step] * model_cfg.seq_len
+            history.append({"step": step, "loss": loss_value, "step_time_s": seconds, "global_batch_size": sizes[step],
+                            "tokens_per_sec_per_gpu": tokens_step / seconds / world, "lr": engine.learning_rate(),
+                            "timed": step >= run.warmup_steps})
+            if console:
+                console.write(PROGRESS + json.dumps({**history[-1], "steps": run.steps}) + "\n")
+            if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
+                gc.collect()
+            if prof is not None:
+                prof.step()
+
+    peak = measure.peak_bytes(device)
+    mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "peak_bytes": peak,
+            "affinity": sorted(os.sched_getaffinity(0))}
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return
+
+    timed = [h for h in history if h["timed"]]
+    seconds = sum(h["step_time_s"] for h in timed)
+    tokens = sum(h["global_batch_size"] for h in timed) * model_cfg.seq_len
+    model_flops, hardware_flops, _ = flops_per_token(model_cfg, spec.cfg.recompute.mode)
+    peak_tflops, peak_source = _peak(spec, hardware)
+    per_gpu = tokens / seconds / world if seconds else 0.0
+    metrics = {
+        "tokens_per_sec": tokens / seconds if seconds else 0.0,
+        "tokens_per_sec_per_gpu": per_gpu,
+        "tflops_per_gpu": model_flops * per_gpu / 1e12,
+        "mfu": model_flops * per_gpu / (peak_tflops * 1e12),
+        "hfu": hardware_flops * per_gpu / (peak_tflops * 1e12),
+        "peak_tflops": peak_tflops,
+        "peak_source": peak_source,
+        "step_time_s": seconds / len(timed) if timed else None,
+        "step_times_s": [h["step_time_s"] for h in history],
+        "steps": run.steps,
+        "timed_steps": len(timed),
+        "tokens": tokens,
+        "loss_first": history[0]["loss"],
+        "loss_last": history[-1]["loss"],
+        "losses": [h["loss"] for h in history],
+        "global_batch_sizes": sizes,
+        "memory": {"static_bytes": static_bytes, "activation_bytes": activation_bytes, "peak_bytes": peak,
+                   "peak_source": "CUDA allocator max_memory_allocated" if cuda else "max RSS of rank 0"},
+        "history": history,
+        "tuning": {"compile": run.compile, "gc_collect_every": run.gc_collect_every,
+                   "gc_enabled": gc.isenabled(), "dataloader_workers": run.dataloader_workers,
+                   "pin_memory": run.pin_memory,
+                   "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if cuda else None,
+                   "profile": str(trial_dir / "profile") if run.profile else None},
+    }
+    env = {"versions": _versions(), "hosts": sorted({r["host"] for r in everyone}), "world_size": world,
+           "ranks": everyone, "affinity": {str(r["rank"]): r["affinity"] for r in everyone},
+           "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "threads_per_rank": torch.get_num_threads()}
+    atomic_write_json(trial_dir / "metrics.json", {"metrics": metrics, "env": env})
+
+
+def _peak(spec, hardware) -> tuple[float, str]:
+    given = getattr(spec.cfg.hardware.peak_tflops, spec.precision)
+    if given:
+        return float(given), f"{spec.cfg.hardware.name} dense {spec.precision}, published"
+    import torch
+
+    threads = torch.get_num_threads()
+    return (hardware.measured_cpu_peak_tflops(spec.precision, threads),
+            f"measured {spec.precision} matmul on this CPU, {threads} thread(s) per rank")
+
+
+def _profiler(trial_dir: Path, steps: int):
+    """torch.profiler with 000's schedule: skip 1 step, warm up 1, record 3."""
+    import torch.profiler as tp
+
+    return tp.profile(activities=[tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if _has_cuda() else []),
+                      schedule=tp.schedule(wait=1, warmup=1, active=min(3, max(1, steps - 2)), repeat=1),
+                      on_trace_ready=tp.tensorboard_trace_handler(str(trial_dir / "profile")), record_shapes=True)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _fail(mode: str) -> None:
+    """run.fail_at_step: fail for real, the way a crashing rank does."""
+    if mode == "exit":
+        os._exit(3)
+    if mode == "oom":
+        import torch
+
+        torch.empty(2**62, dtype=torch.uint8)  # a host (or device) allocation that cannot succeed
+    raise RuntimeError("injected failure (run.fail_at_step)")
+
+
+def _redirect_output(log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    oom_types = tuple(t for t in (_torch_oom(), MemoryError) if t is not None)
+    return isinstance(exc, oom_types) or "out of memory" in text or "can't allocate memory" in text
+
+
+def _torch_oom():
+    import torch
+
+    return getattr(torch, "OutOfMemoryError", None)
+
+
+def _record_failure(trial_dir: Path, rank: int, exc: BaseException) -> None:
+    from orchestrator.files import atomic_write_json
+
+    traceback.print_exc()
+    atomic_write_json(trial_dir / "errors" / f"rank{rank}.json", {
+        "type": type(exc).__name__, "message": str(exc)[:2000], "rank": rank, "oom": is_out_of_memory(exc),
+        "traceback": traceback.format_exc()[-8000:], "time": time.time(), "host": socket.gethostname()})
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for name in ("torch", "deepspeed", "accelerate", "transformers", "hydra-core"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+if __name__ == "__main__":
+    main()
