@@ -25,7 +25,7 @@ from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.translate import write_trial_files
-from orchestrator.trial import run_trial
+from orchestrator.trial import check_runnable_here, run_trial
 
 FIELDS_ONLY = "(fields, no presets)"
 
@@ -80,6 +80,8 @@ def run_command(args: argparse.Namespace) -> int:
         print("orchestrator run: launching on cluster=slurm is not implemented yet; "
               "`orchestrator translate cluster=slurm ...` writes the sbatch script", file=sys.stderr)
         return 1
+    for spec in specs:
+        check_runnable_here(spec)
     base = Path(args.out) if args.out else default_output_dir(args.multirun)
     out = console()
     results = []

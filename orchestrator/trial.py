@@ -12,21 +12,37 @@ from pathlib import Path
 from rich.console import Console
 
 from launchers.local import run_local
+from orchestrator import hardware
+from orchestrator.errors import ConfigError
 from orchestrator.display import show_plan, show_progress, show_result
-from orchestrator.plan.planner import make_plan
+from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.results import now, outcome_status, write_result
 from orchestrator.spec import TrialSpec
 from orchestrator.translate import write_trial_files
+
+
+def refusal(spec: TrialSpec, plan: Plan) -> str | None:
+    """Why the plan refuses to launch this trial, or None."""
+    if plan.fits or spec.cfg.run.force:
+        return None
+    return (f"does not fit: predicted {plan.memory.total / 2**30:.2f} GiB per rank > "
+            f"{plan.memory.capacity / 2**30:.2f} GiB capacity; run.force=true launches anyway")
+
+
+def check_runnable_here(spec: TrialSpec) -> None:
+    """A local trial needs the device it names (plan and translate need nothing)."""
+    if spec.cfg.cluster.name == "local" and spec.cfg.hardware.device == "cuda" and hardware.local_gpu_name() is None:
+        raise ConfigError("hardware", spec.cfg.hardware.name, "this machine has no GPU to run it on; use hardware=auto "
+                          "or cpu here (plan and translate take any hardware)")
 
 
 def run_trial(spec: TrialSpec, trial_dir: Path, out: Console) -> dict:
     started = now()
     trial_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(spec)
-    if not plan.fits and not spec.cfg.run.force:
+    if message := refusal(spec, plan):
         show_plan(spec, plan, out)
-        message = (f"predicted {plan.memory.total / 2**30:.2f} GiB per rank > {plan.memory.capacity / 2**30:.2f} GiB "
-                   "capacity; run.force=true launches anyway")
+        out.print(f"[red]refused:[/red] {message}")
         return write_result(trial_dir, spec, plan.as_dict(), "refused", started,
                             {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
     files = write_trial_files(spec, trial_dir)

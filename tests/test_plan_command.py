@@ -54,11 +54,29 @@ def test_a_trial_that_does_not_fit_exits_3_with_the_breakdown():
     assert "do not fit" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_run_refuses_what_does_not_fit_unless_forced(capsys):
-    assert main(["run", "model=gpt2-13b", "parallel.dp=1", *H100]) == 3
-    err = capsys.readouterr().err
-    assert "does not fit" in err and "run.force=true" in err and "optimizer states" in err
-    assert main(["run", "model=gpt2-13b", "parallel.dp=1", "run.force=true", *H100]) != 3
+def test_run_refuses_what_does_not_fit_and_records_it(tmp_path, capsys):
+    # 175B parameters on this machine's CPU: the plan says no before anything starts.
+    assert main(["run", "model=gpt3-175b", "hardware=cpu", "--out", str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    assert "refused" in out and "run.force=true" in out and "optimizer states" in out
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "refused" and result["exit_code"] == 3
+    assert result["plan"]["memory"]["fits"] is False and "does not fit" in result["error"]["message"]
+    assert not (tmp_path / "logs").exists()  # nothing was launched
+
+
+def test_force_lifts_the_refusal():
+    from orchestrator.trial import refusal
+
+    spec = build_spec(["model=gpt3-175b", "hardware=cpu"])
+    forced = build_spec(["model=gpt3-175b", "hardware=cpu", "run.force=true"])
+    assert "does not fit" in refusal(spec, make_plan(spec))
+    assert refusal(forced, make_plan(forced)) is None
+
+
+def test_run_on_a_gpu_preset_without_a_gpu_is_refused_before_launch(tmp_path, capsys):
+    assert main(["run", "hardware=h100-sxm", "--out", str(tmp_path)]) == 2
+    assert "no GPU" in capsys.readouterr().err and not (tmp_path / "logs").exists()
 
 
 def test_sweep_view_has_one_row_per_point_and_scaling_flattens(capsys):
