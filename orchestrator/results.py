@@ -41,25 +41,37 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[s
     if timed_out:
         return "timeout", {"type": "Timeout", "message": "the trial ran past run.timeout_min", "rank": None,
                            "log_tail": _tail(trial_dir / "logs" / "launcher.log")}
-    errors = sorted((_read_json(p) for p in (trial_dir / "errors").glob("rank*.json")), key=lambda e: e["time"])
+    errors = {e["rank"]: e for e in (_read_json(p) for p in (trial_dir / "errors").glob("rank*.json")) if e}
     if returncode == 0 and not errors and (trial_dir / "metrics.json").is_file():
         return "ok", None
-    if errors:
-        first = errors[0]  # the first rank to fail is the cause; the others were ended after it
+    # Which rank caused it: a rank that died without a Python error (os._exit, a signal
+    # other than the launcher's SIGTERM, the OOM killer) if there is one, else the first
+    # Python error by time. The ranks ended after it often fail too (a closed connection).
+    exits = _exit_codes(trial_dir / "logs" / "launcher.log")
+    silent = [r for r, code in exits.items() if r not in errors and code not in (1, -15)]
+    if silent:
+        rank = silent[0]
+    elif errors:
+        rank = min(errors.values(), key=lambda e: e["time"])["rank"]
+    else:
+        rank = next(iter(exits), None)
+    if rank in errors:
+        first = errors[rank]
         return ("oom" if first["oom"] else "failed"), {
-            "type": first["type"], "message": first["message"], "rank": first["rank"],
-            "log_tail": _tail(trial_dir / "logs" / f"rank{first['rank']}.log")}
-    rank = _rank_from_launcher_log(trial_dir / "logs" / "launcher.log")
+            "type": first["type"], "message": first["message"], "rank": rank,
+            "log_tail": _tail(trial_dir / "logs" / f"rank{rank}.log")}
     log = trial_dir / "logs" / (f"rank{rank}.log" if rank is not None else "launcher.log")
+    code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"
     return "failed", {"type": "ProcessExit", "rank": rank, "log_tail": _tail(log),
-                      "message": f"rank {rank if rank is not None else '?'} exited without a Python error "
-                                 f"(launcher exit code {returncode})"}
+                      "message": f"rank {rank if rank is not None else '?'} exited without a Python error ({code})"}
 
 
-def _rank_from_launcher_log(log: Path) -> int | None:
-    """torchrun's failure summary names the root-cause rank: 'rank : 1 (local_rank: 1)'."""
-    m = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank", log.read_text(errors="replace")) if log.is_file() else None
-    return int(m.group(1)) if m else None
+def _exit_codes(log: Path) -> dict[int, int]:
+    """Rank -> exit code from torchrun's failure summary ('rank : 1 (local_rank: 1)' / 'exitcode : 3')."""
+    if not log.is_file():
+        return {}
+    pairs = re.findall(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", log.read_text(errors="replace"))
+    return {int(rank): int(code) for rank, code in pairs}
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

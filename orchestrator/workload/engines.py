@@ -24,12 +24,10 @@ class DeepSpeedEngine:
 
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
         self.config = json.loads((trial_dir / "ds_config.json").read_text())
-        # ZeRO-3 partitions the parameters while the model is built, so a model larger
-        # than one rank's memory can be constructed at all.
-        init = deepspeed.zero.Init(config_dict_or_path=self.config) if spec.cfg.zero.stage == 3 \
-            else contextlib.nullcontext()
-        with init:
-            model = build_model(spec.cfg.model, device="cpu")
+        # Built whole, then partitioned by deepspeed.initialize. deepspeed.zero.Init, which
+        # partitions while building (for models larger than one host), fails with
+        # transformers 5 / torch 2.13 (a Tensor.__new__ signature mismatch in DeepSpeed 0.19).
+        model = build_model(spec.cfg.model, device="cpu")
         apply_recompute(model, spec.cfg.recompute.mode)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=self.config)
         if spec.cfg.run.compile:
@@ -51,6 +49,10 @@ class DeepSpeedEngine:
 
     def learning_rate(self) -> float:
         return float(self.engine.get_lr()[0])
+
+    def engine_global_batch(self) -> int:
+        """The global batch DeepSpeed itself will step on (its train_batch_size)."""
+        return int(self.engine.train_batch_size())
 
 
 class AccelerateEngine:
@@ -108,6 +110,11 @@ class AccelerateEngine:
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def engine_global_batch(self) -> int:
+        if self.deepspeed:
+            return int(self.accelerator.deepspeed_engine_wrapped.engine.train_batch_size())
+        return self.global_batch
 
 
 def make_engine(spec: TrialSpec, trial_dir: Path, device: torch.device):

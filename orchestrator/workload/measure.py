@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import resource
+import warnings
 import weakref
 
 import torch
@@ -61,7 +62,10 @@ def unique_storage_bytes(tensors) -> int:
 def static_bytes() -> int:
     """Unique storages of every tensor the Python heap holds (call with no batch in flight)."""
     gc.collect()
-    return unique_storage_bytes(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
+    with warnings.catch_warnings():  # isinstance() on deprecated module objects warns
+        warnings.simplefilter("ignore")
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    return unique_storage_bytes(tensors)
 
 
 def peak_bytes(device: torch.device) -> int:

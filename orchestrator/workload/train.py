@@ -34,12 +34,19 @@ def main() -> None:
     _redirect_output(trial_dir / "logs" / f"rank{rank}.log")
     try:
         train(trial_dir, rank, world, console if rank == 0 else None)
-    except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised as an exit
+    except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then ends the rank
         _record_failure(trial_dir, rank, exc)
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
+        _leave(1, console)
+    _leave(0, console)
+
+
+def _leave(code: int, console) -> None:
+    """Exit without running C++ static destructors: gloo's and DeepSpeed's threads can abort
+    a process at interpreter exit ("terminate called without an active exception") after
+    the work is done. Everything worth keeping is flushed (and written atomically) first."""
+    for stream in (console, sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def train(trial_dir: Path, rank: int, world: int, console) -> None:
@@ -62,7 +69,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    torch.manual_seed(run.seed + rank)
+    torch.manual_seed(run.seed)  # the same initial weights on every rank and in every ZeRO stage
     if run.gc_collect_every:
         gc.disable()
 
@@ -97,7 +104,11 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
                 static_bytes = measure.static_bytes()  # after the first optimizer step, no batch in flight
             loss_value = float(torch.stack(losses).float().mean())
             tokens_step = sizes[step] * model_cfg.seq_len
-            history.append({"step": step, "loss": loss_value, "step_time_s": seconds, "global_batch_size": sizes[step],
+            # The batch the engine stepped on: its own train_batch_size, and the micro
+            # batches all ranks really ran.
+            ran = grad_accum * spec.micro_batch_size * world
+            history.append({"step": step, "loss": loss_value, "step_time_s": seconds, "global_batch_size": ran,
+                            "engine_global_batch_size": engine.engine_global_batch(),
                             "tokens_per_sec_per_gpu": tokens_step / seconds / world, "lr": engine.learning_rate(),
                             "timed": step >= run.warmup_steps})
             if console:
@@ -112,6 +123,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
             "affinity": sorted(os.sched_getaffinity(0))}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
+    dist.barrier()  # every rank is done with every collective before any leaves
     if rank != 0:
         return
 
@@ -137,7 +149,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         "loss_first": history[0]["loss"],
         "loss_last": history[-1]["loss"],
         "losses": [h["loss"] for h in history],
-        "global_batch_sizes": sizes,
+        "global_batch_sizes": [h["global_batch_size"] for h in history],
         "memory": {"static_bytes": static_bytes, "activation_bytes": activation_bytes, "peak_bytes": peak,
                    "peak_source": "CUDA allocator max_memory_allocated" if cuda else "max RSS of rank 0"},
         "history": history,
