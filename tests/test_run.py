@@ -121,3 +121,24 @@ def test_a_sweep_records_an_oom_point_and_runs_the_others(tmp_path):
     results = results_below(tmp_path)
     assert [r["status"] for r in results] == ["oom", "ok"]
     assert results[0]["error"]["rank"] == 0 and results[1]["metrics"]["tokens"] > 0
+
+
+def test_accelerate_runs_deepspeed_and_ddp_on_cpu(tmp_path):
+    proc, _ = run(tmp_path, "engine=accelerate", "engine.backend=deepspeed,fsdp", "zero=stage0", *QUICK, multirun=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    engines = [r["metrics"]["engine"] for r in results_below(tmp_path)]
+    assert engines[0]["distributed_type"].endswith("DEEPSPEED") and engines[0]["model_wrapper"] == "DeepSpeedEngine"
+    assert engines[1]["distributed_type"].endswith("MULTI_CPU") and engines[1]["model_wrapper"] == "DistributedDataParallel"
+
+
+def test_accelerate_fsdp_says_clearly_that_the_cpu_cannot_run_it(tmp_path):
+    proc, _ = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage3")
+    assert proc.returncode == 2 and "FSDP only on GPUs" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_the_deepspeed_engine_is_the_one_asked_for(tmp_path):
+    proc, _ = run(tmp_path, "zero=stage3", *QUICK)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    engine = json.loads((tmp_path / "result.json").read_text())["metrics"]["engine"]
+    assert engine == {"engine": "deepspeed", "zero_stage": 3, "optimizer": "DeepSpeedZeroOptimizer_Stage3"}

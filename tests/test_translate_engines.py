@@ -93,10 +93,13 @@ def test_accelerate_loads_every_config_back(tmp_path, backend, stage, precision)
     assert str(loaded.distributed_type.value if hasattr(loaded.distributed_type, "value") else loaded.distributed_type) \
         == expected_type
     assert loaded.num_processes == 4 and loaded.num_machines == 1
-    assert str(getattr(loaded.mixed_precision, "value", loaded.mixed_precision)) == {"bf16": "bf16", "fp16": "fp16",
-                                                                                     "fp32": "no"}[precision]
-    if backend == "deepspeed":
+    if backend == "deepspeed":  # precision is in the JSON: accelerate refuses it in both places
+        assert loaded.mixed_precision is None
         assert loaded.deepspeed_config["deepspeed_config_file"] == str(tmp_path / "ds_config.json")
+    else:
+        assert str(getattr(loaded.mixed_precision, "value", loaded.mixed_precision)) == \
+            {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]
+    if backend == "deepspeed":
     elif stage:
         assert loaded.fsdp_config["fsdp_version"] == 2
         assert loaded.fsdp_config["fsdp_reshard_after_forward"] == (stage == 3)

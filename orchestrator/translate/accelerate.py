@@ -35,13 +35,19 @@ def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
         "main_training_function": "main",
         "enable_cpu_affinity": cfg.numa.mode != "none" and not cpu,
         "downcast_bf16": "no",
-        "use_cpu": cpu,
+        # use_cpu would make accelerate launch take its single-process / MPI path and drop
+        # DeepSpeed and FSDP; torchrun's path runs them over gloo on a CPU as well.
+        "use_cpu": False,
     }
     if cfg.engine.backend == "deepspeed":
+        # Precision, batch sizes and ZeRO live in the JSON: accelerate refuses a
+        # mixed_precision beside a deepspeed_config_file.
+        del common["mixed_precision"]
         return {**common, "distributed_type": "DEEPSPEED",
-                "deepspeed_config": {"deepspeed_config_file": str(ds_config_path), "zero3_init_flag": cfg.zero.stage == 3}}
+                "deepspeed_config": {"deepspeed_config_file": str(ds_config_path), "zero3_init_flag": False}}
     if cfg.zero.stage == 0:
-        return {**common, "distributed_type": "MULTI_CPU" if cpu else "MULTI_GPU"}
+        # DDP (accelerate's MULTI_CPU launcher wants MPI; MULTI_GPU's torchrun path runs on gloo).
+        return {**common, "distributed_type": "MULTI_GPU"}
     return {**common, "distributed_type": "FSDP", "fsdp_config": {
         "fsdp_version": 2,
         "fsdp_reshard_after_forward": cfg.zero.stage == 3,
@@ -57,10 +63,11 @@ def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
 def explain(spec: TrialSpec) -> list[str]:
     cfg = spec.cfg
     lines = [f"distributed_type: engine.backend={cfg.engine.backend}, zero.stage={cfg.zero.stage}",
-             f"mixed_precision = {MIXED_PRECISION[spec.precision]}: run.bf16 / run.fp16",
+             f"mixed_precision = {MIXED_PRECISION[spec.precision]}: run.bf16 / run.fp16"
+             + (" (in ds_config.json, which accelerate requires for DeepSpeed)" if cfg.engine.backend == "deepspeed" else ""),
              f"num_processes = {spec.world_size} (parallel.dp), num_machines = {spec.nodes} "
              f"(ceil(dp / cluster.gpus_per_node) on SLURM)",
-             f"use_cpu = {str(cfg.hardware.device == 'cpu').lower()}: hardware.device={cfg.hardware.device}",
+             "use_cpu = false: accelerate launch drops DeepSpeed and FSDP with it; torchrun's path runs on CPUs too",
              f"enable_cpu_affinity: numa.mode={cfg.numa.mode} (binds only where there are GPUs)"]
     if cfg.engine.backend == "deepspeed":
         lines.append("deepspeed_config_file: the ds_config.json beside this file")

@@ -54,14 +54,24 @@ class DeepSpeedEngine:
         """The global batch DeepSpeed itself will step on (its train_batch_size)."""
         return int(self.engine.train_batch_size())
 
+    def describe(self) -> dict:
+        return {"engine": "deepspeed", "zero_stage": self.engine.zero_optimization_stage(),
+                "optimizer": type(self.engine.optimizer).__name__}
+
 
 class AccelerateEngine:
     def __init__(self, spec: TrialSpec, trial_dir: Path, device: torch.device):
         from accelerate import Accelerator
         from accelerate.utils import DummyOptim
 
-        self.accelerator = Accelerator()  # configured by accelerate launch from accelerate_config.yaml
+        # Configured by accelerate launch from accelerate_config.yaml. Without a GPU, DDP
+        # needs cpu=True (else accelerate runs each rank alone); DeepSpeed finds the CPU itself.
         self.deepspeed = spec.cfg.engine.backend == "deepspeed"
+        self.accelerator = Accelerator(cpu=device.type == "cpu" and not self.deepspeed)
+        expected = "DEEPSPEED" if self.deepspeed else "FSDP" if spec.cfg.zero.stage else "MULTI_"
+        if spec.world_size > 1 and expected not in str(self.accelerator.distributed_type):
+            raise RuntimeError(f"accelerate set up {self.accelerator.distributed_type}, not the {expected} this trial "
+                               "asks for; nothing measured would mean what it says")
         model = build_model(spec.cfg.model, device="cpu")
         apply_recompute(model, spec.cfg.recompute.mode)
         run = spec.cfg.run
@@ -110,6 +120,10 @@ class AccelerateEngine:
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def describe(self) -> dict:
+        return {"engine": "accelerate", "distributed_type": str(self.accelerator.distributed_type),
+                "model_wrapper": type(self.model).__name__, "optimizer": type(self.optimizer).__name__}
 
     def engine_global_batch(self) -> int:
         if self.deepspeed:

@@ -153,6 +153,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         "memory": {"static_bytes": static_bytes, "activation_bytes": activation_bytes, "peak_bytes": peak,
                    "peak_source": "CUDA allocator max_memory_allocated" if cuda else "max RSS of rank 0"},
         "history": history,
+        "engine": engine.describe(),
         "tuning": {"compile": run.compile, "gc_collect_every": run.gc_collect_every,
                    "gc_enabled": gc.isenabled(), "dataloader_workers": run.dataloader_workers,
                    "pin_memory": run.pin_memory,
