@@ -35,6 +35,8 @@ def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
     env = {"OMP_NUM_THREADS": str(hardware.threads_per_rank(spec.world_size))}
     if spec.cfg.hardware.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise look for CUDA
+    elif spec.cfg.run.expandable_segments:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # less fragmentation (003)
     if spec.cfg.engine.name == "accelerate":
         argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(trial_dir / "accelerate_config.yaml"), *bind.accelerate_args, "--module", WORKLOAD_MODULE,

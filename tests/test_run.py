@@ -142,3 +142,25 @@ def test_the_deepspeed_engine_is_the_one_asked_for(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     engine = json.loads((tmp_path / "result.json").read_text())["metrics"]["engine"]
     assert engine == {"engine": "deepspeed", "zero_stage": 3, "optimizer": "DeepSpeedZeroOptimizer_Stage3"}
+
+
+def test_tuning_knobs_are_applied_and_recorded_and_profile_writes_a_trace(tmp_path):
+    proc, _ = run(tmp_path, "run.profile=true", "run.gc_collect_every=2", "run.dataloader_workers=1",
+                  "run.pin_memory=true", "run.steps=6", "run.warmup_steps=1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tuning = json.loads((tmp_path / "result.json").read_text())["metrics"]["tuning"]
+    assert tuning["gc_collect_every"] == 2 and tuning["gc_enabled"] is False  # gc really was off in the rank
+    assert tuning["dataloader_workers"] == 1 and tuning["pin_memory"] is True
+    traces = list((tmp_path / "profile").glob("*.json"))
+    assert traces and json.loads(traces[0].read_text())["traceEvents"]  # Perfetto / TensorBoard format
+
+
+def test_expandable_segments_reach_the_ranks_environment_on_gpus(tmp_path):
+    from launchers.binding import binding
+    from launchers.local import local_command
+
+    gpu = build_spec(["hardware=h100-sxm"])
+    assert local_command(gpu, tmp_path, binding("none", "cuda", 2)).env["PYTORCH_CUDA_ALLOC_CONF"] == \
+        "expandable_segments:True"
+    off = build_spec(["hardware=h100-sxm", "run.expandable_segments=false"])
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in local_command(off, tmp_path, binding("none", "cuda", 2)).env
