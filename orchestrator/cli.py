@@ -18,12 +18,14 @@ import re
 import sys
 from pathlib import Path
 
-from orchestrator.compose import expand_sweep, presets
+from orchestrator.compose import expand_sweep, presets, swept_values
 from orchestrator.config import GROUPS
-from orchestrator.display import console, show_plan, show_sweep, trial_label
+from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.planner import make_plan
+from orchestrator.report import collect, write_report
 from orchestrator.spec import TrialSpec, build_spec
+from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
 from orchestrator.trial import check_runnable_here, run_trial
 
@@ -84,10 +86,17 @@ def run_command(args: argparse.Namespace) -> int:
         check_runnable_here(spec)
     base = Path(args.out) if args.out else default_output_dir(args.multirun)
     out = console()
-    results = []
+    results, trial_dirs = [], []
+    swept = swept_values([spec.overrides for spec in specs])
+    group = "_".join(base.parts[-2:]) if not args.out else base.name  # multirun/DATE/TIME -> DATE_TIME
     for i, spec in enumerate(specs):
         trial_dir = base / point_name(i, spec) if args.multirun else base
-        results.append(run_trial(spec, trial_dir, out))
+        name = ",".join(f"{k}={v}" for k, v in swept[i].items()) or " ".join(spec.overrides) or "default"
+        sweep = {"group": group if args.multirun else None, "name": name[:120], "index": i, "swept": swept[i]}
+        results.append(run_trial(spec, trial_dir, out, sweep))
+        trial_dirs.append(trial_dir)
+    if hint := sync_hint(trial_dirs):
+        out.print(f"[dim]{hint}[/dim]")
     if len(results) > 1:
         failed = [r for r in results if r["status"] != "ok"]
         out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not ({', '.join(r['status'] for r in failed)})"
@@ -107,7 +116,7 @@ def translate_command(args: argparse.Namespace) -> int:
     out = Path(args.out)
     for i, spec in enumerate(specs):
         trial_dir = out / point_name(i, spec) if args.multirun else out
-        files = write_trial_files(spec, trial_dir)
+        files = write_trial_files(spec, trial_dir, plan=make_plan(spec).as_dict())
         print(f"{trial_label(spec)}\n  wrote {', '.join(p.name for p in files.written)} in {files.directory}")
         for w in files.warnings:
             print(f"  warning: {w}", file=sys.stderr)
@@ -120,9 +129,20 @@ def point_name(index: int, spec: TrialSpec) -> str:
     return f"{index:03d}_{slug}" if slug else f"{index:03d}"
 
 
-def _report_not_yet(args: argparse.Namespace) -> int:
-    print(f"orchestrator report: collecting result.json files below {args.dir} is not implemented yet.", file=sys.stderr)
-    return 1
+def report_command(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    rows, results = collect(directory)
+    if not rows:
+        print(f"orchestrator report: {directory} holds no result.json (run trials with `orchestrator run`)",
+              file=sys.stderr)
+        return 2
+    written = write_report(directory, rows, results)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        show_report(rows, console())
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
+    return 0
 
 
 # --- argument parsing -----------------------------------------------------------------
@@ -157,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
                             description="Collect every result.json below DIR into a table, CSV and plots.")
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--json", action="store_true", help="print the collected rows as JSON")
-    report.set_defaults(handler=_report_not_yet)
+    report.set_defaults(handler=report_command)
     return parser
 
 

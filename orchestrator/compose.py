@@ -130,6 +130,17 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     return [list(point) for batch in batches for point in batch]
 
 
+def swept_values(points: list[tuple[str, ...]]) -> list[dict[str, str]]:
+    """For each point, the overrides whose value differs between points: what was swept."""
+    seen: dict[str, set] = {}
+    for point in points:
+        for o in point:
+            key, _, value = o.partition("=")
+            seen.setdefault(key, set()).add(value)
+    swept = [k for k, values in seen.items() if len(values) > 1]
+    return [{k: v for k, _, v in (o.partition("=") for o in point) if k in swept} for point in points]
+
+
 # --- Hydra's exceptions, said in one paragraph ------------------------------------------
 
 

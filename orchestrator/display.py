@@ -11,6 +11,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.compose import swept_values
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import Plan
 from orchestrator.spec import TrialSpec
@@ -88,30 +89,20 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
 
 def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
     """One row per point: where memory runs out and where scaling stops paying."""
-    swept = _swept_keys([spec.overrides for spec, _ in points])
+    swept = swept_values([spec.overrides for spec, _ in points])
+    keys = list(swept[0]) or ["overrides"]
     table = Table(title=f"Sweep of {len(points)} plans, predicted", title_justify="left")
-    for key in swept:
+    for key in keys:
         table.add_column(key, justify="right")
     for name in ("memory GiB", "fits", "step s", "exposed comm s", "tokens/s/GPU", "MFU"):
         table.add_column(name, justify="right")
-    for spec, plan in points:
-        values = dict(o.split("=", 1) for o in spec.overrides if "=" in o)
+    for (spec, plan), values in zip(points, swept):
         t = plan.time
-        table.add_row(*[values.get(k, "") for k in swept], gib(plan.memory.total),
+        table.add_row(*[values.get(k, " ".join(spec.overrides)) for k in keys], gib(plan.memory.total),
                       "yes" if plan.fits else "[red]no[/red]", f"{t['step_s']:.4g}", f"{t['exposed_comm_s']:.3g}",
                       f"{t['tokens_per_sec_per_gpu']:,.0f}", f"{t['mfu']:.1%}")
     out.print(table)
     out.print("[dim]assumptions: " + "; ".join(points[0][1].assumptions) + "[/dim]")
-
-
-def _swept_keys(overrides: list[tuple[str, ...]]) -> list[str]:
-    """The override keys whose value differs between points, in command-line order."""
-    seen: dict[str, set] = {}
-    for point in overrides:
-        for o in point:
-            key, _, value = o.partition("=")
-            seen.setdefault(key, set()).add(value)
-    return [k for k, values in seen.items() if len(values) > 1] or list(seen)[:1]
 
 
 def show_progress(p: dict, out: Console) -> None:
@@ -147,3 +138,27 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     out.print(table)
     out.print(f"[dim]peak for MFU: {m['peak_tflops']:.4g} TFLOPS ({m['peak_source']}); {m['timed_steps']} timed steps "
               f"of {m['steps']}; peak memory: {mem['peak_source']}[/dim]")
+
+
+def show_report(rows: list[dict], out: Console) -> None:
+    """The report's table: swept values, then measured and predicted figures."""
+    fixed = {"trial", *report_columns()}
+    swept = [k for k in rows[0] if k not in fixed]
+    table = Table(title=f"{len(rows)} trials, best tokens/s/GPU first (predicted = the plan)", title_justify="left")
+    for name in ("status", *swept, "tokens/s/GPU", "MFU", "HFU", "step s", "predicted s", "peak", "predicted peak",
+                 "cause"):
+        table.add_column(name, justify="left" if name in ("status", "cause") else "right")
+    for r in rows:
+        def num(key, fmt):
+            return "" if r.get(key) is None else fmt.format(r[key])
+        table.add_row(r["status"], *[str(r.get(k, "")) for k in swept], num("tokens_per_sec_per_gpu", "{:,.0f}"),
+                      num("mfu", "{:.1%}"), num("hfu", "{:.1%}"), num("step_time_s", "{:.4g}"),
+                      num("predicted_step_s", "{:.4g}"), human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
+                      human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "", r["error"])
+    out.print(table)
+
+
+def report_columns() -> tuple[str, ...]:
+    from orchestrator.report import COLUMNS
+
+    return COLUMNS

@@ -40,7 +40,8 @@ def check_runnable_here(spec: TrialSpec) -> None:
                           "engine.backend=deepspeed here, or zero.stage=0 for DDP")
 
 
-def run_trial(spec: TrialSpec, trial_dir: Path, out: Console) -> dict:
+def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None = None) -> dict:
+    """sweep: the point's W&B group, name and swept values (see cli.run_command)."""
     started = now()
     trial_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(spec)
@@ -49,7 +50,7 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console) -> dict:
         out.print(f"[red]refused:[/red] {message}")
         return write_result(trial_dir, spec, plan.as_dict(), "refused", started,
                             {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
-    files = write_trial_files(spec, trial_dir)
+    files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
     for stale in ("errors", "metrics.json", "result.json"):  # a re-run into the same directory
         path = trial_dir / stale
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)

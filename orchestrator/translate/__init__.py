@@ -1,7 +1,8 @@
 """Translate a validated trial into exactly what the engines and launchers consume.
 
 `write_trial_files(spec, trial_dir)` writes, without running anything:
-  config.yaml, trial.json    the resolved trial (what every rank loads back)
+  config.yaml, trial.json    the resolved trial (what every rank loads back), its sweep
+  plan.json                  the plan (predicted figures) the run is compared against
   ds_config.json             DeepSpeed's config (engine=deepspeed, or accelerate + deepspeed)
   accelerate_config.yaml     Accelerate's config (engine=accelerate)
   launch.json                the launch as argument lists and environment
@@ -40,13 +41,17 @@ def trial_binding(spec: TrialSpec) -> Binding:
     return binding(spec.cfg.numa.mode, spec.cfg.hardware.device, spec.gpus_per_node, spec.cfg.cluster.sockets_per_node)
 
 
-def write_trial_files(spec: TrialSpec, trial_dir: Path) -> TrialFiles:
+def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None,
+                      sweep: dict | None = None) -> TrialFiles:
+    """sweep: {"group", "name", "index", "swept"} for W&B; plan: the plan's dict (plan.json)."""
     trial_dir = trial_dir.resolve()
     bind = trial_binding(spec)
     files: dict[str, str | dict] = {
         "config.yaml": OmegaConf.to_yaml(spec.resolved()),
-        "trial.json": {"overrides": list(spec.overrides), "choices": spec.choices},
+        "trial.json": {"overrides": list(spec.overrides), "choices": spec.choices, "sweep": sweep or {}},
     }
+    if plan is not None:
+        files["plan.json"] = plan
     explain = [f"# How this trial's configs follow from it", "", f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`", ""]
     ds_path = trial_dir / "ds_config.json"
     if spec.cfg.engine.backend == "deepspeed":

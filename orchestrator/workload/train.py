@@ -53,33 +53,65 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     import torch
     import torch.distributed as dist
 
-    from orchestrator import hardware
     from orchestrator.files import atomic_write_json
-    from orchestrator.plan.batch import batch_sizes_per_step
-    from orchestrator.plan.flops import flops_per_token
     from orchestrator.spec import load_spec
-    from orchestrator.workload import measure
-    from orchestrator.workload.data import batches
+    from orchestrator.tracking import Tracker
     from orchestrator.workload.engines import make_engine
 
     spec = load_spec(trial_dir)
-    run, model_cfg = spec.cfg.run, spec.cfg.model
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    meta = json.loads((trial_dir / "trial.json").read_text())
+    plan = json.loads((trial_dir / "plan.json").read_text()) if (trial_dir / "plan.json").is_file() else None
     cuda = spec.cfg.hardware.device == "cuda"
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    torch.manual_seed(run.seed)  # the same initial weights on every rank and in every ZeRO stage
-    if run.gc_collect_every:
+    torch.manual_seed(spec.cfg.run.seed)  # the same initial weights on every rank and in every ZeRO stage
+    if spec.cfg.run.gc_collect_every:
         gc.disable()
+    tracker = Tracker(spec, trial_dir, meta.get("sweep", {})) if rank == 0 else None
+    try:
+        engine = make_engine(spec, trial_dir, device)
+        history, activation_bytes, static_bytes = run_steps(spec, engine, trial_dir, rank, world, device, console,
+                                                            tracker)
+        from orchestrator.workload import measure
 
-    engine = make_engine(spec, trial_dir, device)
-    sizes = batch_sizes_per_step(spec.schedule, run.steps, model_cfg.seq_len)
+        peak = measure.peak_bytes(device)
+        mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "peak_bytes": peak,
+                "affinity": sorted(os.sched_getaffinity(0))}
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        dist.barrier()  # every rank is done with every collective before any leaves
+        if rank != 0:
+            return
+        metrics = summarize(spec, history, world, cuda, trial_dir, {"static_bytes": static_bytes,
+                            "activation_bytes": activation_bytes, "peak_bytes": peak})
+        metrics["engine"] = engine.describe()
+        env = {"versions": _versions(), "hosts": sorted({r["host"] for r in everyone}), "world_size": world,
+               "ranks": everyone, "affinity": {str(r["rank"]): r["affinity"] for r in everyone},
+               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "threads_per_rank": torch.get_num_threads()}
+        atomic_write_json(trial_dir / "metrics.json", {"metrics": metrics, "env": env})
+        if tracker:
+            tracker.finish(metrics, plan, "ok")
+    except BaseException as exc:
+        if tracker:  # the W&B run ends with the cause and a non-zero exit code
+            tracker.finish(None, plan, "oom" if is_out_of_memory(exc) else "failed")
+        raise
+
+
+def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, console, tracker):
+    """run.steps optimizer steps on the schedule: (history, activation_bytes, static_bytes)."""
+    import torch
+
+    from orchestrator.plan.batch import batch_sizes_per_step
+    from orchestrator.workload import measure
+    from orchestrator.workload.data import batches
+
+    run = spec.cfg.run
+    sizes = batch_sizes_per_step(spec.schedule, run.steps, spec.cfg.model.seq_len)
     data = iter(batches(spec, rank, world))
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     profiler = _profiler(trial_dir, run.steps) if run.profile and rank == 0 else nullcontext()
     history, activation_bytes, static_bytes = [], None, None
-
     with profiler as prof:
         for step in range(run.steps):
             engine.set_global_batch(sizes[step])
@@ -102,38 +134,37 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
             seconds = time.perf_counter() - start
             if step == 0:
                 static_bytes = measure.static_bytes()  # after the first optimizer step, no batch in flight
-            loss_value = float(torch.stack(losses).float().mean())
-            tokens_step = sizes[step] * model_cfg.seq_len
-            # The batch the engine stepped on: its own train_batch_size, and the micro
-            # batches all ranks really ran.
+            # The batch the engine stepped on: the micro batches all ranks really ran, and
+            # the engine's own train_batch_size.
             ran = grad_accum * spec.micro_batch_size * world
-            history.append({"step": step, "loss": loss_value, "step_time_s": seconds, "global_batch_size": ran,
-                            "engine_global_batch_size": engine.engine_global_batch(),
-                            "tokens_per_sec_per_gpu": tokens_step / seconds / world, "lr": engine.learning_rate(),
-                            "timed": step >= run.warmup_steps})
+            history.append({"step": step, "loss": float(torch.stack(losses).float().mean()), "step_time_s": seconds,
+                            "global_batch_size": ran, "engine_global_batch_size": engine.engine_global_batch(),
+                            "tokens_per_sec_per_gpu": ran * spec.cfg.model.seq_len / seconds / world,
+                            "lr": engine.learning_rate(), "timed": step >= run.warmup_steps})
             if console:
                 console.write(PROGRESS + json.dumps({**history[-1], "steps": run.steps}) + "\n")
+            if tracker:
+                tracker.log_step(history[-1])
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
                 gc.collect()
             if prof is not None:
                 prof.step()
+    return history, activation_bytes, static_bytes
 
-    peak = measure.peak_bytes(device)
-    mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "peak_bytes": peak,
-            "affinity": sorted(os.sched_getaffinity(0))}
-    everyone = [None] * world
-    dist.all_gather_object(everyone, mine)
-    dist.barrier()  # every rank is done with every collective before any leaves
-    if rank != 0:
-        return
 
+def summarize(spec, history: list[dict], world: int, cuda: bool, trial_dir: Path, memory: dict) -> dict:
+    """The measured figures of result.json, over the timed steps."""
+    from orchestrator import hardware
+    from orchestrator.plan.flops import flops_per_token
+
+    run = spec.cfg.run
     timed = [h for h in history if h["timed"]]
     seconds = sum(h["step_time_s"] for h in timed)
-    tokens = sum(h["global_batch_size"] for h in timed) * model_cfg.seq_len
-    model_flops, hardware_flops, _ = flops_per_token(model_cfg, spec.cfg.recompute.mode)
+    tokens = sum(h["global_batch_size"] for h in timed) * spec.cfg.model.seq_len
+    model_flops, hardware_flops, _ = flops_per_token(spec.cfg.model, spec.cfg.recompute.mode)
     peak_tflops, peak_source = _peak(spec, hardware)
     per_gpu = tokens / seconds / world if seconds else 0.0
-    metrics = {
+    return {
         "tokens_per_sec": tokens / seconds if seconds else 0.0,
         "tokens_per_sec_per_gpu": per_gpu,
         "tflops_per_gpu": model_flops * per_gpu / 1e12,
@@ -150,20 +181,14 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         "loss_last": history[-1]["loss"],
         "losses": [h["loss"] for h in history],
         "global_batch_sizes": [h["global_batch_size"] for h in history],
-        "memory": {"static_bytes": static_bytes, "activation_bytes": activation_bytes, "peak_bytes": peak,
-                   "peak_source": "CUDA allocator max_memory_allocated" if cuda else "max RSS of rank 0"},
+        "memory": {**memory, "peak_source": "CUDA allocator max_memory_allocated" if cuda else "max RSS of rank 0"},
         "history": history,
-        "engine": engine.describe(),
         "tuning": {"compile": run.compile, "gc_collect_every": run.gc_collect_every,
                    "gc_enabled": gc.isenabled(), "dataloader_workers": run.dataloader_workers,
                    "pin_memory": run.pin_memory,
                    "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if cuda else None,
                    "profile": str(trial_dir / "profile") if run.profile else None},
     }
-    env = {"versions": _versions(), "hosts": sorted({r["host"] for r in everyone}), "world_size": world,
-           "ranks": everyone, "affinity": {str(r["rank"]): r["affinity"] for r in everyone},
-           "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "threads_per_rank": torch.get_num_threads()}
-    atomic_write_json(trial_dir / "metrics.json", {"metrics": metrics, "env": env})
 
 
 def _peak(spec, hardware) -> tuple[float, str]:

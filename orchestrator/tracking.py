@@ -1,0 +1,87 @@
+"""W&B: one run per trial, opened by rank 0 of the workload (the other ranks open none).
+
+Offline by default: WANDB_MODE is set before wandb is imported, so nothing touches the
+network, not even at exit; the run directory is TRIAL_DIR/wandb and `wandb sync` uploads
+it later. online needs WANDB_API_KEY (checked before launch); disabled writes nothing.
+
+The run carries what a user filters and groups on: group = the sweep (logger.group or
+the multirun directory's name), a short name from the swept overrides, tags, the config
+as plain data with flat names (model, zero.stage, parallel.dp, ...), the history of every
+step under train/, and a summary with the measured metrics of result.json, the predicted
+ones under plan/ and the status. Nothing from the environment goes in: no key, token or password can reach it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orchestrator.spec import TrialSpec
+
+HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_sec_per_gpu", "global_batch_size", "lr")
+SUMMARY_KEYS = ("tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "hfu", "step_time_s",
+                "tokens", "loss_first", "loss_last", "peak_tflops")
+
+
+def flat_config(spec: TrialSpec) -> dict:
+    """The names a user filters on in the W&B table, then the whole trial as plain data."""
+    c = spec.cfg
+    return {"model": spec.choices.get("model"), "zero.stage": c.zero.stage, "parallel.dp": spec.dp,
+            "zero.reduce_bucket_size": c.zero.reduce_bucket_size, "recompute": c.recompute.mode,
+            "engine": c.engine.name, "engine.backend": c.engine.backend, "cluster": c.cluster.name,
+            "hardware": c.hardware.name, "precision": spec.precision, "numa": c.numa.mode,
+            "batch.micro_batch_size": spec.micro_batch_size, "batch.global_batch_size": spec.global_batch_size,
+            "trial": spec.resolved()}
+
+
+def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
+    out: dict = {"status": status}
+    if metrics:
+        out.update({k: metrics[k] for k in SUMMARY_KEYS if metrics.get(k) is not None})
+        out.update({f"memory/{k}": v for k, v in metrics["memory"].items() if isinstance(v, (int, float))})
+    if plan:
+        out.update({"plan/parameters": plan["parameters"], "plan/fits": plan["memory"]["fits"],
+                    "plan/memory_total": plan["memory"]["total"], "plan/activations": plan["memory"]["activations"]})
+        out.update({f"plan/{k}": v for k, v in plan["time"].items()})
+    return out
+
+
+class Tracker:
+    """Rank 0's W&B run; a no-op when logger.mode=disabled."""
+
+    def __init__(self, spec: TrialSpec, trial_dir: Path, sweep: dict):
+        logger = spec.cfg.logger
+        self.run = None
+        if logger.mode == "disabled":
+            return
+        os.environ["WANDB_MODE"] = logger.mode  # before the import: offline never opens a connection
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        self.run = wandb.init(
+            project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
+            group=logger.group or sweep.get("group"), job_type="trial", name=sweep.get("name"),
+            tags=[*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name],
+            config=flat_config(spec), settings=wandb.Settings(console="off"))
+
+    def log_step(self, record: dict) -> None:
+        if self.run is not None:
+            # Under train/: a history key would shadow the summary's figure of the same name.
+            self.run.log({f"train/{k}": record[k] for k in HISTORY_KEYS}, step=record["step"])
+
+    def finish(self, metrics: dict | None, plan: dict | None, status: str) -> None:
+        if self.run is None:
+            return
+        self.run.summary.update(summary(metrics, plan, status))
+        self.run.finish(exit_code=0 if status == "ok" else 1)
+        self.run = None
+
+
+def sync_hint(trial_dirs: list[Path]) -> str | None:
+    """How to upload the offline runs of these trials, or None if there are none."""
+    runs = [p for d in trial_dirs for p in sorted((d / "wandb").glob("offline-run-*"))]
+    if not runs:
+        return None
+    pattern = f"{trial_dirs[0].parent}/*/wandb/offline-run-*" if len(trial_dirs) > 1 \
+        else f"{trial_dirs[0]}/wandb/offline-run-*"
+    return f"W&B: {len(runs)} offline run(s) written; upload them with: wandb sync {pattern}"

@@ -1,0 +1,106 @@
+"""W&B offline runs read back with wandb's own reader, and the report of a real sweep."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+SECRET = "sentinel-api-key-0123456789abcdef0123456789"
+FILTER_KEYS = {"model", "zero.stage", "parallel.dp", "zero.reduce_bucket_size", "recompute", "engine", "cluster",
+               "hardware"}
+
+
+def wandb_summary(trial_dir: Path) -> dict:
+    (run_dir,) = (trial_dir / "wandb").glob("offline-run-*")
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(run_dir)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    records = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(run_dir)], capture_output=True,
+                             text=True, timeout=60, check=True).stdout.splitlines()
+    summary = json.loads(out)
+    summary["history_records"] = sum('"type":"history"' in r for r in records)
+    summary["run_record"] = next(json.loads(r)["run"] for r in records if '"type":"run"' in r)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+    """The local dp_bucket sweep, run once as a user would, with a W&B key in the environment."""
+    out = tmp_path_factory.mktemp("sweep") / "dp_bucket_local"
+    proc = run_cli("run", "-m", "+sweep=dp_bucket_local", "run.steps=4", "run.warmup_steps=1", "--out", str(out),
+                   env={"WANDB_API_KEY": SECRET}, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "wandb sync" in proc.stdout
+    return out
+
+
+def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
+    trials = sorted(p.parent for p in local_sweep.rglob("result.json"))
+    assert len(trials) == 4
+    groups = set()
+    for trial in trials:
+        result = json.loads((trial / "result.json").read_text())
+        w = wandb_summary(trial)
+        assert w["exit_code"] == 0 and w["state"] == "finished"
+        assert FILTER_KEYS <= set(w["config"]) and w["config"]["parallel.dp"] == result["config"]["parallel"]["dp"]
+        assert w["config"]["trial"]["zero"]["reduce_bucket_size"] == result["config"]["zero"]["reduce_bucket_size"]
+        assert w["history_records"] == result["metrics"]["steps"] == 4
+        for key in ("tokens_per_sec_per_gpu", "mfu", "hfu", "step_time_s", "loss_last", "tokens"):
+            assert w["summary"][key] == pytest.approx(result["metrics"][key]), key
+        assert w["summary"]["plan/mfu"] == pytest.approx(result["plan"]["time"]["mfu"])
+        assert w["summary"]["status"] == result["status"] == "ok"
+        assert w["run_record"]["job_type"] == "trial"
+        assert "parallel.dp=" in w["run_record"]["display_name"]  # named by the swept values
+        groups.add(w["run_record"]["run_group"])
+    assert groups == {local_sweep.name}  # one group: the sweep
+
+
+def test_the_api_key_reaches_no_file(local_sweep):
+    leaked = [p for p in local_sweep.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert leaked == []
+
+
+def test_report_of_the_sweep(local_sweep):
+    proc = run_cli("report", str(local_sweep))
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader((local_sweep / "report.csv").open()))
+    assert len(rows) == 4 and {"parallel.dp", "zero.reduce_bucket_size", "tokens_per_sec_per_gpu", "mfu",
+                               "predicted_step_s", "peak_bytes", "predicted_peak_bytes"} <= set(rows[0])
+    speeds = [float(r["tokens_per_sec_per_gpu"]) for r in rows]
+    assert speeds == sorted(speeds, reverse=True)
+    assert "tokens/s/GPU" in proc.stdout and (local_sweep / "report.md").read_text().count("\n| ") >= 5
+    import matplotlib.image as mpimg
+
+    for name in ("scaling.png", "predicted_vs_measured.png", "warmup.png"):
+        png = local_sweep / name
+        assert png.stat().st_size > 10_000, name
+        pixels = mpimg.imread(png)
+        assert pixels.std() > 0.05, f"{name} is blank"  # axes, labels, lines drawn
+    as_json = json.loads(run_cli("report", "--json", str(local_sweep)).stdout)
+    assert len(as_json) == 4 and all(r["status"] == "ok" for r in as_json)
+
+
+def test_a_failed_trial_ends_its_wandb_run_with_a_nonzero_exit_code(tmp_path):
+    proc = run_cli("run", "--out", str(tmp_path), "run.fail_at_step=1", "run.fail_rank=0", "run.steps=3",
+                   "run.warmup_steps=1", timeout=300)
+    assert proc.returncode == 1
+    w = wandb_summary(tmp_path)
+    assert w["exit_code"] == 1 and w["summary"]["status"] == "failed"
+
+
+def test_logger_disabled_writes_no_wandb_run(tmp_path):
+    proc = run_cli("run", "--out", str(tmp_path), "logger.mode=disabled", "run.steps=2", "run.warmup_steps=1",
+                   timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (tmp_path / "wandb").exists() and "wandb sync" not in proc.stdout
+
+
+def test_report_of_a_directory_without_results_says_so(tmp_path):
+    proc = run_cli("report", str(tmp_path))
+    assert proc.returncode == 2 and "no result.json" in proc.stderr
