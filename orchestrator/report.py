@@ -55,7 +55,9 @@ def write_report(directory: Path, rows: list[dict], results: list[dict]) -> list
     writer.writerows(rows)
     atomic_write_text(directory / "report.csv", text.getvalue())
     atomic_write_text(directory / "report.md", _markdown(rows, fields))
-    return [directory / "report.csv", directory / "report.md", *plots(results, directory)]
+    fixed = {"trial", *COLUMNS}
+    labels = [", ".join(f"{k}={v}" for k, v in row.items() if k not in fixed) or row["trial"] for row in rows]
+    return [directory / "report.csv", directory / "report.md", *plots(results, labels, directory)]
 
 
 def _markdown(rows: list[dict], fields: list[str]) -> str:
@@ -75,14 +77,16 @@ def _cell(value) -> str:
 # --- plots ---------------------------------------------------------------------------
 
 
-def plots(results: list[dict], directory: Path) -> list[Path]:
+def plots(results: list[dict], labels: list[str], directory: Path) -> list[Path]:
+    """labels: what distinguishes each result (its swept values), for legends."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window
-    ok = [r for r in results if r["status"] == "ok" and r.get("metrics")]
+    ok = [(r, label) for r, label in zip(results, labels) if r["status"] == "ok" and r.get("metrics")]
     if not ok:
         return []
-    return [_scaling(ok, directory), _predicted_vs_measured(ok, directory), _warmup(ok, directory)]
+    results_ok = [r for r, _ in ok]
+    return [_scaling(results_ok, directory), _predicted_vs_measured(results_ok, directory), _warmup(ok, directory)]
 
 
 def _scaling(ok: list[dict], directory: Path) -> Path:
@@ -104,6 +108,8 @@ def _scaling(ok: list[dict], directory: Path) -> Path:
                               (c, "Scaling efficiency", "tokens/s/GPU vs smallest DP (%)")):
         ax.set(title=title, xlabel="data-parallel degree (ranks)", ylabel=ylabel)
         ax.set_xscale("log", base=2)
+        dps = sorted({r["config"]["parallel"]["dp"] for r in ok})
+        ax.set_xticks(dps, [str(d) for d in dps])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _save(fig, directory / "scaling.png")
@@ -130,21 +136,24 @@ def _predicted_vs_measured(ok: list[dict], directory: Path) -> Path:
     return _save(fig, directory / "predicted_vs_measured.png")
 
 
-def _warmup(ok: list[dict], directory: Path) -> Path:
+def _warmup(ok: list[tuple[dict, str]], directory: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in ok:
+    curves: dict[tuple, list[str]] = defaultdict(list)  # one line per distinct schedule
+    for r, label in ok:
         sizes = r["metrics"]["global_batch_sizes"]
-        seq = r["config"]["model"]["seq_len"]
         consumed = [0]
         for size in sizes[:-1]:
-            consumed.append(consumed[-1] + size * seq)
-        ax.step(consumed, sizes, where="post", marker=".", label=" ".join(r.get("overrides", [])) or "default")
-    ax.set(title="Global batch warm-up", xlabel="tokens consumed", ylabel="global batch (sequences)")
+            consumed.append(consumed[-1] + size * r["config"]["model"]["seq_len"])
+        curves[(tuple(consumed), tuple(sizes))].append(label)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (consumed, sizes), labels in curves.items():
+        label = labels[0] if len(labels) == 1 else f"{len(labels)} trials, e.g. {labels[0]}"
+        ax.step(consumed, sizes, where="post", marker=".", label=label[:90])
+    ax.set(title="Global batch per optimizer step", xlabel="tokens consumed", ylabel="global batch (sequences)")
     ax.grid(alpha=0.3)
-    if len(ok) <= 12:
-        ax.legend(fontsize=7)
+    if len(curves) <= 10:
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1, frameon=False)
     return _save(fig, directory / "warmup.png")
 
 
