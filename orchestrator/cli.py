@@ -101,8 +101,8 @@ def run_command(args: argparse.Namespace) -> int:
         failed = [r for r in results if r["status"] != "ok"]
         out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not ({', '.join(r['status'] for r in failed)})"
                   f" in {base}" if failed else f"sweep: all {len(results)} ok in {base}")
-    return max(r["exit_code"] for r in results if r["exit_code"] != 3) if any(
-        r["exit_code"] not in (0, 3) for r in results) else max(r["exit_code"] for r in results)
+    codes = {r["exit_code"] for r in results}
+    return 1 if codes - {0, 3} else max(codes)  # a failure outranks a refusal
 
 
 def default_output_dir(multirun: bool) -> Path:

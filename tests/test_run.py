@@ -164,3 +164,10 @@ def test_expandable_segments_reach_the_ranks_environment_on_gpus(tmp_path):
         "expandable_segments:True"
     off = build_spec(["hardware=h100-sxm", "run.expandable_segments=false"])
     assert "PYTORCH_CUDA_ALLOC_CONF" not in local_command(off, tmp_path, binding("none", "cuda", 2)).env
+
+
+def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
+    proc, seconds = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1")
+    assert proc.returncode == 1 and seconds < 60
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["status"] == "timeout" and r["error"]["type"] == "Timeout" and r["metrics"] is None
