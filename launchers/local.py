@@ -67,6 +67,7 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
     the other ranks; a timeout ends the whole process group."""
     log = trial_dir / "logs" / "launcher.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    clear_stale_build_locks()
     start = time.monotonic()
     with open(log, "a") as sink:
         proc = subprocess.Popen(command.argv, env=environment(command), stdout=subprocess.PIPE,
@@ -111,3 +112,31 @@ def _end_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def clear_stale_build_locks(min_age_s: float = 60) -> list[Path]:
+    """Remove torch-extension build locks that no build holds any more.
+
+    DeepSpeed JIT-builds ops (its CPU communication op among them) under a lock file in
+    torch's extension directory; a process killed while building leaves the file behind
+    and every later build waits on it forever. A lock older than a minute while no
+    compiler runs is such a leftover.
+    """
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    locks = [p for p in root.glob("*/*/lock") if time.time() - p.stat().st_mtime > min_age_s]
+    if not locks or _compiler_running():
+        return []
+    for lock in locks:
+        lock.unlink(missing_ok=True)
+    return locks
+
+
+def _compiler_running() -> bool:
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv0 = cmdline.read_bytes().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if argv0.rsplit(b"/", 1)[-1] in (b"ninja", b"c++", b"g++", b"cc1plus", b"gcc"):
+            return True
+    return False
