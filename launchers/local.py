@@ -31,12 +31,18 @@ class Command:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
-    env = {"OMP_NUM_THREADS": str(hardware.threads_per_rank(spec.world_size))}
+def rank_environment(spec: TrialSpec, threads: int) -> dict[str, str]:
+    """What every rank's environment needs, whichever launcher starts it."""
+    env = {"OMP_NUM_THREADS": str(threads)}
     if spec.cfg.hardware.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise look for CUDA
     elif spec.cfg.run.expandable_segments:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # less fragmentation (003)
+    return env
+
+
+def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
+    env = rank_environment(spec, hardware.threads_per_rank(spec.world_size))
     if spec.cfg.engine.name == "accelerate":
         argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(trial_dir / "accelerate_config.yaml"), *bind.accelerate_args, "--module", WORKLOAD_MODULE,

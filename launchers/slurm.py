@@ -1,17 +1,26 @@
 """SLURM launch through submitit: one task per GPU, nodes = ceil(dp / gpus_per_node).
 
 This module turns a trial into submitit's executor parameters and the equivalent sbatch
-and srun options (for a user who wants to submit by hand), as argument lists.
+and srun options (for a user who wants to submit by hand), submits trials (one job
+array per set of equal resources) and returns at once, and later turns a finished job
+into result.json from the ranks' records and sacct's state.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from launchers.binding import Binding
-from launchers.local import WORKLOAD_MODULE
+from launchers.local import WORKLOAD_MODULE, rank_environment
+from orchestrator.files import atomic_write_json
+from orchestrator.results import now
 from orchestrator.spec import TrialSpec
 
 
@@ -58,3 +67,120 @@ def srun_options(spec: TrialSpec, bind: Binding) -> list[str]:
 def task_command(trial_dir: Path) -> list[str]:
     """What each SLURM task runs: the workload, rank and world from SLURM's environment."""
     return [sys.executable, "-m", WORKLOAD_MODULE, str(trial_dir)]
+
+
+# --- submission (login node) ------------------------------------------------------------
+
+JOB_FILE = "slurm.json"
+
+
+class SlurmTask:
+    """One SLURM task = one rank (pickled by submitit, run by srun on the node).
+
+    torch.distributed's variables come from SLURM's (submitit's TorchDistributedEnvironment);
+    the rank runs the workload as a child process, as under torchrun, so that a rank's
+    crash, OOM or os._exit cannot take submitit's own bookkeeping with it.
+    """
+
+    def __init__(self, trial_dir: str, env: dict[str, str]):
+        self.trial_dir, self.env = trial_dir, env
+
+    def __call__(self) -> dict:
+        import submitit
+
+        dist = submitit.helpers.TorchDistributedEnvironment().export()
+        started = time.time()
+        proc = subprocess.run([sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir], env={**os.environ, **self.env})
+        if proc.returncode != 0:
+            error_file = Path(self.trial_dir) / "errors" / f"rank{dist.rank}.json"
+            if not error_file.exists():  # it died without a Python error: say so, with its exit code
+                atomic_write_json(error_file, {"type": "ProcessExit", "silent": True, "rank": dist.rank, "oom": False,
+                                               "message": f"rank {dist.rank} exited with code {proc.returncode} "
+                                                          "without a Python error", "time": started,
+                                               "host": socket.gethostname()})
+            raise RuntimeError(f"rank {dist.rank} failed with exit code {proc.returncode}")
+        return {"rank": dist.rank}
+
+
+def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
+    """Submit every trial; trials with the same resources go out as one job array.
+
+    Returns at once; each trial directory gets slurm.json with its job id.
+    """
+    import submitit
+
+    groups: dict[str, list[tuple[TrialSpec, Path]]] = {}
+    for spec, trial_dir in trials:
+        params = submitit_parameters(spec, trial_binding_of(spec))
+        groups.setdefault(json.dumps(params, sort_keys=True), []).append((spec, trial_dir))
+    job_ids = []
+    for params_json, members in groups.items():
+        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
+        executor.update_parameters(name="orchestrator", **json.loads(params_json))
+        tasks = [SlurmTask(str(d), rank_environment(s, s.cfg.cluster.cpus_per_task)) for s, d in members]
+        if len(tasks) > 1:
+            with executor.batch():
+                jobs = [executor.submit(task) for task in tasks]
+        else:
+            jobs = [executor.submit(tasks[0])]
+        for (spec, trial_dir), job in zip(members, jobs):
+            atomic_write_json(trial_dir / JOB_FILE, {"job_id": job.job_id, "logs": str(job.paths.folder),
+                                                     "array": len(members) > 1, "submitted_at": now()})
+            job_ids.append(job.job_id)
+    return job_ids
+
+
+def trial_binding_of(spec: TrialSpec):
+    from orchestrator.translate import trial_binding
+
+    return trial_binding(spec)
+
+
+# --- state and results (login node) -------------------------------------------------------
+
+RUNNING = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
+           "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
+ENDED = {"TIMEOUT": ("timeout", "the SLURM time limit ended it"), "CANCELLED": ("failed", "cancelled (scancel)"),
+         "NODE_FAIL": ("failed", "a node failed"), "PREEMPTED": ("preempted", "preempted by SLURM"),
+         "OUT_OF_MEMORY": ("oom", "SLURM killed it for exceeding its memory"),
+         "BOOT_FAIL": ("failed", "the node failed to boot"), "DEADLINE": ("timeout", "past its deadline")}
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(SLURM state, reason) from sacct; ("UNKNOWN", "") before sacct has the job."""
+    out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State,Reason"],
+                         capture_output=True, text=True, timeout=60).stdout
+    for line in out.splitlines():
+        jid, state, reason = (line.split("|") + ["", ""])[:3]
+        if jid == job_id:
+            return state.split()[0] if state else "UNKNOWN", reason
+    return "UNKNOWN", ""
+
+
+def finalize(trial_dir: Path) -> dict | None:
+    """result.json for a submitted trial whose job has ended (None while it has not)."""
+    from orchestrator.results import outcome_status, write_result
+    from orchestrator.spec import load_spec
+
+    job = json.loads((trial_dir / JOB_FILE).read_text())
+    state, reason = job_state(job["job_id"])
+    if state in RUNNING or state == "UNKNOWN":
+        return None
+    spec = load_spec(trial_dir)
+    plan = json.loads((trial_dir / "plan.json").read_text()) if (trial_dir / "plan.json").is_file() else None
+    if state == "COMPLETED":
+        status, error = outcome_status(trial_dir, 0, timed_out=False)
+    elif state in ENDED:
+        status, cause = ENDED[state]
+        error = {"type": f"Slurm{state.title().replace('_', '')}", "message": f"{cause} (sacct: {state} {reason})",
+                 "rank": None, "log_tail": ""}
+    else:  # FAILED and anything else: the ranks' own records say why
+        status, error = outcome_status(trial_dir, 1, timed_out=False)
+        if error and error["type"] == "ProcessExit" and error["rank"] is None:
+            error["message"] = f"the job failed (sacct: {state} {reason})"
+    if status == "ok" and state != "COMPLETED":  # never report as completed what did not complete
+        status = "failed"
+    result = write_result(trial_dir, spec, plan, status, job["submitted_at"], error)
+    result["slurm"] = {"job_id": job["job_id"], "state": state, "reason": reason}
+    atomic_write_json(trial_dir / "result.json", result)
+    return result

@@ -20,14 +20,14 @@ from pathlib import Path
 
 from orchestrator.compose import expand_sweep, presets, swept_values
 from orchestrator.config import GROUPS
-from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
+from orchestrator.display import console, show_plan, show_report, show_states, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.planner import make_plan
 from orchestrator.report import collect, write_report
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
-from orchestrator.trial import check_runnable_here, run_trial
+from orchestrator.trial import check_runnable_here, collect_state, run_trial, submit_trials, trial_dirs_below, wait_for
 
 FIELDS_ONLY = "(fields, no presets)"
 
@@ -78,31 +78,66 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     specs = specs_from(args)
-    if any(spec.cfg.cluster.name != "local" for spec in specs):
-        print("orchestrator run: launching on cluster=slurm is not implemented yet; "
-              "`orchestrator translate cluster=slurm ...` writes the sbatch script", file=sys.stderr)
-        return 1
     for spec in specs:
         check_runnable_here(spec)
     base = Path(args.out) if args.out else default_output_dir(args.multirun)
     out = console()
-    results, trial_dirs = [], []
     swept = swept_values([spec.overrides for spec in specs])
     group = "_".join(base.parts[-2:]) if not args.out else base.name  # multirun/DATE/TIME -> DATE_TIME
+    points = []
     for i, spec in enumerate(specs):
         trial_dir = base / point_name(i, spec) if args.multirun else base
         name = ",".join(f"{k}={v}" for k, v in swept[i].items()) or " ".join(spec.overrides) or "default"
-        sweep = {"group": group if args.multirun else None, "name": name[:120], "index": i, "swept": swept[i]}
-        results.append(run_trial(spec, trial_dir, out, sweep))
-        trial_dirs.append(trial_dir)
-    if hint := sync_hint(trial_dirs):
+        points.append((spec, trial_dir, {"group": group if args.multirun else None, "name": name[:120],
+                                         "index": i, "swept": swept[i]}))
+    if any(spec.cfg.cluster.name == "slurm" for spec in specs):
+        refused = submit_trials(points, base / "slurm-logs", out)
+        if not all(spec.cfg.cluster.wait for spec in specs):
+            out.print(f"follow with: orchestrator status {base}   |   orchestrator wait {base}")
+            return 3 if refused and len(refused) == len(points) else 0
+        results = wait_for(base, out)
+    else:
+        results = [run_trial(spec, trial_dir, out, sweep) for spec, trial_dir, sweep in points]
+    if hint := sync_hint([trial_dir for _, trial_dir, _ in points]):
         out.print(f"[dim]{hint}[/dim]")
+    return _sweep_outcome(results, base, out)
+
+
+def _sweep_outcome(results: list[dict], base: Path, out) -> int:
     if len(results) > 1:
         failed = [r for r in results if r["status"] != "ok"]
         out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not ({', '.join(r['status'] for r in failed)})"
                   f" in {base}" if failed else f"sweep: all {len(results)} ok in {base}")
     codes = {r["exit_code"] for r in results}
     return 1 if codes - {0, 3} else max(codes)  # a failure outranks a refusal
+
+
+def status_command(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    dirs = trial_dirs_below(directory)
+    if not dirs:
+        print(f"orchestrator status: {directory} holds no trial", file=sys.stderr)
+        return 2
+    rows = []
+    for trial_dir in dirs:
+        state, result = collect_state(trial_dir)
+        job = json.loads((trial_dir / "slurm.json").read_text())["job_id"] if (trial_dir / "slurm.json").is_file() else ""
+        error = (result or {}).get("error") or {}
+        rows.append((str(trial_dir.relative_to(directory)) or ".", job, state, error.get("message", "")[:100]))
+    show_states(rows, console())
+    return 0
+
+
+def wait_command(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    if not trial_dirs_below(directory):
+        print(f"orchestrator wait: {directory} holds no trial", file=sys.stderr)
+        return 2
+    out = console()
+    results = wait_for(directory, out, timeout_s=args.timeout)
+    rows, ordered = collect(directory)
+    show_report(rows, out)
+    return _sweep_outcome(results, directory, out)
 
 
 def default_output_dir(multirun: bool) -> Path:
@@ -173,6 +208,15 @@ def _parser() -> argparse.ArgumentParser:
     translate = trial_command("translate", "Write the engine configs and launch commands without running.",
                               translate_command)
     translate.add_argument("--out", required=True, metavar="DIR", help="directory for the configs and commands")
+    status = sub.add_parser("status", help="State of every trial below DIR (pending, running, ok, failed, ...).",
+                            description="State of every trial below DIR, from sacct and the trial files.")
+    status.add_argument("dir", metavar="DIR")
+    status.set_defaults(handler=status_command)
+    wait = sub.add_parser("wait", help="Wait until every trial below DIR has ended, then show the results.",
+                          description="Wait until every trial below DIR has ended, then show the results.")
+    wait.add_argument("dir", metavar="DIR")
+    wait.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up after this long")
+    wait.set_defaults(handler=wait_command)
     report = sub.add_parser("report", help="Collect every result.json below DIR into a table, CSV and plots.",
                             description="Collect every result.json below DIR into a table, CSV and plots.")
     report.add_argument("dir", metavar="DIR")

@@ -162,3 +162,13 @@ def report_columns() -> tuple[str, ...]:
     from orchestrator.report import COLUMNS
 
     return COLUMNS
+
+
+def show_states(rows: list[tuple[str, str, str, str]], out: Console) -> None:
+    table = Table(title="Trials", title_justify="left")
+    for name in ("trial", "SLURM job", "state", "cause"):
+        table.add_column(name)
+    for row in rows:
+        colour = {"ok": "green", "failed": "red", "oom": "red", "timeout": "red"}.get(row[2])
+        table.add_row(row[0], row[1], f"[{colour}]{row[2]}[/{colour}]" if colour else row[2], row[3])
+    out.print(table)

@@ -49,6 +49,7 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[s
     # Python error by time. The ranks ended after it often fail too (a closed connection).
     exits = _exit_codes(trial_dir / "logs" / "launcher.log")
     silent = [r for r, code in exits.items() if r not in errors and code not in (1, -15)]
+    silent += [r for r, e in errors.items() if e.get("silent")]  # recorded by a SLURM task for its rank
     if silent:
         rank = silent[0]
     elif errors:

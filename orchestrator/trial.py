@@ -1,24 +1,30 @@
 """One trial end to end: plan, translate, launch, collect, result.json.
 
-The CLI calls `run_trial` once per point of a sweep; a point that is refused or fails is
-recorded with its cause and the sweep goes on.
+Locally the CLI calls `run_trial` once per point of a sweep; a point that is refused or
+fails is recorded with its cause and the sweep goes on. On SLURM `submit_trials` hands
+the points to the cluster and returns; `wait_for` / `collect_state` later turn each
+finished job into its result.json.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
 
-from launchers.local import run_local
+from launchers import slurm
+from launchers.local import local_command, run_local
 from orchestrator import hardware
 from orchestrator.errors import ConfigError
 from orchestrator.display import show_plan, show_progress, show_result
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.results import now, outcome_status, write_result
 from orchestrator.spec import TrialSpec
-from orchestrator.translate import write_trial_files
+from orchestrator.translate import trial_binding, write_trial_files
 
 
 def refusal(spec: TrialSpec, plan: Plan) -> str | None:
@@ -40,8 +46,8 @@ def check_runnable_here(spec: TrialSpec) -> None:
                           "engine.backend=deepspeed here, or zero.stage=0 for DDP")
 
 
-def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None = None) -> dict:
-    """sweep: the point's W&B group, name and swept values (see cli.run_command)."""
+def prepare(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None) -> dict | None:
+    """Plan the trial and write its files; the refused result.json if the plan says no."""
     started = now()
     trial_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(spec)
@@ -51,15 +57,74 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None
         return write_result(trial_dir, spec, plan.as_dict(), "refused", started,
                             {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
-    for stale in ("errors", "metrics.json", "result.json"):  # a re-run into the same directory
+    for stale in ("errors", "metrics.json", "result.json", "slurm.json"):  # a re-run into the same directory
         path = trial_dir / stale
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     for warning in files.warnings:
         out.print(f"[yellow]warning:[/yellow] {warning}")
+    return None
+
+
+def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None = None) -> dict:
+    """Run a local trial to its end. sweep: the point's W&B group, name and swept values."""
+    started = now()
+    if refused := prepare(spec, trial_dir, out, sweep):
+        return refused
     out.print(f"[bold]run[/bold] {trial_dir}")
     timeout = spec.cfg.run.timeout_min * 60 if spec.cfg.run.timeout_min else None
-    outcome = run_local(files.command, trial_dir, timeout, lambda p: show_progress(p, out))
+    command = local_command(spec, trial_dir.resolve(), trial_binding(spec))
+    outcome = run_local(command, trial_dir, timeout, lambda p: show_progress(p, out))
     status, error = outcome_status(trial_dir, outcome.returncode, outcome.timed_out)
-    result = write_result(trial_dir, spec, plan.as_dict(), status, started, error)
+    plan = json.loads((trial_dir / "plan.json").read_text())
+    result = write_result(trial_dir, spec, plan, status, started, error)
     show_result(result, trial_dir, out)
     return result
+
+
+def submit_trials(points: list[tuple[TrialSpec, Path, dict]], logs: Path, out: Console) -> list[dict]:
+    """Plan and write every trial, submit the ones that fit; returns the refused results."""
+    refused, to_submit = [], []
+    for spec, trial_dir, sweep in points:
+        if result := prepare(spec, trial_dir, out, sweep):
+            refused.append(result)
+        else:
+            to_submit.append((spec, trial_dir))
+    if to_submit:
+        job_ids = slurm.submit(to_submit, logs)
+        out.print(f"submitted {len(job_ids)} trial(s) to SLURM: jobs {', '.join(job_ids)}")
+    return refused
+
+
+def trial_dirs_below(directory: Path) -> list[Path]:
+    return sorted(p.parent for p in directory.rglob("trial.json"))
+
+
+def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
+    """(state, result): a result's status once there is one, else the SLURM job's state."""
+    if (trial_dir / "result.json").is_file():
+        result = json.loads((trial_dir / "result.json").read_text())
+        return result["status"], result
+    if not (trial_dir / slurm.JOB_FILE).is_file():
+        return "not submitted", None
+    if result := slurm.finalize(trial_dir):
+        return result["status"], result
+    job = json.loads((trial_dir / slurm.JOB_FILE).read_text())
+    return slurm.job_state(job["job_id"])[0].lower(), None
+
+
+def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: float | None = None) -> list[dict]:
+    """Poll until every trial below `directory` has its result.json."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    shown = ""
+    while True:
+        states = {d: collect_state(d) for d in trial_dirs_below(directory)}
+        waiting = [d for d, (_, result) in states.items() if result is None]
+        line = ", ".join(f"{n} {s}" for s, n in Counter(s for s, _ in states.values()).items())
+        if line != shown:
+            out.print(f"  {line}")
+            shown = line
+        if not waiting:
+            return [result for _, result in states.values()]
+        if deadline and time.monotonic() > deadline:
+            raise TimeoutError(f"{len(waiting)} trial(s) still not done below {directory}")
+        time.sleep(poll_s)
