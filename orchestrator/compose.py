@@ -170,9 +170,19 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
         return ConfigError(key, value, "a comma sweeps over values; add -m to run a sweep, "
                            "or quote the value for a string, or write [a,b] for a list")
     if isinstance(exc, OverrideParseException):
-        return ConfigError("override", " ".join(overrides), f"not Hydra override syntax ({text.splitlines()[0]})")
+        bad = next((o for o in overrides if not _parses(o)), " ".join(overrides))
+        return ConfigError("override", bad, f"not Hydra override syntax ({text.splitlines()[0]}); quote values "
+                           "with special characters: key='a b', key=[\"--flag=x\"]")
     first = text.splitlines()[0] if text else type(exc).__name__
     return ConfigError("config", " ".join(overrides) or "(defaults)", first)
+
+
+def _parses(override: str) -> bool:
+    try:
+        OverridesParser.create().parse_overrides([override])
+        return True
+    except OverrideParseException:
+        return False
 
 
 def _full_key(cause: BaseException) -> str | None:

@@ -1,0 +1,104 @@
+"""`cluster=slurm` against a real single-node SLURM cluster on localhost (tests/slurm/cluster.sh).
+
+munge, slurmctld, slurmd, slurmdbd (sacct) and MariaDB really run; submitit really
+submits; each task really trains. Mocked: nothing (it is one node, as only one exists).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"
+SMALL = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=2", "cluster.cpus_per_task=1", "run.steps=3",
+         "run.warmup_steps=1", "logger.mode=disabled"]
+
+
+def _cluster_up() -> bool:
+    return shutil.which("scontrol") is not None and subprocess.run(
+        ["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    started = False
+    if not _cluster_up():
+        can_host = os.geteuid() == 0 and shutil.which("apt-get") is not None
+        if not can_host:
+            if os.environ.get("CI") == "true":
+                pytest.fail("CI must run the SLURM tests, but this machine cannot host the cluster (root + apt needed)")
+            pytest.skip("a local SLURM cluster needs root and apt-get (Debian); run tests/slurm/cluster.sh start")
+        proc = subprocess.run(["bash", str(CLUSTER), "start"], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        started = True
+    yield
+    if started:
+        subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, timeout=60)
+
+
+def results(base: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(base.rglob("result.json"))]
+
+
+def wait(base: Path) -> subprocess.CompletedProcess:
+    return run_cli("wait", str(base), "--timeout", "400", timeout=450)
+
+
+def test_a_sweep_submits_returns_at_once_and_wait_collects_it(slurm_cluster, tmp_path):
+    start = time.monotonic()
+    proc = run_cli("run", "-m", "--out", str(tmp_path), *SMALL, "zero=stage0,stage2",
+                   'cluster.srun_args=["--cpu-bind=cores"]')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.monotonic() - start < 60 and not results(tmp_path)  # submitted, not waited for
+    jobs = [json.loads(p.read_text())["job_id"] for p in sorted(tmp_path.rglob("slurm.json"))]
+    assert len(jobs) == 2 and all("_" in j for j in jobs) and len({j.split("_")[0] for j in jobs}) == 1  # one array
+    status = run_cli("status", str(tmp_path))
+    assert status.returncode == 0 and jobs[0] in status.stdout
+    done = wait(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for r in results(tmp_path):
+        assert r["status"] == "ok" and r["slurm"]["state"] == "COMPLETED"
+        assert r["env"]["world_size"] == 2 and r["metrics"]["tokens_per_sec_per_gpu"] > 0
+        cores = [tuple(c) for c in r["env"]["affinity"].values()]
+        assert len(cores) == 2 and len(set(cores)) == 2 and all(len(c) == 1 for c in cores)  # a core of its own
+
+
+def test_a_dp_sweep_submits_jobs_with_their_own_task_counts(slurm_cluster, tmp_path):
+    proc = run_cli("run", "-m", "--out", str(tmp_path), *SMALL, "parallel.dp=1,2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("slurm.json"))]
+    assert len(jobs) == 2 and not any(j["array"] for j in jobs)  # different resources: separate jobs
+    assert wait(tmp_path).returncode == 0
+    assert sorted(r["env"]["world_size"] for r in results(tmp_path)) == [1, 2]
+    for job in jobs:
+        tasks = subprocess.run(["sacct", "-j", f"{job['job_id']}.0", "-n", "-P", "-o", "NTasks"], capture_output=True,
+                               text=True, timeout=60).stdout.split()
+        assert tasks and int(tasks[0]) in (1, 2)
+
+
+def test_a_failure_on_rank_1_only_is_reported(slurm_cluster, tmp_path):
+    assert run_cli("run", "--out", str(tmp_path), *SMALL, "run.fail_at_step=1", "run.fail_rank=1").returncode == 0
+    done = wait(tmp_path)
+    assert done.returncode == 1
+    (r,) = results(tmp_path)
+    assert r["status"] == "failed" and r["error"]["rank"] == 1 and "injected failure" in r["error"]["message"]
+    assert r["slurm"]["state"] != "COMPLETED"
+
+
+def test_a_cancelled_job_is_recorded_as_failed_with_the_reason(slurm_cluster, tmp_path):
+    assert run_cli("run", "--out", str(tmp_path), *SMALL, "run.steps=100000").returncode == 0
+    job = json.loads((tmp_path / "slurm.json").read_text())["job_id"]
+    deadline = time.monotonic() + 120
+    while "running" not in run_cli("status", str(tmp_path)).stdout and time.monotonic() < deadline:
+        time.sleep(1)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    assert wait(tmp_path).returncode == 1
+    (r,) = results(tmp_path)
+    assert r["status"] == "failed" and "cancelled" in r["error"]["message"] and r["slurm"]["state"] == "CANCELLED"
