@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import submitit
 
 from launchers.binding import Binding
 from launchers.local import WORKLOAD_MODULE, rank_environment
@@ -39,7 +42,8 @@ def timeout_minutes(time: str) -> int:
 def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
     c = spec.cfg.cluster
     params = {"nodes": spec.nodes, "tasks_per_node": spec.gpus_per_node, "cpus_per_task": c.cpus_per_task,
-              "timeout_min": timeout_minutes(c.time), "slurm_setup": list(c.setup),
+              "timeout_min": timeout_minutes(c.time), "slurm_signal_delay_s": c.signal_delay_s,
+              "slurm_setup": list(c.setup),
               "slurm_srun_args": [*bind.srun_args, *c.srun_args],
               "slurm_additional_parameters": dict(bind.sbatch_options)}
     if spec.cfg.hardware.device == "cuda":
@@ -74,32 +78,57 @@ def task_command(trial_dir: Path) -> list[str]:
 JOB_FILE = "slurm.json"
 
 
-class SlurmTask:
+class SlurmTask(submitit.helpers.Checkpointable):
     """One SLURM task = one rank (pickled by submitit, run by srun on the node).
 
     torch.distributed's variables come from SLURM's (submitit's TorchDistributedEnvironment);
     the rank runs the workload as a child process, as under torchrun, so that a rank's
-    crash, OOM or os._exit cannot take submitit's own bookkeeping with it.
+    crash, OOM or os._exit cannot take submitit's own bookkeeping with it. Checkpointable:
+    on SLURM's warning before a time limit or preemption, submitit asks task 0 for
+    `checkpoint()`, then requeues the job; the requeued ranks resume from the workload's
+    last checkpoint.
     """
 
-    def __init__(self, trial_dir: str, env: dict[str, str]):
-        self.trial_dir, self.env = trial_dir, env
+    def __init__(self, trial_dir: str, env: dict[str, str], save_wait_s: float = 60):
+        self.trial_dir, self.env, self.save_wait_s = trial_dir, env, save_wait_s
+        self._proc: subprocess.Popen | None = None
 
     def __call__(self) -> dict:
-        import submitit
-
         dist = submitit.helpers.TorchDistributedEnvironment().export()
+        errors = Path(self.trial_dir) / "errors"
+        if (errors / f"rank{dist.rank}.json").exists():  # from an attempt before a requeue
+            (errors / "earlier").mkdir(parents=True, exist_ok=True)
+            (errors / f"rank{dist.rank}.json").replace(errors / "earlier" / f"rank{dist.rank}.{time.time():.0f}.json")
         started = time.time()
-        proc = subprocess.run([sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir], env={**os.environ, **self.env})
-        if proc.returncode != 0:
-            error_file = Path(self.trial_dir) / "errors" / f"rank{dist.rank}.json"
-            if not error_file.exists():  # it died without a Python error: say so, with its exit code
-                atomic_write_json(error_file, {"type": "ProcessExit", "silent": True, "rank": dist.rank, "oom": False,
-                                               "message": f"rank {dist.rank} exited with code {proc.returncode} "
-                                                          "without a Python error", "time": started,
-                                               "host": socket.gethostname()})
-            raise RuntimeError(f"rank {dist.rank} failed with exit code {proc.returncode}")
+        self._proc = subprocess.Popen([sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir],
+                                      env={**os.environ, **self.env})
+        code = self._proc.wait()
+        if code in (-signal.SIGTERM, -signal.SIGKILL):  # SLURM ended the job (requeue, cancel, time limit)
+            raise RuntimeError(f"rank {dist.rank} was ended by SLURM (signal {-code})")
+        if code != 0:
+            if not (errors / f"rank{dist.rank}.json").exists():  # it died without a Python error: say so
+                atomic_write_json(errors / f"rank{dist.rank}.json", {
+                    "type": "ProcessExit", "silent": True, "rank": dist.rank, "oom": False, "time": started,
+                    "message": f"rank {dist.rank} exited with code {code} without a Python error",
+                    "host": socket.gethostname()})
+            raise RuntimeError(f"rank {dist.rank} failed with exit code {code}")
         return {"rank": dist.rank}
+
+    def checkpoint(self, *args, **kwargs):
+        """Called on SLURM's warning: give the ranks time to save (they got SIGUSR2 too)."""
+        from orchestrator.workload.checkpoint import DIRECTORY, LATEST
+
+        latest = Path(self.trial_dir) / DIRECTORY / LATEST
+        asked = time.time()
+        deadline = asked + self.save_wait_s
+        while time.time() < deadline and self._proc is not None and self._proc.poll() is None:
+            if latest.is_file() and latest.stat().st_mtime >= asked and json.loads(latest.read_text())["signalled"]:
+                break  # the ranks saved after the warning
+            time.sleep(0.5)
+        return super().checkpoint(*args, **kwargs)
+
+    def __getstate__(self) -> dict:  # the running child does not travel with the requeued job
+        return {**self.__dict__, "_proc": None}
 
 
 def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
@@ -107,8 +136,6 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
 
     Returns at once; each trial directory gets slurm.json with its job id.
     """
-    import submitit
-
     groups: dict[str, list[tuple[TrialSpec, Path]]] = {}
     for spec, trial_dir in trials:
         params = submitit_parameters(spec, trial_binding_of(spec))
@@ -117,7 +144,9 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
     for params_json, members in groups.items():
         executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
         executor.update_parameters(name="orchestrator", **json.loads(params_json))
-        tasks = [SlurmTask(str(d), rank_environment(s, s.cfg.cluster.cpus_per_task)) for s, d in members]
+        # The ranks' save after SLURM's warning must end before the job does: leave 20 s.
+        tasks = [SlurmTask(str(d), rank_environment(s, s.cfg.cluster.cpus_per_task),
+                           save_wait_s=max(5, s.cfg.cluster.signal_delay_s - 20)) for s, d in members]
         if len(tasks) > 1:
             with executor.batch():
                 jobs = [executor.submit(task) for task in tasks]

@@ -104,6 +104,7 @@ class ClusterConfig:
     setup: list[str] = field(default_factory=list)  # shell lines run before srun
     srun_args: list[str] = field(default_factory=list)
     wait: bool = False  # block until the job ends (default: submit and return)
+    signal_delay_s: int = 90  # SLURM signals this long before the time limit: checkpoint, requeue
 
 
 @dataclass
@@ -151,6 +152,7 @@ class RunConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     force: bool = False  # launch even when the plan predicts it will not fit
+    checkpoint_every: int = 0  # save the training state every N steps (0: only when SLURM warns of the end)
     timeout_min: Optional[float] = None  # end the trial (status timeout) after this long
     data: Optional[str] = None  # binary file of token ids; null: synthetic tokens
     data_dtype: str = "uint16"  # uint16 | uint32, the ids' type in run.data

@@ -189,7 +189,7 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.grad_clip", r.grad_clip, "a norm >= 0 (0 turns clipping off)")
     _choice(r.data_dtype, "run.data_dtype", ("uint16", "uint32"))
     _choice(r.fail_mode, "run.fail_mode", ("raise", "exit", "oom"))
-    for name in ("gc_collect_every", "dataloader_workers"):
+    for name in ("gc_collect_every", "dataloader_workers", "checkpoint_every"):
         if getattr(r, name) < 0:
             raise ConfigError(f"run.{name}", getattr(r, name), "a whole number >= 0")
     if r.timeout_min is not None and r.timeout_min <= 0:

@@ -57,7 +57,7 @@ def prepare(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None) 
         return write_result(trial_dir, spec, plan.as_dict(), "refused", started,
                             {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
-    for stale in ("errors", "metrics.json", "result.json", "slurm.json"):  # a re-run into the same directory
+    for stale in ("errors", "metrics.json", "result.json", "slurm.json", "checkpoint"):  # a re-run, from scratch
         path = trial_dir / stale
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     for warning in files.warnings:

@@ -102,3 +102,41 @@ def test_a_cancelled_job_is_recorded_as_failed_with_the_reason(slurm_cluster, tm
     assert wait(tmp_path).returncode == 1
     (r,) = results(tmp_path)
     assert r["status"] == "failed" and "cancelled" in r["error"]["message"] and r["slurm"]["state"] == "CANCELLED"
+
+
+def _history_is_whole(r: dict, steps: int) -> None:
+    m = r["metrics"]
+    assert [h["step"] for h in m["history"]] == list(range(steps))  # no step lost, none repeated
+    assert m["steps"] == steps and m["tokens"] == (steps - 1) * 8 * 128  # as an uninterrupted run (1 warm-up)
+
+
+def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_path):
+    steps = 40
+    assert run_cli("run", "--out", str(tmp_path), *SMALL, f"run.steps={steps}", "run.checkpoint_every=2").returncode == 0
+    job = json.loads((tmp_path / "slurm.json").read_text())["job_id"]
+    latest = tmp_path / "checkpoint" / "latest.json"
+    deadline = time.monotonic() + 180
+    while not (latest.is_file() and json.loads(latest.read_text())["step"] >= 4):
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+    done = wait(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (r,) = results(tmp_path)
+    assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1 and r["metrics"]["resumed_at_steps"][0] >= 4
+    _history_is_whole(r, steps)
+
+
+def test_a_time_limit_checkpoints_requeues_and_finishes(slurm_cluster, tmp_path):
+    # A 1-minute limit with the warning 35 s before it: the ranks save on SIGUSR2, submitit
+    # requeues, the next allocation resumes and finishes.
+    steps = 1000  # more than one allocation's 25 s of training at this machine's ~30-50 steps/s
+    proc = run_cli("run", "--out", str(tmp_path), *SMALL, f"run.steps={steps}", "cluster.time=1",
+                   "cluster.signal_delay_s=35", "run.checkpoint_every=100")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = wait(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (r,) = results(tmp_path)
+    assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1
+    assert r["metrics"]["checkpoints_on_warning"]  # saved on SIGUSR2, not only every 100 steps
+    _history_is_whole(r, steps)

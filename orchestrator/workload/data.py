@@ -48,24 +48,26 @@ class TokenFile(Dataset):
 
 
 class RankSampler(torch.utils.data.Sampler):
-    """rank, rank + world, rank + 2 world, ...: disjoint windows per rank."""
+    """rank, rank + world, rank + 2 world, ...: disjoint windows per rank, from the start-th on."""
 
-    def __init__(self, rank: int, world: int):
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, start: int = 0):
+        self.rank, self.world, self.start = rank, world, start
 
     def __iter__(self):
-        i = self.rank
+        i = self.rank + self.start * self.world
         while True:
             yield i
             i += self.world
 
 
-def batches(spec, rank: int, world: int) -> DataLoader:
+def batches(spec, rank: int, world: int, consumed: int = 0) -> DataLoader:
+    """consumed: micro batches this rank has already trained on (a resumed trial goes on from there)."""
     m, run = spec.cfg.model, spec.cfg.run
     if run.data:
         dataset: Dataset = TokenFile(run.data, run.data_dtype, m.seq_len, m.vocab, run.seed)
     else:
         dataset = SyntheticTokens(m.vocab, m.seq_len, run.seed)
-    return DataLoader(dataset, batch_size=spec.micro_batch_size, sampler=RankSampler(rank, world),
+    sampler = RankSampler(rank, world, start=consumed * spec.micro_batch_size)
+    return DataLoader(dataset, batch_size=spec.micro_batch_size, sampler=sampler,
                       num_workers=run.dataloader_workers, pin_memory=run.pin_memory,
                       persistent_workers=run.dataloader_workers > 0)

@@ -54,6 +54,12 @@ class DeepSpeedEngine:
         """The global batch DeepSpeed itself will step on (its train_batch_size)."""
         return int(self.engine.train_batch_size())
 
+    def save_state(self, root: Path, tag: str) -> None:
+        self.engine.save_checkpoint(str(root), tag=tag)
+
+    def load_state(self, root: Path, tag: str) -> None:
+        self.engine.load_checkpoint(str(root), tag=tag)
+
     def describe(self) -> dict:
         return {"engine": "deepspeed", "zero_stage": self.engine.zero_optimization_stage(),
                 "optimizer": type(self.engine.optimizer).__name__}
@@ -120,6 +126,12 @@ class AccelerateEngine:
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def save_state(self, root: Path, tag: str) -> None:
+        self.accelerator.save_state(str(root / tag))
+
+    def load_state(self, root: Path, tag: str) -> None:
+        self.accelerator.load_state(str(root / tag))
 
     def describe(self) -> dict:
         return {"engine": "accelerate", "distributed_type": str(self.accelerator.distributed_type),

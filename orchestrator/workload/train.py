@@ -71,8 +71,8 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     tracker = Tracker(spec, trial_dir, meta.get("sweep", {})) if rank == 0 else None
     try:
         engine = make_engine(spec, trial_dir, device)
-        history, activation_bytes, static_bytes = run_steps(spec, engine, trial_dir, rank, world, device, console,
-                                                            tracker)
+        history, activation_bytes, static_bytes, restarts = run_steps(spec, engine, trial_dir, rank, world, device,
+                                                                        console, tracker)
         from orchestrator.workload import measure
 
         peak = measure.peak_bytes(device)
@@ -86,6 +86,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         metrics = summarize(spec, history, world, cuda, trial_dir, {"static_bytes": static_bytes,
                             "activation_bytes": activation_bytes, "peak_bytes": peak})
         metrics["engine"] = engine.describe()
+        metrics.update(restarts)
         env = {"versions": _versions(), "hosts": sorted({r["host"] for r in everyone}), "world_size": world,
                "ranks": everyone, "affinity": {str(r["rank"]): r["affinity"] for r in everyone},
                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "threads_per_rank": torch.get_num_threads()}
@@ -103,17 +104,25 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     import torch
 
     from orchestrator.plan.batch import batch_sizes_per_step
-    from orchestrator.workload import measure
+    from orchestrator.workload import checkpoint, measure
     from orchestrator.workload.data import batches
 
     run = spec.cfg.run
     sizes = batch_sizes_per_step(spec.schedule, run.steps, spec.cfg.model.seq_len)
-    data = iter(batches(spec, rank, world))
+    checkpointing = bool(run.checkpoint_every) or spec.cfg.cluster.name == "slurm"
+    if checkpointing:
+        checkpoint.listen_for_warning()
+    state = checkpoint.resume(engine, trial_dir, rank) if checkpointing else None
+    history = state["history"] if state else []
+    activation_bytes, static_bytes = (state or {}).get("activation_bytes"), (state or {}).get("static_bytes")
+    resumed_at = [*(state or {}).get("resumed_at", []), *([state["step"]] if state else [])]
+    on_warning = list((state or {}).get("on_warning", []))  # checkpoints SLURM's warning asked for
+    consumed = sum(h["global_batch_size"] // (spec.micro_batch_size * world) for h in history)
+    data = iter(batches(spec, rank, world, consumed))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     profiler = _profiler(trial_dir, run.steps) if run.profile and rank == 0 else nullcontext()
-    history, activation_bytes, static_bytes = [], None, None
     with profiler as prof:
-        for step in range(run.steps):
+        for step in range(len(history), run.steps):
             engine.set_global_batch(sizes[step])
             grad_accum = sizes[step] // (spec.micro_batch_size * world)
             if run.fail_at_step == step and run.fail_rank == rank:
@@ -123,16 +132,17 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             losses = []
             for micro in range(grad_accum):
                 tokens = next(data).to(device, non_blocking=run.pin_memory)
-                census = measure.ActivationCensus() if step == 0 and micro == 0 else nullcontext()
+                first = activation_bytes is None and micro == 0
+                census = measure.ActivationCensus() if first else nullcontext()
                 with census:
                     loss = engine.forward(tokens)
-                if step == 0 and micro == 0:
+                if first:
                     activation_bytes = census.bytes
                 engine.backward_and_step(loss)
                 losses.append(loss.detach())
             sync()
             seconds = time.perf_counter() - start
-            if step == 0:
+            if static_bytes is None:
                 static_bytes = measure.static_bytes()  # after the first optimizer step, no batch in flight
             # The batch the engine stepped on: the micro batches all ranks really ran, and
             # the engine's own train_batch_size.
@@ -145,11 +155,18 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                 console.write(PROGRESS + json.dumps({**history[-1], "steps": run.steps}) + "\n")
             if tracker:
                 tracker.log_step(history[-1])
+            if checkpointing and step + 1 < run.steps and checkpoint.wanted(step, run.checkpoint_every):
+                if checkpoint.warned():
+                    on_warning.append(step + 1)
+                checkpoint.save(engine, trial_dir, rank, {
+                    "step": step + 1, "history": history, "activation_bytes": activation_bytes,
+                    "static_bytes": static_bytes, "resumed_at": resumed_at, "on_warning": on_warning})
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
                 gc.collect()
             if prof is not None:
                 prof.step()
-    return history, activation_bytes, static_bytes
+    return history, activation_bytes, static_bytes, {"restarts": len(resumed_at), "resumed_at_steps": resumed_at,
+                                                      "checkpoints_on_warning": on_warning}
 
 
 def summarize(spec, history: list[dict], world: int, cuda: bool, trial_dir: Path, memory: dict) -> dict:

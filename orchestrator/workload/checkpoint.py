@@ -1,0 +1,87 @@
+"""The training state that lets a requeued trial go on where it stopped.
+
+A checkpoint is the engine's own (DeepSpeed's save_checkpoint / Accelerate's
+save_state: weights, optimizer, scheduler), each rank's RNG states, and, written last
+by rank 0 and atomically, checkpoint/latest.json: the step reached, the history so far
+(from which the data position follows: the ranks read windows by index), the restarts.
+A checkpoint without latest.json pointing at it never existed, so a kill while saving
+loses nothing.
+
+Saves happen every run.checkpoint_every steps and, on SLURM, as soon as the ranks agree
+after the warning signal SLURM sends before a time limit or preemption (SIGUSR2).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from orchestrator.files import atomic_write_json
+
+DIRECTORY = "checkpoint"
+LATEST = "latest.json"
+_signalled = False
+
+
+def listen_for_warning() -> None:
+    """SIGUSR2 (SLURM's warning before the end) asks for a checkpoint at the next step."""
+    signal.signal(signal.SIGUSR2, _on_warning)
+
+
+def _on_warning(signum, frame) -> None:
+    global _signalled
+    _signalled = True
+
+
+def warned() -> bool:
+    return _signalled
+
+
+def wanted(step: int, every: int) -> bool:
+    """Whether the ranks save after `step`: all of them agree, or none could save at all."""
+    local = _signalled or bool(every and (step + 1) % every == 0)
+    flag = torch.tensor([1 if local else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def latest(trial_dir: Path) -> dict | None:
+    path = trial_dir / DIRECTORY / LATEST
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save(engine, trial_dir: Path, rank: int, state: dict) -> None:
+    global _signalled
+    root, tag = trial_dir / DIRECTORY, f"step{state['step']}"
+    engine.save_state(root, tag)
+    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+               root / tag / f"rng{rank}.pt")
+    dist.barrier()  # every rank's part is on disk before it counts
+    if rank == 0:
+        atomic_write_json(root / LATEST, {**state, "tag": tag, "signalled": _signalled})
+        for old in root.glob("step*"):
+            if old.name != tag and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    _signalled = False
+
+
+def resume(engine, trial_dir: Path, rank: int) -> dict | None:
+    """Load the latest checkpoint into the engine and this rank's RNGs; its state, or None."""
+    state = latest(trial_dir)
+    if state is None:
+        return None
+    root = trial_dir / DIRECTORY
+    engine.load_state(root, state["tag"])
+    rng = torch.load(root / state["tag"] / f"rng{rank}.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    return state
