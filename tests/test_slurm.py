@@ -140,3 +140,10 @@ def test_a_time_limit_checkpoints_requeues_and_finishes(slurm_cluster, tmp_path)
     assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1
     assert r["metrics"]["checkpoints_on_warning"]  # saved on SIGUSR2, not only every 100 steps
     _history_is_whole(r, steps)
+
+
+def test_cluster_wait_blocks_until_the_result(slurm_cluster, tmp_path):
+    proc = run_cli("run", "--out", str(tmp_path), *SMALL, "cluster.wait=true", timeout=450)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (r,) = results(tmp_path)
+    assert r["status"] == "ok" and "1 ok" in proc.stdout and "tokens/s/GPU" in proc.stdout
