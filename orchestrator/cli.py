@@ -96,6 +96,7 @@ def run_command(args: argparse.Namespace) -> int:
             out.print(f"follow with: orchestrator status {base}   |   orchestrator wait {base}")
             return 3 if refused and len(refused) == len(points) else 0
         results = wait_for(base, out)
+        show_report(collect(base)[0], out)
     else:
         results = [run_trial(spec, trial_dir, out, sweep) for spec, trial_dir, sweep in points]
     if hint := sync_hint([trial_dir for _, trial_dir, _ in points]):
@@ -135,8 +136,7 @@ def wait_command(args: argparse.Namespace) -> int:
         return 2
     out = console()
     results = wait_for(directory, out, timeout_s=args.timeout)
-    rows, ordered = collect(directory)
-    show_report(rows, out)
+    show_report(collect(directory)[0], out)
     return _sweep_outcome(results, directory, out)
 
 

@@ -109,7 +109,8 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
     if result := slurm.finalize(trial_dir):
         return result["status"], result
     job = json.loads((trial_dir / slurm.JOB_FILE).read_text())
-    return slurm.job_state(job["job_id"])[0].lower(), None
+    state = slurm.job_state(job["job_id"])[0].lower()
+    return ("submitted" if state == "unknown" else state), None  # sacct learns of a job a moment later
 
 
 def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: float | None = None) -> list[dict]:
