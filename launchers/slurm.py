@@ -209,7 +209,5 @@ def finalize(trial_dir: Path) -> dict | None:
             error["message"] = f"the job failed (sacct: {state} {reason})"
     if status == "ok" and state != "COMPLETED":  # never report as completed what did not complete
         status = "failed"
-    result = write_result(trial_dir, spec, plan, status, job["submitted_at"], error)
-    result["slurm"] = {"job_id": job["job_id"], "state": state, "reason": reason}
-    atomic_write_json(trial_dir / "result.json", result)
-    return result
+    return write_result(trial_dir, spec, plan, status, job["submitted_at"], error,
+                        slurm={"job_id": job["job_id"], "state": state, "reason": reason})

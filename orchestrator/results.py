@@ -26,12 +26,13 @@ def now() -> str:
 
 
 def write_result(trial_dir: Path, spec: TrialSpec, plan: dict | None, status: str, started_at: str,
-                 error: dict | None = None) -> dict:
+                 error: dict | None = None, **extra) -> dict:
+    """extra: more top-level keys (slurm: the job id, its final state and reason)."""
     measured = _read_json(trial_dir / "metrics.json") or {}
     result = {"status": status, "exit_code": EXIT_CODES[status], "config": spec.resolved(),
               "overrides": list(spec.overrides), "choices": spec.choices, "plan": plan,
               "metrics": measured.get("metrics"), "env": measured.get("env"), "error": error,
-              "started_at": started_at, "finished_at": now()}
+              "started_at": started_at, "finished_at": now(), **extra}
     atomic_write_json(trial_dir / "result.json", result)
     return result
 
