@@ -36,9 +36,9 @@ class Flops:
         return asdict(self)
 
 
-def attention_forward_per_token(m: ModelConfig) -> float:
-    """QK^T and AV of every layer for one token, causal (half the square)."""
-    return 0.5 * 4 * m.n_layers * m.seq_len * m.hidden
+def attention_forward_per_token(m: ModelConfig, causal_half: bool = True) -> float:
+    """QK^T and AV of every layer for one token: half the square (causal) or all of it."""
+    return (0.5 if causal_half else 1.0) * 4 * m.n_layers * m.seq_len * m.hidden
 
 
 def layer_matmul_forward_per_token(m: ModelConfig) -> float:
@@ -47,9 +47,13 @@ def layer_matmul_forward_per_token(m: ModelConfig) -> float:
     return 2 * (matmul_parameters(m) - head)
 
 
-def flops_per_token(m: ModelConfig, recompute: str) -> tuple[float, float, float]:
-    """(model, hardware, forward) FLOPs per token."""
-    forward = 2 * matmul_parameters(m) + attention_forward_per_token(m)
+def flops_per_token(m: ModelConfig, recompute: str, causal_half: bool = True) -> tuple[float, float, float]:
+    """(model, hardware, forward) FLOPs per token.
+
+    causal_half=False counts the whole s x s square, as torch's FlopCounterMode and
+    PaLM-style calculators do (tests/test_flop_counter.py checks against the former).
+    """
+    forward = 2 * matmul_parameters(m) + attention_forward_per_token(m, causal_half)
     model = 3 * forward
     if recompute == "full":
         extra = layer_matmul_forward_per_token(m) + attention_forward_per_token(m)
