@@ -1,6 +1,6 @@
 """How long planning a large sweep takes: compose + validate + plan, per point.
 
-    .venv/bin/python benchmarks/plan_speed.py [POINTS]
+    .venv/bin/python bench/plan_speed.py [POINTS]
 
 Target (issue: Plan): 1,000 points in under 10 s on the 2-core CI machine.
 """
