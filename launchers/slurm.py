@@ -100,8 +100,10 @@ class SlurmTask(submitit.helpers.Checkpointable):
             (errors / "earlier").mkdir(parents=True, exist_ok=True)
             (errors / f"rank{dist.rank}.json").replace(errors / "earlier" / f"rank{dist.rank}.{time.time():.0f}.json")
         started = time.time()
+        # SIGUSR2 blocked until the rank listens for it (workload/warning.py): an early
+        # warning waits instead of killing the rank.
         self._proc = subprocess.Popen([sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir],
-                                      env={**os.environ, **self.env})
+                                      env={**os.environ, **self.env}, preexec_fn=_block_warning)
         code = self._proc.wait()
         if code in (-signal.SIGTERM, -signal.SIGKILL):  # SLURM ended the job (requeue, cancel, time limit)
             raise RuntimeError(f"rank {dist.rank} was ended by SLURM (signal {-code})")
@@ -131,6 +133,10 @@ class SlurmTask(submitit.helpers.Checkpointable):
         return {**self.__dict__, "_proc": None}
 
 
+def _block_warning() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+
+
 def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
     """Submit every trial; trials with the same resources go out as one job array.
 
@@ -139,11 +145,13 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
     groups: dict[str, list[tuple[TrialSpec, Path]]] = {}
     for spec, trial_dir in trials:
         params = submitit_parameters(spec, trial_binding_of(spec))
-        groups.setdefault(json.dumps(params, sort_keys=True), []).append((spec, trial_dir))
+        key = json.dumps([params, spec.cfg.cluster.max_requeues], sort_keys=True)
+        groups.setdefault(key, []).append((spec, trial_dir))
     job_ids = []
-    for params_json, members in groups.items():
-        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm")
-        executor.update_parameters(name="orchestrator", **json.loads(params_json))
+    for key, members in groups.items():
+        params, max_requeues = json.loads(key)
+        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm", slurm_max_num_timeout=max_requeues)
+        executor.update_parameters(name="orchestrator", **params)
         # The ranks' save after SLURM's warning must end before the job does: leave 20 s.
         tasks = [SlurmTask(str(d), rank_environment(s, s.cfg.cluster.cpus_per_task),
                            save_wait_s=max(5, s.cfg.cluster.signal_delay_s - 20)) for s, d in members]

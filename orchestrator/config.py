@@ -105,6 +105,7 @@ class ClusterConfig:
     srun_args: list[str] = field(default_factory=list)
     wait: bool = False  # block until the job ends (default: submit and return)
     signal_delay_s: int = 90  # SLURM signals this long before the time limit: checkpoint, requeue
+    max_requeues: int = 3  # after this many time limits a trial ends as timeout
 
 
 @dataclass

@@ -168,6 +168,8 @@ def _check_choices(cfg: TrialConfig) -> None:
     _positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
     _positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
     _positive(cfg.cluster.sockets_per_node, "cluster.sockets_per_node")
+    if cfg.cluster.max_requeues < 0 or cfg.cluster.signal_delay_s < 0:
+        raise ConfigError("cluster.max_requeues", cfg.cluster.max_requeues, "whole numbers >= 0 (and signal_delay_s)")
     for name in ("partition", "account", "qos"):
         value = getattr(cfg.cluster, name)
         if value is not None and not re.fullmatch(r"[\w.\-,]+", value):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -24,29 +23,15 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.files import atomic_write_json
+from orchestrator.workload import warning
 
 DIRECTORY = "checkpoint"
 LATEST = "latest.json"
-_signalled = False
-
-
-def listen_for_warning() -> None:
-    """SIGUSR2 (SLURM's warning before the end) asks for a checkpoint at the next step."""
-    signal.signal(signal.SIGUSR2, _on_warning)
-
-
-def _on_warning(signum, frame) -> None:
-    global _signalled
-    _signalled = True
-
-
-def warned() -> bool:
-    return _signalled
 
 
 def wanted(step: int, every: int) -> bool:
     """Whether the ranks save after `step`: all of them agree, or none could save at all."""
-    local = _signalled or bool(every and (step + 1) % every == 0)
+    local = warning.warned() or bool(every and (step + 1) % every == 0)
     flag = torch.tensor([1 if local else 0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
@@ -58,19 +43,18 @@ def latest(trial_dir: Path) -> dict | None:
 
 
 def save(engine, trial_dir: Path, rank: int, state: dict) -> None:
-    global _signalled
     root, tag = trial_dir / DIRECTORY, f"step{state['step']}"
     engine.save_state(root, tag)
     torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
                root / tag / f"rng{rank}.pt")
     dist.barrier()  # every rank's part is on disk before it counts
     if rank == 0:
-        atomic_write_json(root / LATEST, {**state, "tag": tag, "signalled": _signalled})
+        atomic_write_json(root / LATEST, {**state, "tag": tag, "signalled": warning.warned()})
         for old in root.glob("step*"):
             if old.name != tag and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
-    _signalled = False
+    warning.clear()
 
 
 def resume(engine, trial_dir: Path, rank: int) -> dict | None:

@@ -28,6 +28,9 @@ PROGRESS = "ORCH|"
 
 
 def main() -> None:
+    from orchestrator.workload import warning
+
+    warning.listen()  # before anything slow: SLURM's warning must never kill a starting rank
     trial_dir = Path(sys.argv[1]).resolve()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     console = os.fdopen(os.dup(1), "w", buffering=1)  # the launcher's pipe, before the redirect
@@ -104,14 +107,12 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     import torch
 
     from orchestrator.plan.batch import batch_sizes_per_step
-    from orchestrator.workload import checkpoint, measure
+    from orchestrator.workload import checkpoint, measure, warning
     from orchestrator.workload.data import batches
 
     run = spec.cfg.run
     sizes = batch_sizes_per_step(spec.schedule, run.steps, spec.cfg.model.seq_len)
     checkpointing = bool(run.checkpoint_every) or spec.cfg.cluster.name == "slurm"
-    if checkpointing:
-        checkpoint.listen_for_warning()
     state = checkpoint.resume(engine, trial_dir, rank) if checkpointing else None
     history = state["history"] if state else []
     activation_bytes, static_bytes = (state or {}).get("activation_bytes"), (state or {}).get("static_bytes")
@@ -156,7 +157,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             if tracker:
                 tracker.log_step(history[-1])
             if checkpointing and step + 1 < run.steps and checkpoint.wanted(step, run.checkpoint_every):
-                if checkpoint.warned():
+                if warning.warned():
                     on_warning.append(step + 1)
                 checkpoint.save(engine, trial_dir, rank, {
                     "step": step + 1, "history": history, "activation_bytes": activation_bytes,
