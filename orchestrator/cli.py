@@ -1,4 +1,4 @@
-"""The `orchestrator` command: run, plan, translate and report.
+"""The `orchestrator` command: run, plan, translate, status, wait and report.
 
 Every subcommand that takes a trial reads Hydra overrides (`model=gpt2-350m
 zero.stage=2`), and with -m a Hydra multirun sweep (`parallel.dp=1,2,4`,
@@ -55,7 +55,7 @@ def specs_from(args: argparse.Namespace) -> list[TrialSpec]:
     return specs
 
 
-# --- subcommands (filled in by the plan, translate, run and report stages) ------------
+# --- subcommands ------------------------------------------------------------------------
 
 
 def plan_command(args: argparse.Namespace) -> int:
