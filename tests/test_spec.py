@@ -132,3 +132,12 @@ def test_conf_tree_has_every_group_of_the_design():
     for group, names in expected.items():
         assert names <= set(presets(group)), group
     assert (conf_dir() / "config.yaml").is_file()
+
+
+def test_a_users_own_preset_directory_joins_the_search_path(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text(
+        "arch: gpt2\nn_layers: 3\nhidden: 128\nheads: 2\nkv_heads: 2\nffn_hidden: 512\nvocab: 1024\n"
+        "seq_len: 64\nmax_positions: 64\ntie_embeddings: true\n")
+    spec = build_spec([f"hydra.searchpath=[file://{tmp_path}]", "model=mine"])
+    assert spec.choices["model"] == "mine" and spec.cfg.model.n_layers == 3
