@@ -14,6 +14,7 @@ from rich.table import Table
 from orchestrator.compose import swept_values
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import Plan
+from orchestrator.report import COLUMNS
 from orchestrator.spec import TrialSpec
 
 
@@ -142,7 +143,7 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
 
 def show_report(rows: list[dict], out: Console) -> None:
     """The report's table: swept values, then measured and predicted figures."""
-    fixed = {"trial", *report_columns()}
+    fixed = {"trial", *COLUMNS}
     swept = [k for k in rows[0] if k not in fixed]
     table = Table(title=f"{len(rows)} trials, best tokens/s/GPU first (predicted = the plan)", title_justify="left")
     for name in ("status", *swept, "tokens/s/GPU", "MFU", "HFU", "step s", "predicted s", "peak", "predicted peak",
@@ -156,12 +157,6 @@ def show_report(rows: list[dict], out: Console) -> None:
                       num("predicted_step_s", "{:.4g}"), human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
                       human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "", r["error"])
     out.print(table)
-
-
-def report_columns() -> tuple[str, ...]:
-    from orchestrator.report import COLUMNS
-
-    return COLUMNS
 
 
 def show_states(rows: list[tuple[str, str, str, str]], out: Console) -> None:

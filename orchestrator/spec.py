@@ -216,8 +216,8 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
             raise ConfigError(f"hardware.peak_tflops.{precision}", peak,
                               f"{'preset' if known else 'unknown hardware'} '{hw.name}' needs its dense {precision} peak in TFLOPS; "
                               "MFU never uses a guessed peak")
-        _above_zero(hw.memory_gib, "hardware.memory_gib")
-    if hw.memory_gib is not None:
+        _above_zero(hw.memory_gib, "hardware.memory_gib")  # a GPU's capacity cannot be read from here
+    if hw.device == "cpu" and hw.memory_gib is not None:
         _above_zero(hw.memory_gib, "hardware.memory_gib")
     if not 0 < hw.compute_efficiency <= 1:
         raise ConfigError("hardware.compute_efficiency", hw.compute_efficiency, "a share of the peak in (0, 1]")

@@ -17,14 +17,14 @@ from pathlib import Path
 from rich.console import Console
 
 from launchers import slurm
-from launchers.local import local_command, run_local
+from launchers.local import run_local
 from orchestrator import hardware
 from orchestrator.errors import ConfigError
 from orchestrator.display import show_plan, show_progress, show_result
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.results import now, outcome_status, write_result
 from orchestrator.spec import TrialSpec
-from orchestrator.translate import trial_binding, write_trial_files
+from orchestrator.translate import TrialFiles, write_trial_files
 
 
 def refusal(spec: TrialSpec, plan: Plan) -> str | None:
@@ -46,36 +46,37 @@ def check_runnable_here(spec: TrialSpec) -> None:
                           "engine.backend=deepspeed here, or zero.stage=0 for DDP")
 
 
-def prepare(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None) -> dict | None:
-    """Plan the trial and write its files; the refused result.json if the plan says no."""
+def prepare(spec: TrialSpec, trial_dir: Path, out: Console,
+            sweep: dict | None) -> tuple[dict | None, TrialFiles | None, dict]:
+    """Plan the trial and write its files: (the refused result if the plan says no, files, plan)."""
     started = now()
     trial_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(spec)
     if message := refusal(spec, plan):
         show_plan(spec, plan, out)
         out.print(f"[red]refused:[/red] {message}")
-        return write_result(trial_dir, spec, plan.as_dict(), "refused", started,
-                            {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
+        refused = write_result(trial_dir, spec, plan.as_dict(), "refused", started,
+                               {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
+        return refused, None, plan.as_dict()
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
     for stale in ("errors", "metrics.json", "result.json", "slurm.json", "checkpoint"):  # a re-run, from scratch
         path = trial_dir / stale
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     for warning in files.warnings:
         out.print(f"[yellow]warning:[/yellow] {warning}")
-    return None
+    return None, files, plan.as_dict()
 
 
 def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None = None) -> dict:
     """Run a local trial to its end. sweep: the point's W&B group, name and swept values."""
     started = now()
-    if refused := prepare(spec, trial_dir, out, sweep):
+    refused, files, plan = prepare(spec, trial_dir, out, sweep)
+    if refused:
         return refused
     out.print(f"[bold]run[/bold] {trial_dir}")
     timeout = spec.cfg.run.timeout_min * 60 if spec.cfg.run.timeout_min else None
-    command = local_command(spec, trial_dir.resolve(), trial_binding(spec))
-    outcome = run_local(command, trial_dir, timeout, lambda p: show_progress(p, out))
+    outcome = run_local(files.command, trial_dir, timeout, lambda p: show_progress(p, out))
     status, error = outcome_status(trial_dir, outcome.returncode, outcome.timed_out)
-    plan = json.loads((trial_dir / "plan.json").read_text())
     result = write_result(trial_dir, spec, plan, status, started, error)
     show_result(result, trial_dir, out)
     return result
@@ -85,7 +86,8 @@ def submit_trials(points: list[tuple[TrialSpec, Path, dict]], logs: Path, out: C
     """Plan and write every trial, submit the ones that fit; returns the refused results."""
     refused, to_submit = [], []
     for spec, trial_dir, sweep in points:
-        if result := prepare(spec, trial_dir, out, sweep):
+        result, _, _ = prepare(spec, trial_dir, out, sweep)
+        if result:
             refused.append(result)
         else:
             to_submit.append((spec, trial_dir))

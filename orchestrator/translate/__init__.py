@@ -52,7 +52,7 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
     }
     if plan is not None:
         files["plan.json"] = plan
-    explain = [f"# How this trial's configs follow from it", "", f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`", ""]
+    explain = ["# How this trial's configs follow from it", "", f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`", ""]
     ds_path = trial_dir / "ds_config.json"
     if spec.cfg.engine.backend == "deepspeed":
         files["ds_config.json"] = deepspeed.ds_config(spec)
@@ -101,7 +101,7 @@ def _local_script(command: Command) -> str:
 
 
 def _sbatch_script(spec: TrialSpec, launch: dict) -> str:
-    lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name=orchestrator"]
+    lines = ["#!/usr/bin/env bash", "#SBATCH --job-name=orchestrator"]
     lines += [f"#SBATCH {opt}" for opt in launch["sbatch"]]
     lines += ["# Written by orchestrator translate: `sbatch launch.sh` runs one task per GPU.", "set -e"]
     lines += list(spec.cfg.cluster.setup)  # the user's own setup lines (module load ..., source ...)

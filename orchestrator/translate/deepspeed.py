@@ -15,7 +15,7 @@ STEPS_PER_PRINT = 10**9  # the orchestrator reports progress itself; keep DeepSp
 
 
 def ds_config(spec: TrialSpec) -> dict:
-    cfg, z = spec.cfg, spec.cfg.zero
+    cfg = spec.cfg
     first_batch = spec.schedule[0][1]  # a warm-up starts small; the workload grows it step by step
     config: dict = {
         "train_batch_size": first_batch,
@@ -96,7 +96,7 @@ def explain(spec: TrialSpec) -> list[str]:
     if z.stage > 0:
         lines += [f"zero_optimization.reduce_bucket_size = {z.reduce_bucket_size:,} elements: zero.reduce_bucket_size",
                   f"zero_optimization.allgather_bucket_size = {z.allgather_bucket_size:,}: zero.allgather_bucket_size",
-                  f"zero_optimization.overlap_comm / contiguous_gradients / reduce_scatter: zero.* of the same names"]
+                  "zero_optimization.overlap_comm / contiguous_gradients / reduce_scatter: zero.* of the same names"]
     if z.stage == 3:
         lines += [f"stage3_prefetch_bucket_size = {z.prefetch_bucket_size:,}: zero.prefetch_bucket_size",
                   f"stage3_max_live_parameters = {z.max_live_parameters:,}: zero.max_live_parameters",
