@@ -58,6 +58,7 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
             ("optimizer states", m.optimizer, "fp32 master + Adam moments"),
             ("activations", m.activations, f"micro batch {spec.micro_batch_size}, recompute {spec.cfg.recompute.mode}, "
                                            f"{spec.cfg.model.attention} attention"),
+            ("recomputed block", m.recompute, "rebuilt one block at a time during backward"),
             ("buffers", m.buffers, "reduce buckets" + (", gathered parameters" if z.stage == 3 else "")),
             ("optimizer step", m.optimizer_step, "fp32 gradient copy inside step()" +
              ("" if m.peak_phase == "optimizer step" else "; not alive at the peak")),
@@ -132,8 +133,7 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     table.add_row("MFU / HFU", f"{m['mfu']:.1%} / {m['hfu']:.1%}", f"{pt.get('mfu', 0):.1%} / {pt.get('hfu', 0):.1%}")
     mem = m["memory"]
     table.add_row("activations", human_bytes(mem["activation_bytes"] or 0), human_bytes(pm.get("activations", 0)))
-    static_plan = sum(pm.get(k, 0) for k in ("params", "grads", "optimizer", "buffers"))
-    table.add_row("static (model states, buffers)", human_bytes(mem["static_bytes"] or 0), human_bytes(static_plan))
+    table.add_row("static (between steps)", human_bytes(mem["static_bytes"] or 0), human_bytes(pm.get("static", 0)))
     table.add_row("peak", human_bytes(mem["peak_bytes"]), human_bytes(pm.get("total", 0)))
     table.add_row("loss", f"{m['loss_first']:.4f} -> {m['loss_last']:.4f}", "")
     out.print(table)

@@ -25,8 +25,8 @@ def test_plan_json_has_the_keys_of_the_design(capsys):
     for section, keys in DESIGN_KEYS.items():
         assert keys <= set(plan[section]), section
     m = plan["memory"]
-    parts = m["params"] + m["grads"] + m["optimizer"] + m["runtime"] + max(m["activations"] + m["buffers"],
-                                                                            m["optimizer_step"])
+    parts = m["params"] + m["grads"] + m["optimizer"] + m["runtime"] + max(
+        m["activations"] + m["recompute"] + m["buffers"], m["optimizer_step"])
     assert m["total"] == parts and m["fits"] is True
     assert 0 < plan["time"]["mfu"] <= 0.5  # at most the assumed compute efficiency
 

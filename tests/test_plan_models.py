@@ -7,8 +7,9 @@ import pytest
 from orchestrator.config import ModelConfig
 from orchestrator.plan import comm
 from orchestrator.plan.flops import attention_forward_per_token, flops_per_token, layer_matmul_forward_per_token
-from orchestrator.plan.memory import ZeroLayout, activation_bytes, activations_per_layer, model_states
-from orchestrator.plan.params import count_parameters, matmul_parameters
+from orchestrator.plan.memory import (ZeroLayout, activation_bytes, activations_per_layer, model_states,
+                                     recompute_bytes)
+from orchestrator.plan.params import count_parameters, matmul_parameters, parameter_tensors
 from orchestrator.spec import build_spec
 
 GPU = ["hardware=h100-sxm"]
@@ -116,7 +117,8 @@ def test_reduce_buckets_cost_their_configured_size_even_for_a_tiny_model():
 def test_eager_gpt_with_dropout_is_korthikanti():
     m = dataclasses.replace(model("gpt2-1.3b"), attention="eager", dropout=0.1)
     s, b, h, a = m.seq_len, 2, m.hidden, m.heads
-    assert activations_per_layer(m, b, "none", "bf16") == s * b * h * (34 + 5 * a * s / h)
+    # Korthikanti leaves out the norms' fp32 mean and rstd (4 values of s*b per layer).
+    assert activations_per_layer(m, b, "none", "bf16") - 2 * 2 * 4 * s * b == s * b * h * (34 + 5 * a * s / h)
     # selective keeps the block input and the linear layers' outputs: 2 + 6 + 2 + 8 + 2
     assert activations_per_layer(m, b, "selective", "bf16") == 20 * s * b * h
 
@@ -136,11 +138,30 @@ def test_full_recompute_keeps_one_hidden_state_per_layer():
     m = model("gpt2-1.3b")
     full = activation_bytes(m, 4, "full", "bf16")
     none = activation_bytes(m, 4, "none", "bf16")
+    one_block = activations_per_layer(m, 4, "none", "bf16")
     sbh = m.seq_len * 4 * m.hidden
     layers_full = m.n_layers * 2 * sbh  # 2 bytes x s x b x h per layer (000, section 8.2.1)
-    assert full - layers_full == none - m.n_layers * activations_per_layer(m, 4, "none", "bf16") + \
-        activations_per_layer(m, 4, "none", "bf16")
+    assert full - layers_full == none - m.n_layers * one_block  # the head (norm, logits) is the same
     assert full < activation_bytes(m, 4, "selective", "bf16") <= none
+    # Backward rebuilds one whole block at a time under full recompute, the dropped parts under selective.
+    assert recompute_bytes(m, 4, "full", "bf16") == one_block
+    assert recompute_bytes(m, 4, "selective", "bf16") == one_block - activations_per_layer(m, 4, "selective", "bf16")
+    assert recompute_bytes(m, 4, "none", "bf16") == 0
+
+
+def test_static_is_what_deepspeed_keeps_between_steps():
+    # As a census after step() finds it (bench/memory_matrix.py): stages 0-2 free the
+    # gradients; ZeRO-3 keeps its flat gradient partition and its reduce bucket.
+    m = model("gpt2-125m")
+    n = count_parameters(m)
+    assert model_states(m, layout(0, 1))["static"] == 14 * n
+    assert model_states(m, layout(0, 1, precision="fp32"))["static"] == 12 * n
+    padded = -(-n // 16) * 16  # stages 1-2 pad the flat buffer to a multiple of 2 x dp
+    for stage in (1, 2):
+        assert model_states(m, layout(stage, 8))["static"] == 2 * padded + 12 * padded // 8
+    s3 = model_states(m, layout(3, 8, reduce_bucket_size=10**6))
+    shard = sum(-(-p.numel // 8) for p in parameter_tensors(m))
+    assert s3["static"] == 16 * shard + 2 * 10**6
 
 
 @pytest.mark.parametrize("preset", ["gpt2-350m", "llama3-8b"])

@@ -13,8 +13,12 @@ dp where ZeRO partitions them, with what DeepSpeed 0.19 really does on top:
 - ZeRO-3 keeps parameters under param_persistence_threshold whole on every rank and
   holds the gathered working set (the module in use, the prefetch bucket ahead,
   capped by max_live_parameters).
-The peak is the larger of the backward pass (activations + buckets alive) and the
-optimizer step (the fp32 gradient copy alive, activations freed).
+- What stays allocated between steps differs from the peak: step() frees the
+  gradients at stages 0-2 and the ipg buckets at stages 1-2; ZeRO-3 keeps its flat
+  gradient partition and its reduce bucket. `static` is that figure, the one a census
+  after step() measures (bench/memory_matrix.py checks it per stage).
+The peak is the larger of the backward pass (activations, the block being recomputed,
+buckets alive) and the optimizer step (the fp32 gradient copy alive, activations freed).
 """
 
 from __future__ import annotations
@@ -55,9 +59,11 @@ class Memory:
     params: int
     grads: int
     optimizer: int  # fp32 master weights + Adam moments, on the device
-    activations: int
+    activations: int  # saved for backward by one micro batch
+    recompute: int  # the activations recomputation rebuilds during backward, one block at a time
     buffers: int  # reduce buckets, ZeRO-3 gathered parameters
     optimizer_step: int  # transient fp32 gradient copy inside step()
+    static: int  # alive between optimizer steps: what a census after step() finds
     runtime: int  # CUDA context, NCCL / the Python process on CPU
     offloaded: int  # host memory per rank that offload moved off the device
     total: int
@@ -73,57 +79,101 @@ class Memory:
 
 
 def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
-    """params / grads / optimizer / buffers / optimizer_step / offloaded bytes per rank."""
-    n = sum(p.numel for p in parameter_tensors(model))
+    """Bytes per rank of each model-state component, as DeepSpeed 0.19 lays them out.
+
+    params / grads / optimizer / buffers are what is alive during backward (the peak);
+    optimizer_step is the transient inside step(); static is what stays allocated between
+    optimizer steps (what a census after step() finds); offloaded is host memory.
+    """
+    tensors = parameter_tensors(model)
+    n = sum(p.numel for p in tensors)
     low = 4 if z.precision == "fp32" else 2  # bytes of a parameter and of its gradient
+    mixed = z.precision != "fp32"
     dp = z.dp
+    persistent_buffers = 0
     if z.stage == 0:
         params, grads = low * n, low * n
-        master = 0 if z.precision == "fp32" else 4 * n
-        optimizer, step = master + 8 * n, (0 if z.precision == "fp32" else 4 * n)
+        optimizer = (4 * n if mixed else 0) + 8 * n  # fp32 master (mixed precision) + Adam m, v
+        step = 4 * n if mixed else 0  # FP16_Optimizer's flat fp32 gradient copy
         buffers = 0  # stage 0 all-reduces the gradients in place, bucket by bucket
-    else:
-        shard = n / dp
+        static = params + optimizer  # step() frees the gradients
+    elif z.stage in (1, 2):
+        # One flat low-precision buffer per parameter group, padded to a multiple of
+        # 2 x dp elements (nccl_start_alignment_factor) so it splits into equal partitions.
+        padded = -(-n // (2 * dp)) * (2 * dp)
+        shard = padded // dp
+        params = low * padded
         optimizer, step = 12 * shard, 4 * shard  # fp32 master + Adam m, v; fp32 grads in step()
-        if z.stage == 3:
-            persistent = sum(p.numel for p in parameter_tensors(model) if p.numel < z.param_persistence_threshold)
-            params = low * (shard + persistent * (1 - 1 / dp))
-            largest = max(module_sizes(model).values())
-            live = min(n, max(largest, min(largest + z.prefetch_bucket_size, z.max_live_parameters)))
-            buffers = low * (live + z.reduce_bucket_size)
-        else:
-            params = low * n
-            n_buckets = 2 if z.overlap_comm else 1
-            buffers = low * z.reduce_bucket_size * n_buckets if z.contiguous_gradients else 0
-        grads = low * (n if z.stage == 1 else shard)
+        grads = low * (n if z.stage == 1 else shard)  # stage 1 reduces the full gradients at the boundary
+        n_buckets = 2 if z.overlap_comm else 1
+        buffers = low * z.reduce_bucket_size * n_buckets if z.contiguous_gradients else 0
+        static = params + optimizer  # gradients and the ipg buckets are released after step()
+    else:
+        # Each parameter is split into ceil(numel / dp) elements per rank. Parameters of at
+        # most param_persistence_threshold elements also stay whole on every rank (dp > 1).
+        shard = sum(-(-p.numel // dp) for p in tensors)
+        persistent = sum(p.numel for p in tensors if p.numel <= z.param_persistence_threshold) if dp > 1 else 0
+        params = low * (shard + persistent)
+        grads = low * shard  # the flat gradient partition buffer, kept between steps
+        optimizer, step = 12 * shard, 4 * shard
+        largest = max(module_sizes(model).values())
+        live = min(n, max(largest, min(largest + z.prefetch_bucket_size, z.max_live_parameters)))
+        persistent_buffers = low * z.reduce_bucket_size  # the ipg bucket, allocated once and kept
+        buffers = low * live + persistent_buffers
+        static = params + grads + optimizer + persistent_buffers
     offloaded = 0
     if z.offload_optimizer and z.stage > 0:
         offloaded += optimizer + step
+        static -= optimizer
         optimizer, step = 0, 0
     if z.offload_param and z.stage == 3:
         offloaded += params
+        static -= params
         params = 0
     return dict(params=int(params), grads=int(grads), optimizer=int(optimizer), buffers=int(buffers),
-                optimizer_step=int(step), offloaded=int(offloaded))
+                optimizer_step=int(step), static=int(static), offloaded=int(offloaded))
 
 
 def activation_bytes(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
-    """Bytes saved for backward by one micro batch (see activations_per_layer)."""
+    """Bytes saved for backward by one micro batch, alive when its forward returns."""
     s, b, h, v = model.seq_len, micro_batch, model.hidden, model.vocab
     act = 4 if precision == "fp32" else 2
-    per_layer = activations_per_layer(model, micro_batch, recompute, precision)
     boundary = act * s * b * h  # a block's input, what full recompute keeps per layer
     if recompute == "full":
-        # Every block keeps its input; backward re-runs one block at a time, whose
-        # activations exist only while that block's backward runs.
-        layers = model.n_layers * boundary + activations_per_layer(model, micro_batch, "none", precision)
+        layers = model.n_layers * boundary
     else:
-        layers = model.n_layers * per_layer
-    # The final norm's input and the lm_head input, then the logits: transformers keeps
-    # the logits (act bytes) in its output and upcasts them to fp32 for the loss, whose
-    # log_softmax saves its fp32 output (4 bytes): the "logits in fp32" of the theory.
-    head = 2 * boundary + s * b * v * (act + 4)
+        layers = model.n_layers * activations_per_layer(model, micro_batch, recompute, precision)
+    # The final norm, the lm_head input, then the loss: transformers upcasts the logits
+    # to fp32 and log_softmax saves its fp32 output (the "logits in fp32" of the theory).
+    # The logits themselves die with the model output, which the training step drops.
+    head = norm_saved_bytes(model, micro_batch, precision) + boundary + 4 * s * b * v
+    if model.arch != "gpt2":  # RoPE's cos and sin, computed once per forward
+        head += 2 * act * s * (h // model.heads)
     return int(layers + head)
+
+
+def norm_saved_bytes(model: ModelConfig, micro_batch: int, precision: str) -> int:
+    """What one norm layer saves: LayerNorm its input and fp32 mean / rstd; transformers'
+    LlamaRMSNorm its fp32 upcast, the normalised copy and the fp32 rsqrt."""
+    sb, h = model.seq_len * micro_batch, model.hidden
+    act = 4 if precision == "fp32" else 2
+    if model.arch == "gpt2":
+        return act * sb * h + 2 * 4 * sb
+    return 4 * sb * h + act * sb * h + 4 * sb
+
+
+def recompute_bytes(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
+    """What backward rebuilds on top of the saved activations: one block at a time.
+
+    Full recompute re-runs a whole block's forward (its activations exist while that
+    block's backward runs); selective re-runs the parts its policy dropped.
+    """
+    if recompute == "none":
+        return 0
+    whole = activations_per_layer(model, micro_batch, "none", precision)
+    if recompute == "full":
+        return whole
+    return max(0, whole - activations_per_layer(model, micro_batch, "selective", precision))
 
 
 def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
@@ -155,19 +205,24 @@ def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, 
         return int(act * (sbh + qkv + sbh + mlp_outputs + sbh) + fused)  # input, qkv, out proj, mlp, down proj
     if model.attention == "eager":
         core = act * as2b + (as2b + act * as2b if dropout else 0)  # softmax out (+ mask, dropped copy)
+        if model.arch != "gpt2" and act != 4:
+            core += 4 * as2b  # Llama's eager softmax runs in fp32 and saves that output too
     else:
         core = fused
+    norms = 2 * norm_saved_bytes(model, micro_batch, precision)
     if model.arch == "gpt2":
-        norms = 2 * act * sbh  # LayerNorm inputs
-        attn = act * sbh + act * 3 * sbh + act * sbh  # c_attn input, Q K V, c_proj input
+        # The norms' outputs are c_attn's and c_fc's inputs. sdpa returns its output in
+        # (b, s, a, d) layout, so c_proj's input is a view of it; eager's matmul output
+        # needs a transposed copy.
+        attn = act * sbh + act * 3 * sbh + (act * sbh if model.attention == "eager" else 0)
         mlp = act * sbh + 2 * act * sbf  # c_fc input, GeLU input, GeLU output
         masks = 2 * sbh if dropout else 0  # residual dropouts after attention and MLP
     else:
-        # transformers' LlamaRMSNorm upcasts to fp32 and saves that copy (4 bytes), the
-        # normalised copy and the weighted output; SwiGLU saves gate, up, SiLU(gate) and
-        # their product. GQA: K and V are kv wide (sdpa's enable_gqa, no repeat).
-        norms = 2 * (4 * sbh + 2 * act * sbh)
-        attn = act * (sbh + 2 * s * b * kv) + act * sbh  # Q, K, V after RoPE; o_proj input
+        # SwiGLU saves gate, up, SiLU(gate) and their product. GQA: K and V are kv wide
+        # (sdpa's enable_gqa, no repeat); o_proj's input is a view of the attention output.
+        attn = 2 * act * sbh + act * (sbh + 2 * s * b * kv)  # q/k/v and gate/up inputs; Q, K, V after RoPE
+        if model.attention == "eager":  # K and V repeated to every head (repeat_kv); o_proj's input copied
+            attn += act * (2 * sbh - 2 * s * b * kv) + act * sbh
         mlp = 4 * act * sbf
         masks = 0  # Llama's only dropout is inside attention
     return int(norms + attn + mlp + masks + core)
@@ -179,9 +234,10 @@ def runtime_bytes(device: str, world_size: int) -> int:
     return CUDA_CONTEXT + (NCCL_BUFFERS if world_size > 1 else 0)
 
 
-def peak_memory(states: dict[str, int], activations: int, runtime: int, capacity: int) -> Memory:
-    backward = activations + states["buffers"]
+def peak_memory(states: dict[str, int], activations: int, recompute: int, runtime: int, capacity: int) -> Memory:
+    backward = activations + recompute + states["buffers"]
     step = states["optimizer_step"]
-    static = states["params"] + states["grads"] + states["optimizer"] + runtime
-    return Memory(activations=activations, runtime=runtime, capacity=capacity, total=static + max(backward, step),
-                  peak_phase="backward" if backward >= step else "optimizer step", **states)
+    held = states["params"] + states["grads"] + states["optimizer"] + runtime
+    return Memory(activations=activations, recompute=recompute, runtime=runtime, capacity=capacity,
+                  total=held + max(backward, step), peak_phase="backward" if backward >= step else "optimizer step",
+                  **states)

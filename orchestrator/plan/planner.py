@@ -14,7 +14,8 @@ from orchestrator import hardware
 from orchestrator.plan import advice
 from orchestrator.plan.comm import bytes_per_rank_per_step, links_for, step_time
 from orchestrator.plan.flops import Flops, flops
-from orchestrator.plan.memory import GIB, Memory, ZeroLayout, activation_bytes, model_states, peak_memory, runtime_bytes
+from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, model_states, peak_memory,
+                                     recompute_bytes, runtime_bytes)
 from orchestrator.plan.params import count_parameters
 from orchestrator.spec import TrialSpec
 
@@ -50,9 +51,9 @@ def make_plan(spec: TrialSpec) -> Plan:
     states = model_states(cfg.model, layout)
     runtime = runtime_bytes(hw.device, spec.world_size)
     capacity = capacity_bytes(spec)
-    per_sample = activation_bytes(cfg.model, 1, cfg.recompute.mode, spec.precision)
-    memory = peak_memory(states, activation_bytes(cfg.model, spec.micro_batch_size, cfg.recompute.mode, spec.precision),
-                         runtime, capacity)
+    micro, mode = spec.micro_batch_size, cfg.recompute.mode
+    memory = peak_memory(states, activation_bytes(cfg.model, micro, mode, spec.precision),
+                         recompute_bytes(cfg.model, micro, mode, spec.precision), runtime, capacity)
 
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
     peak_tflops, peak_note = peak(spec)
@@ -69,7 +70,10 @@ def make_plan(spec: TrialSpec) -> Plan:
                   overlap_comm=z.overlap_comm, grad_accum=spec.grad_accum_steps, fwd_s=fwd_s, bwd_s=bwd_s, links=links)
     model_flops_step = f.model_per_token * spec.tokens_per_step
     denominator = t.step_s * spec.world_size * peak_tflops * 1e12
-    spare = capacity - (memory.total - memory.activations)
+    # Activations and the recomputed block grow with the micro batch; the rest does not.
+    per_sample = activation_bytes(cfg.model, 1, mode, spec.precision) + recompute_bytes(cfg.model, 1, mode,
+                                                                                         spec.precision)
+    spare = capacity - (memory.total - memory.activations - memory.recompute)
     max_micro = max(0, int(spare // per_sample)) if per_sample else 0
 
     plan = Plan(

@@ -1,6 +1,6 @@
 """What a rank measures: activation and static memory, peak memory, the CPU's peak.
 
-activation_bytes: the storages created during one micro-batch forward that are still
+activation_bytes: the storages allocated during one micro-batch forward that are still
 alive after it: what backward will need. A TorchDispatchMode sees every tensor an op
 creates (inside checkpointed regions and selective-checkpoint caches too, which
 saved_tensors_hooks cannot see), so full / selective recompute are measured as they
@@ -22,21 +22,48 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+def _storage_key(t: torch.Tensor) -> tuple:
+    return (t.device.type, t.untyped_storage().data_ptr())
+
+
 class _Creations(TorchDispatchMode):
+    """Every tensor an op returns, and which storages ops allocated (not views of inputs)."""
+
     def __init__(self):
         super().__init__()
         self.created: list[weakref.ref] = []
+        self.allocated: set[tuple] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
+        inputs = {_storage_key(t) for t in _tensors((args, kwargs)) if t.device.type != "meta"}
+        for t in _tensors(out):
+            if t.device.type != "meta" and t.untyped_storage().nbytes():
                 self.created.append(weakref.ref(t))
+                if _storage_key(t) not in inputs:
+                    self.allocated.add(_storage_key(t))
         return out
 
 
+def _tensors(tree):
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            yield from _tensors(x)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            yield from _tensors(x)
+
+
 class ActivationCensus:
-    """with ActivationCensus() as census: loss = model(...)  ->  census.bytes"""
+    """with ActivationCensus() as census: loss = model(...)  ->  census.bytes
+
+    Only storages allocated inside the forward count. A view of a parameter that
+    autograd saves (aten::t(weight) for a linear layer) is not activation memory; with
+    ZeRO 1/2 every parameter is a view into one flat buffer, so counting the storages of
+    views would count all the parameters again.
+    """
 
     def __enter__(self) -> "ActivationCensus":
         self._mode = _Creations()
@@ -45,7 +72,8 @@ class ActivationCensus:
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
-        self.bytes = unique_storage_bytes(t() for t in self._mode.created)
+        alive = [t for t in (ref() for ref in self._mode.created) if t is not None]
+        self.bytes = unique_storage_bytes(t for t in alive if _storage_key(t) in self._mode.allocated)
 
 
 def unique_storage_bytes(tensors) -> int:

@@ -129,7 +129,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             if run.fail_at_step == step and run.fail_rank == rank:
                 _fail(run.fail_mode)
             sync()
-            start = time.perf_counter()
+            started_at, start = time.time(), time.perf_counter()
             losses = []
             for micro in range(grad_accum):
                 tokens = next(data).to(device, non_blocking=run.pin_memory)
@@ -151,7 +151,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             history.append({"step": step, "loss": float(torch.stack(losses).float().mean()), "step_time_s": seconds,
                             "global_batch_size": ran, "engine_global_batch_size": engine.engine_global_batch(),
                             "tokens_per_sec_per_gpu": ran * spec.cfg.model.seq_len / seconds / world,
-                            "lr": engine.learning_rate(), "timed": step >= run.warmup_steps})
+                            "lr": engine.learning_rate(), "timed": step >= run.warmup_steps,
+                            "started_at": started_at})  # wall clock: step to step includes the bookkeeping
             if console:
                 console.write(PROGRESS + json.dumps({**history[-1], "steps": run.steps}) + "\n")
             if tracker:
