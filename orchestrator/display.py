@@ -70,6 +70,8 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     verdict = "[green]fits[/green]" if m.fits else "[red]DOES NOT FIT[/red]"
     mem.add_row("[bold]total[/bold]", f"[bold]{gib(m.total)}[/bold]",
                 f"of {gib(m.capacity)} capacity: {verdict} ({m.total / m.capacity:.0%})")
+    mem.add_row("[dim]between steps[/dim]", f"[dim]{gib(m.static)}[/dim]",
+                "[dim]model states and kept buffers, as after step()[/dim]")
     out.print(mem)
 
     tt = Table(title="Time per optimizer step, predicted", title_justify="left")

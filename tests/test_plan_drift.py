@@ -1,0 +1,36 @@
+"""The planner against real DeepSpeed trials: fails when an estimate drifts past its target.
+
+A few points of bench/memory_matrix.py's matrix at small shapes, so it runs in CI: every
+ZeRO stage and every recompute mode, GPT-2 and Llama (GQA, untied head), dp 1 and 2.
+Real engines, 1-2 CPU ranks under torchrun. Targets (issue 8): static memory (what
+stays allocated between optimizer steps) within 3 %, activations within 15 %.
+"""
+
+import pytest
+
+from orchestrator.plan.check import ACTIVATION_TOLERANCE, STATIC_TOLERANCE, compare, within
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+SMALL = {
+    "gpt2": ["model.n_layers=2", "model.hidden=128", "model.heads=2", "model.kv_heads=2", "model.ffn_hidden=512",
+             "model.vocab=4096"],
+    "llama": ["model=llama3-8b", "model.n_layers=2", "model.hidden=128", "model.heads=4", "model.kv_heads=2",
+              "model.ffn_hidden=384", "model.vocab=4096", "model.seq_len=128", "model.max_positions=128"],
+}
+COMMON = ["hardware=cpu", "run.steps=2", "run.warmup_steps=1", "logger.mode=disabled", "batch.micro_batch_size=2",
+          "zero.reduce_bucket_size=1e5"]
+POINTS = [("gpt2", 0, "none", 1), ("gpt2", 1, "selective", 2), ("gpt2", 2, "full", 2), ("gpt2", 3, "selective", 2),
+          ("llama", 1, "none", 2), ("llama", 2, "selective", 1), ("llama", 3, "full", 2)]
+
+
+@pytest.mark.parametrize("shape,stage,recompute,dp", POINTS, ids=lambda p: str(p))
+def test_plan_matches_what_deepspeed_allocates(tmp_path, shape, stage, recompute, dp):
+    proc = run_cli("run", "--out", str(tmp_path), *SMALL[shape], *COMMON, f"zero=stage{stage}",
+                   f"recompute={recompute}", f"parallel.dp={dp}", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = compare(tmp_path)
+    print(row["trial"], row["ratio"], "DeepSpeed estimator:", row["deepspeed_ratio"])
+    assert within(row["ratio"]["static"], STATIC_TOLERANCE), row
+    assert within(row["ratio"]["activations"], ACTIVATION_TOLERANCE), row
