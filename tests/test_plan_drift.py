@@ -1,7 +1,8 @@
 """The planner against real DeepSpeed trials: fails when an estimate drifts past its target.
 
 A few points of bench/memory_matrix.py's matrix at small shapes, so it runs in CI: every
-ZeRO stage and every recompute mode, GPT-2 and Llama (GQA, untied head), dp 1 and 2.
+ZeRO stage and every recompute mode, GPT-2 and Llama (GQA, untied head), dp 1 and 2, bf16
+and fp32 (DeepSpeed's CPU accelerator has no fp16).
 Real engines, 1-2 CPU ranks under torchrun. Targets (issue 8): static memory (what
 stays allocated between optimizer steps) within 3 %, activations within 15 %.
 """
@@ -21,14 +22,15 @@ SMALL = {
 }
 COMMON = ["hardware=cpu", "run.steps=2", "run.warmup_steps=1", "logger.mode=disabled", "batch.micro_batch_size=2",
           "zero.reduce_bucket_size=1e5"]
-POINTS = [("gpt2", 0, "none", 1), ("gpt2", 1, "selective", 2), ("gpt2", 2, "full", 2), ("gpt2", 3, "selective", 2),
-          ("llama", 1, "none", 2), ("llama", 2, "selective", 1), ("llama", 3, "full", 2)]
+POINTS = [("gpt2", 0, "none", 1, "bf16"), ("gpt2", 1, "selective", 2, "bf16"), ("gpt2", 2, "full", 2, "bf16"),
+          ("gpt2", 3, "selective", 2, "bf16"), ("llama", 1, "none", 2, "bf16"), ("llama", 2, "selective", 1, "bf16"),
+          ("llama", 3, "full", 2, "bf16"), ("gpt2", 0, "selective", 2, "fp32"), ("llama", 3, "none", 2, "fp32")]
 
 
-@pytest.mark.parametrize("shape,stage,recompute,dp", POINTS, ids=lambda p: str(p))
-def test_plan_matches_what_deepspeed_allocates(tmp_path, shape, stage, recompute, dp):
+@pytest.mark.parametrize("shape,stage,recompute,dp,precision", POINTS, ids=lambda p: str(p))
+def test_plan_matches_what_deepspeed_allocates(tmp_path, shape, stage, recompute, dp, precision):
     proc = run_cli("run", "--out", str(tmp_path), *SMALL[shape], *COMMON, f"zero=stage{stage}",
-                   f"recompute={recompute}", f"parallel.dp={dp}", timeout=600)
+                   f"recompute={recompute}", f"parallel.dp={dp}", f"run.bf16={precision == 'bf16'}", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     row = compare(tmp_path)
     print(row["trial"], row["ratio"], "DeepSpeed estimator:", row["deepspeed_ratio"])
