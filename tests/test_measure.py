@@ -1,0 +1,40 @@
+"""The rank's memory censuses on real tensors and real transformers models (CPU)."""
+
+import torch
+
+from orchestrator.plan.memory import activation_bytes
+from orchestrator.spec import build_spec
+from orchestrator.workload.measure import ActivationCensus, static_bytes
+from orchestrator.workload.model import build_model
+
+
+def test_activation_census_ignores_parameters_even_as_views_of_a_flat_buffer():
+    # ZeRO 1-2 make every parameter a view into one flat buffer, and autograd saves
+    # aten::t(weight), a view created inside the forward: its storage is that buffer.
+    flat = torch.zeros(1_000_000)
+    layer = torch.nn.Linear(64, 64, bias=False)
+    layer.weight.data = flat[:4096].view(64, 64)
+    x = torch.randn(8, 64, requires_grad=True)
+    with ActivationCensus() as census:
+        y = torch.relu(layer(x))  # saves x (made before), t(weight) (a view) and relu's output
+    assert census.bytes == y.numel() * y.element_size()
+
+
+def test_activation_census_of_a_real_model_is_the_plans_figure():
+    spec = build_spec(["hardware=cpu", "model.n_layers=2", "model.hidden=64", "model.heads=2", "model.kv_heads=2",
+                       "model.ffn_hidden=256", "model.vocab=512", "batch.micro_batch_size=2"])
+    model = build_model(spec.cfg.model, device="cpu").to(torch.bfloat16)
+    tokens = torch.randint(0, 512, (2, spec.cfg.model.seq_len))
+    with ActivationCensus() as census:
+        loss = model(input_ids=tokens, labels=tokens).loss
+    predicted = activation_bytes(spec.cfg.model, 2, "none", "bf16")
+    assert abs(predicted / census.bytes - 1) < 0.02
+    loss.backward()  # what was counted is what backward needed
+
+
+def test_static_census_counts_each_storage_once():
+    before = static_bytes()
+    base = torch.zeros(250_000)  # 1 MB
+    views = [base[:10], base.view(500, 500), base[1:]]
+    grown = static_bytes() - before
+    assert grown == base.untyped_storage().nbytes() and len(views) == 3
