@@ -128,6 +128,7 @@ class HardwareConfig:
     peak_tflops: PeakTflops = field(default_factory=PeakTflops)  # dense; null on cpu: measured
     memory_gib: Optional[float] = None  # null on cpu: the host's RAM
     compute_efficiency: float = 0.5  # plan assumption: share of peak the matmuls reach
+    memory_bandwidth_gbps: Optional[float] = None  # device memory GB/s; null on cpu: measured
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
 

@@ -79,6 +79,7 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     tt.add_column("value", justify="right")
     tt.add_row("compute", f"{t['compute_s']:.4g} s")
     tt.add_row("communication", f"{t['comm_s']:.4g} s ({t['exposed_comm_s']:.4g} s exposed)")
+    tt.add_row("optimizer step", f"{t['optimizer_s']:.4g} s")
     tt.add_row("step", f"{t['step_s']:.4g} s")
     tt.add_row("tokens/s/GPU", f"{t['tokens_per_sec_per_gpu']:,.0f}")
     tt.add_row("MFU / HFU", f"{t['mfu']:.1%} / {t['hfu']:.1%}")

@@ -59,7 +59,31 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
     """
     import torch
 
-    key = f"{_cpu_model()}|torch {torch.__version__}|{precision}|{threads} threads"
+    def matmul_tflops() -> float:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+        n = 512
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        return 2 * n**3 / _best_time(lambda: a @ b) / 1e12
+
+    return _measured(f"{_cpu_model()}|torch {torch.__version__}|{precision}|{threads} threads", threads, matmul_tflops)
+
+
+def measured_cpu_bandwidth_gbps(threads: int) -> float:
+    """This host's memory bandwidth in GB/s (bytes read + written by a 256 MB copy) on
+    `threads` threads; cached like the peak."""
+    import torch
+
+    def copy_gbps() -> float:
+        src = torch.randn(2**25)
+        dst = torch.empty_like(src)
+        return 2 * src.numel() * src.element_size() / _best_time(lambda: dst.copy_(src)) / 1e9
+
+    return _measured(f"{_cpu_model()}|torch {torch.__version__}|copy bandwidth|{threads} threads", threads, copy_gbps)
+
+
+def _measured(key: str, threads: int, measure) -> float:
+    import torch
+
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator" / "cpu_peak.json"
     try:
         known = json.loads(cache.read_text())
@@ -67,25 +91,27 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
         known = {}
     if key in known:
         return known[key]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        n = 512
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        for _ in range(3):
-            a @ b  # warm-up: thread pool, caches
-        best, reps = float("inf"), 5
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(reps):
-                a @ b
-            best = min(best, (time.perf_counter() - start) / reps)
+        known[key] = measure()
     finally:
         torch.set_num_threads(before)
-    known[key] = 2 * n**3 / best / 1e12
     atomic_write_text(cache, json.dumps(known, indent=1))
     return known[key]
+
+
+def _best_time(op, reps: int = 5) -> float:
+    """Seconds per call of op, the best of five rounds after a warm-up (thread pool, caches)."""
+    for _ in range(3):
+        op()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(reps):
+            op()
+        best = min(best, (time.perf_counter() - start) / reps)
+    return best
 
 
 def _cpu_model() -> str:

@@ -47,6 +47,20 @@ def test_plan_on_cpu_uses_a_measured_peak():
     assert any("measured" in a for a in plan.assumptions)
 
 
+def test_the_optimizer_step_costs_its_memory_traffic_at_the_device_bandwidth():
+    def plan(*more):
+        return make_plan(build_spec(["model=gpt2-1.3b", "parallel.dp=8", *H100, *more]))
+
+    z0, z2 = plan("zero=stage0"), plan("zero=stage2")
+    n = z0.parameters
+    assert z0.time["optimizer_s"] == (80 + 4 + 12) * n / 3350e9  # AdamW passes, clip norm, bf16 <-> fp32
+    assert z2.time["optimizer_s"] == (80 + 4 + 12) * -(-n // 8) / 3350e9  # each rank updates its partition
+    assert plan("zero=stage2", "zero.offload_optimizer=cpu").time["optimizer_s"] == 0  # on the host
+    own = make_plan(build_spec(["model=gpt2-1.3b", "hardware.name=mygpu", "hardware.device=cuda",
+                                "hardware.peak_tflops.bf16=500", "hardware.memory_gib=80"]))
+    assert own.time["optimizer_s"] == 0 and any("not counted" in a for a in own.assumptions)
+
+
 def test_a_trial_that_does_not_fit_exits_3_with_the_breakdown():
     result = run_cli("plan", "model=gpt2-13b", "parallel.dp=1", *H100)
     assert result.returncode == 3

@@ -134,6 +134,19 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
                 optimizer_step=int(step), static=int(static), offloaded=int(offloaded))
 
 
+# Bytes the optimizer step moves through memory per parameter it updates. torch's AdamW
+# (DeepSpeed's torch_adam) runs separate passes: m lerp 12, v scale 8 and addcmul 12,
+# sqrt 8, bias correction 8, + eps 8, weight decay 8, addcdiv 16 (80 in all); clipping
+# reads the gradient once for its norm (4); mixed precision converts the gradient to
+# fp32 and the weights back (6 + 6). On the 2-core CI machine DeepSpeed's step() took
+# 103 bytes per parameter at the measured copy bandwidth (bench/RESULTS.md).
+ADAM_TRAFFIC = 80 + 4
+
+
+def optimizer_traffic_bytes(updated_params: int, precision: str) -> int:
+    return updated_params * (ADAM_TRAFFIC + (0 if precision == "fp32" else 12))
+
+
 def activation_bytes(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
     """Bytes saved for backward by one micro batch, alive when its forward returns."""
     s, b, h, v = model.seq_len, micro_batch, model.hidden, model.vocab

@@ -8,14 +8,15 @@ it rests on (compute efficiency, peak, links) so the output can say so.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from orchestrator import hardware
 from orchestrator.plan import advice
 from orchestrator.plan.comm import bytes_per_rank_per_step, links_for, step_time
 from orchestrator.plan.flops import Flops, flops
-from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, model_states, peak_memory,
-                                     recompute_bytes, runtime_bytes)
+from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, model_states, optimizer_traffic_bytes,
+                                     peak_memory, recompute_bytes, runtime_bytes)
 from orchestrator.plan.params import count_parameters
 from orchestrator.spec import TrialSpec
 
@@ -68,8 +69,13 @@ def make_plan(spec: TrialSpec) -> Plan:
     t = step_time(stage=z.stage, n_params=n, param_bytes=low, grad_bytes=low, reduce_bucket=z.reduce_bucket_size,
                   allgather_bucket=z.allgather_bucket_size, prefetch_bucket=z.prefetch_bucket_size,
                   overlap_comm=z.overlap_comm, grad_accum=spec.grad_accum_steps, fwd_s=fwd_s, bwd_s=bwd_s, links=links)
+    # The optimizer step is memory-bound: the bytes it moves at the device's bandwidth.
+    bandwidth, bandwidth_note = memory_bandwidth(spec)
+    updated = 0 if layout.offload_optimizer and z.stage else n if z.stage == 0 else -(-n // spec.dp)
+    optimizer_s = optimizer_traffic_bytes(updated, spec.precision) / (bandwidth * 1e9) if bandwidth else 0.0
+    step_s = t.step_s + optimizer_s
     model_flops_step = f.model_per_token * spec.tokens_per_step
-    denominator = t.step_s * spec.world_size * peak_tflops * 1e12
+    denominator = step_s * spec.world_size * peak_tflops * 1e12
     # Activations and the recomputed block grow with the micro batch; the rest does not.
     per_sample = activation_bytes(cfg.model, 1, mode, spec.precision) + recompute_bytes(cfg.model, 1, mode,
                                                                                          spec.precision)
@@ -85,8 +91,8 @@ def make_plan(spec: TrialSpec) -> Plan:
         memory=memory, flops=f,
         comm={"bytes_per_rank_per_step": bytes_per_rank_per_step(t.collectives),
               "collectives": [c.as_dict() for c in t.collectives], "time_s": t.comm_s, "exposed_s": t.exposed_s},
-        time={"compute_s": t.compute_s, "comm_s": t.comm_s, "exposed_comm_s": t.exposed_s, "step_s": t.step_s,
-              "tokens_per_sec_per_gpu": spec.tokens_per_step / t.step_s / spec.world_size,
+        time={"compute_s": t.compute_s, "comm_s": t.comm_s, "exposed_comm_s": t.exposed_s, "optimizer_s": optimizer_s,
+              "step_s": step_s, "tokens_per_sec_per_gpu": spec.tokens_per_step / step_s / spec.world_size,
               "mfu": model_flops_step / denominator, "hfu": f.per_step / denominator,
               "peak_tflops": peak_tflops},
         max_micro_batch=max_micro,
@@ -95,7 +101,9 @@ def make_plan(spec: TrialSpec) -> Plan:
             f"compute runs at {hw.compute_efficiency:.0%} of that peak (hardware.compute_efficiency)",
             f"links: {hw.intra_node.bandwidth_gbps:g} GB/s, {hw.intra_node.latency_us:g} us intra-node; "
             f"{hw.inter_node.bandwidth_gbps:g} GB/s, {hw.inter_node.latency_us:g} us inter-node; ring collectives",
-            "optimizer step and data loading take no time; times are for the global batch after any warm-up",
+            f"optimizer step: {optimizer_traffic_bytes(1, spec.precision)} bytes moved per parameter updated on the "
+            f"device, at {bandwidth_note}",
+            "data loading takes no time; times are for the global batch after any warm-up",
         ],
     )
     plan.warnings.extend(advice.warnings(spec, plan))
@@ -118,6 +126,17 @@ def capacity_bytes(spec: TrialSpec) -> int:
         total = int(hw.memory_gib * GIB)
         return total if hw.device == "cuda" else total // spec.gpus_per_node
     return hardware.host_memory_bytes() // spec.gpus_per_node
+
+
+def memory_bandwidth(spec: TrialSpec) -> tuple[float | None, str]:
+    """(GB/s per rank, where the figure comes from); None where nothing gives it."""
+    hw = spec.cfg.hardware
+    if hw.memory_bandwidth_gbps:
+        return float(hw.memory_bandwidth_gbps), f"{hw.memory_bandwidth_gbps:g} GB/s ({hw.name}, published)"
+    if hw.device == "cpu":  # the ranks on a node share its memory bandwidth
+        node = hardware.measured_cpu_bandwidth_gbps(os.cpu_count() or 1)
+        return node / spec.gpus_per_node, f"{node:.3g} GB/s measured on this host, shared by {spec.gpus_per_node} rank(s)"
+    return None, "no memory bandwidth given (hardware.memory_bandwidth_gbps), so not counted"
 
 
 def peak(spec: TrialSpec) -> tuple[float, str]:
