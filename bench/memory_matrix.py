@@ -8,7 +8,7 @@ memory is tens of MB per rank), then prints one table from orchestrator/plan/che
 static memory (alive between optimizer steps), activation memory and step time,
 predicted / measured, and beside them DeepSpeed's own estimators
 (estimate_zero2/3_model_states_mem_needs) and the textbook 16N. Trials already in
-OUT_DIR are not run again; the plan is always recomputed. About 7 minutes on the
+OUT_DIR are not run again; the plan is always recomputed. About 8 minutes on the
 2-core CI machine. tests/test_plan_drift.py runs a few of these points in CI.
 On a GPU node (--hardware h100-sxm, or auto) the table adds the CUDA allocator's peak
 against the plan's peak less the CUDA context; that path has not run on a GPU yet.
@@ -33,7 +33,7 @@ SHAPES = {
 }
 # ZeRO-3's reduce bucket stays allocated between steps at its configured size (5e8
 # elements, 1 GB, by default); 1e6 keeps the model states, not the bucket, what is compared.
-COMMON = ["run.steps=3", "run.warmup_steps=1", "logger.mode=disabled", "batch.micro_batch_size=2",
+COMMON = ["run.steps=6", "run.warmup_steps=2", "logger.mode=disabled", "batch.micro_batch_size=2",
           "zero.reduce_bucket_size=1e6"]
 MATRIX = list(itertools.product(SHAPES, [0, 1, 2, 3], ["none", "selective", "full"], [1, 2]))
 

@@ -10,9 +10,9 @@ dp where ZeRO partitions them, with what DeepSpeed 0.19 really does on top:
 - The reduce buckets are allocated at the configured size whatever the model size:
   stage 1/2 allocate two of reduce_bucket_size elements with overlap_comm (one without),
   stage 3 one (stage_1_and_2.py / stage3.py). A 5e8 default costs 2 GB in bf16.
-- ZeRO-3 keeps parameters under param_persistence_threshold whole on every rank and
-  holds the gathered working set (the module in use, the prefetch bucket ahead,
-  capped by max_live_parameters).
+- ZeRO-3 keeps parameters of at most param_persistence_threshold elements whole on
+  every rank and holds the gathered working set (the module in use, the prefetch
+  bucket ahead, capped by max_live_parameters).
 - What stays allocated between steps differs from the peak: step() frees the
   gradients at stages 0-2 and the ipg buckets at stages 1-2; ZeRO-3 keeps its flat
   gradient partition and its reduce bucket. `static` is that figure, the one a census
