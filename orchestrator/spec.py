@@ -219,6 +219,8 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
         _above_zero(hw.memory_gib, "hardware.memory_gib")  # a GPU's capacity cannot be read from here
     if hw.device == "cpu" and hw.memory_gib is not None:
         _above_zero(hw.memory_gib, "hardware.memory_gib")
+    if hw.memory_bandwidth_gbps is not None:
+        _above_zero(hw.memory_bandwidth_gbps, "hardware.memory_bandwidth_gbps")
     if not 0 < hw.compute_efficiency <= 1:
         raise ConfigError("hardware.compute_efficiency", hw.compute_efficiency, "a share of the peak in (0, 1]")
     for link in ("intra_node", "inter_node"):

@@ -43,6 +43,7 @@ BAD_INPUTS = [
     (["numa.mode=nearby"], "numa.mode", "nearby"),
     (["hardware.name=mi300x", "hardware.device=cuda", "hardware.memory_gib=192"], "hardware.peak_tflops.bf16", "null"),
     (["hardware=h100-sxm", "hardware.peak_tflops.bf16=null"], "hardware.peak_tflops.bf16", "null"),
+    (["hardware=h100-sxm", "hardware.memory_bandwidth_gbps=-1"], "hardware.memory_bandwidth_gbps", "-1"),
     (["logger.mode=online"], "logger.mode", "online"),  # no WANDB_API_KEY (conftest removes it)
     (["logger.mode=loud"], "logger.mode", "loud"),
     (["parallel.dp=1,2"], "parallel.dp", "1,2"),  # a sweep without -m
