@@ -1,6 +1,6 @@
 """Predicted vs measured across a matrix of real local trials, beside the estimators users have.
 
-    .venv/bin/python bench/memory_matrix.py [OUT_DIR] [--hardware NAME]
+    .venv/bin/python bench/memory_matrix.py [OUT_DIR] [--hardware NAME] [--models A,B] [--dp 1,2]
 
 Runs engine=deepspeed trials on this machine through `orchestrator run` (ZeRO 0-3 x
 recompute none/selective/full x dp 1 and 2, on a GPT-2 and a Llama shape whose static
@@ -10,8 +10,9 @@ predicted / measured, and beside them DeepSpeed's own estimators
 (estimate_zero2/3_model_states_mem_needs) and the textbook 16N. Trials already in
 OUT_DIR are not run again; the plan is always recomputed. About 8 minutes on the
 2-core CI machine. tests/test_plan_drift.py runs a few of these points in CI.
-On a GPU node (--hardware h100-sxm, or auto) the table adds the CUDA allocator's peak
-against the plan's peak less the CUDA context; that path has not run on a GPU yet.
+On a GPU node the table adds the CUDA allocator's peak against the plan's peak less the
+CUDA context, and measured against predicted MFU; issue 8's GPU check is
+`--hardware auto --models gpt2-125m,gpt2-350m,gpt2-1.3b --dp 1` (not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -35,15 +36,19 @@ SHAPES = {
 # elements, 1 GB, by default); 1e6 keeps the model states, not the bucket, what is compared.
 COMMON = ["run.steps=6", "run.warmup_steps=2", "logger.mode=disabled", "batch.micro_batch_size=2",
           "zero.reduce_bucket_size=1e6"]
-MATRIX = list(itertools.product(SHAPES, [0, 1, 2, 3], ["none", "selective", "full"], [1, 2]))
+
+
+def matrix(shapes, dps) -> list[tuple]:
+    return list(itertools.product(shapes, [0, 1, 2, 3], ["none", "selective", "full"], dps))
 
 
 def run_trial(out: Path, hardware: str, shape: str, stage: int, recompute: str, dp: int) -> Path:
     trial = out / f"{shape}-z{stage}-{recompute}-dp{dp}"
+    model = SHAPES.get(shape, [f"model={shape}"])  # a shape above, or a model preset by name
     if not (trial / "result.json").is_file():
-        subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *SHAPES[shape], *COMMON, f"hardware={hardware}",
-                        f"zero=stage{stage}", f"recompute={recompute}", f"parallel.dp={dp}"],
-                       capture_output=True, timeout=600)
+        subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *model, *COMMON,
+                        f"hardware={hardware}", f"zero=stage{stage}", f"recompute={recompute}", f"parallel.dp={dp}"],
+                       capture_output=True, timeout=1800)
     return trial
 
 
@@ -53,12 +58,13 @@ def show(rows: list[dict]) -> None:
 
     gpu = any(r["measured"]["peak"] for r in rows)
     print("trial | status | static MB meas. | plan | DeepSpeed est. | 16N | activations MB meas. | plan "
-          "| step s meas. | plan" + (" | peak MB meas. | plan" if gpu else ""))
+          "| step s meas. | plan" + (" | peak MB meas. | plan | MFU meas. | plan" if gpu else ""))
     for r in rows:
         m, q = r["measured"], r["ratio"]
         print(" | ".join([r["trial"], r["status"], f(m["static"], 1e6), f(q["static"]), f(r["deepspeed_ratio"]),
                           f(r["textbook_ratio"]), f(m["activations"], 1e6), f(q["activations"]), f(m["step_s"]),
-                          f(q["step_s"]), *([f(m["peak"], 1e6), f(q["peak"])] if gpu else [])]))
+                          f(q["step_s"]),
+                          *([f(m["peak"], 1e6), f(q["peak"]), f(m["mfu"]), f(q["mfu"])] if gpu else [])]))
     print("(plan, DeepSpeed est., 16N: predicted / measured)")
     for name, key, tolerance in (("static", "static", STATIC_TOLERANCE),
                                  ("activations", "activations", ACTIVATION_TOLERANCE)):
@@ -71,8 +77,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default="bench-runs", type=Path)
     parser.add_argument("--hardware", default="cpu")
+    parser.add_argument("--models", default=",".join(SHAPES), help="shapes above or model presets, comma-separated")
+    parser.add_argument("--dp", default="1,2", help="data-parallel sizes, comma-separated")
     args = parser.parse_args()
-    rows = [compare(run_trial(args.out, args.hardware, *point)) for point in MATRIX]
-    out = args.out
+    points = matrix(args.models.split(","), [int(d) for d in args.dp.split(",")])
+    rows = [compare(run_trial(args.out, args.hardware, *point)) for point in points]
     show(rows)
-    (out / "memory_matrix.json").write_text(json.dumps(rows, indent=2))
+    (args.out / "memory_matrix.json").write_text(json.dumps(rows, indent=2))
