@@ -21,7 +21,7 @@ from pathlib import Path
 import submitit
 
 from launchers.binding import Binding
-from launchers.local import WORKLOAD_MODULE, rank_environment
+from launchers.local import WORKLOAD_MODULE, clear_stale_build_locks, rank_environment
 from orchestrator.files import atomic_write_json
 from orchestrator.results import now
 from orchestrator.spec import TrialSpec
@@ -100,8 +100,9 @@ class SlurmTask(submitit.helpers.Checkpointable):
             (errors / "earlier").mkdir(parents=True, exist_ok=True)
             (errors / f"rank{dist.rank}.json").replace(errors / "earlier" / f"rank{dist.rank}.{time.time():.0f}.json")
         started = time.time()
-        # SIGUSR2 blocked until the rank listens for it (workload/warning.py): an early
-        # warning waits instead of killing the rank.
+        clear_stale_build_locks()  # a requeue that killed an op build mid-way left its lock
+        # SIGUSR2 blocked for the rank's life (workload/warning.py): it polls for it at
+        # step boundaries, and nothing it spawns can die of it.
         self._proc = subprocess.Popen([sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir],
                                       env={**os.environ, **self.env}, preexec_fn=_block_warning)
         code = self._proc.wait()

@@ -30,7 +30,7 @@ PROGRESS = "ORCH|"
 def main() -> None:
     from orchestrator.workload import warning
 
-    warning.listen()  # before anything slow: SLURM's warning must never kill a starting rank
+    warning.listen()  # before any thread exists: SLURM's warning must never kill the rank or its children
     trial_dir = Path(sys.argv[1]).resolve()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     console = os.fdopen(os.dup(1), "w", buffering=1)  # the launcher's pipe, before the redirect
