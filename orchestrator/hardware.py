@@ -50,6 +50,17 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def peak_tflops(hw, precision: str, threads: int) -> tuple[float, str]:
+    """(TFLOPS per rank, where the figure comes from) for a HardwareConfig: the preset's
+    published dense figure, or this CPU's measured matmul rate on `threads` threads.
+    The plan's predicted MFU and a run's measured MFU both divide by this one figure."""
+    given = getattr(hw.peak_tflops, precision)
+    if given:
+        return float(given), f"{hw.name} dense {precision}, published"
+    return (measured_cpu_peak_tflops(precision, threads),
+            f"measured {precision} matmul on this CPU, {threads} thread(s) per rank")
+
+
 def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
     """This CPU's dense matmul rate in TFLOPS for `precision` on `threads` threads.
 

@@ -57,7 +57,7 @@ def make_plan(spec: TrialSpec) -> Plan:
                          recompute_bytes(cfg.model, micro, mode, spec.precision), runtime, capacity)
 
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
-    peak_tflops, peak_note = peak(spec)
+    peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, hardware.threads_per_rank(spec.gpus_per_node))
     rate = peak_tflops * 1e12 * hw.compute_efficiency  # FLOP/s one rank is assumed to sustain
     tokens_micro = spec.micro_batch_size * cfg.model.seq_len
     fwd_s = f.forward_per_token * tokens_micro / rate
@@ -137,14 +137,3 @@ def memory_bandwidth(spec: TrialSpec) -> tuple[float | None, str]:
         node = hardware.measured_cpu_bandwidth_gbps(os.cpu_count() or 1)
         return node / spec.gpus_per_node, f"{node:.3g} GB/s measured on this host, shared by {spec.gpus_per_node} rank(s)"
     return None, "no memory bandwidth given (hardware.memory_bandwidth_gbps), so not counted"
-
-
-def peak(spec: TrialSpec) -> tuple[float, str]:
-    """(TFLOPS per rank, where the figure comes from)."""
-    hw = spec.cfg.hardware
-    given = getattr(hw.peak_tflops, spec.precision)
-    if given:
-        return float(given), f"{hw.name} dense {spec.precision}, published"
-    threads = hardware.threads_per_rank(spec.gpus_per_node)
-    return (hardware.measured_cpu_peak_tflops(spec.precision, threads),
-            f"measured {spec.precision} matmul on this CPU, {threads} thread(s) per rank")

@@ -173,6 +173,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
 
 def summarize(spec, history: list[dict], world: int, cuda: bool, trial_dir: Path, memory: dict) -> dict:
     """The measured figures of result.json, over the timed steps."""
+    import torch
+
     from orchestrator import hardware
     from orchestrator.plan.flops import flops_per_token
 
@@ -181,7 +183,7 @@ def summarize(spec, history: list[dict], world: int, cuda: bool, trial_dir: Path
     seconds = sum(h["step_time_s"] for h in timed)
     tokens = sum(h["global_batch_size"] for h in timed) * spec.cfg.model.seq_len
     model_flops, hardware_flops, _ = flops_per_token(spec.cfg.model, spec.cfg.recompute.mode)
-    peak_tflops, peak_source = _peak(spec, hardware)
+    peak_tflops, peak_source = hardware.peak_tflops(spec.cfg.hardware, spec.precision, torch.get_num_threads())
     per_gpu = tokens / seconds / world if seconds else 0.0
     return {
         "tokens_per_sec": tokens / seconds if seconds else 0.0,
@@ -208,17 +210,6 @@ def summarize(spec, history: list[dict], world: int, cuda: bool, trial_dir: Path
                    "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if cuda else None,
                    "profile": str(trial_dir / "profile") if run.profile else None},
     }
-
-
-def _peak(spec, hardware) -> tuple[float, str]:
-    given = getattr(spec.cfg.hardware.peak_tflops, spec.precision)
-    if given:
-        return float(given), f"{spec.cfg.hardware.name} dense {spec.precision}, published"
-    import torch
-
-    threads = torch.get_num_threads()
-    return (hardware.measured_cpu_peak_tflops(spec.precision, threads),
-            f"measured {spec.precision} matmul on this CPU, {threads} thread(s) per rank")
 
 
 def _profiler(trial_dir: Path, steps: int):
