@@ -32,9 +32,10 @@ def main(trial_dir: Path) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     torch.manual_seed(spec.cfg.run.seed)
-    model = build_model(spec.cfg.model, device="cpu")
-    apply_recompute(model, spec.cfg.recompute.mode)
     config = json.loads((trial_dir / "ds_config.json").read_text())
+    zero3 = config if config["zero_optimization"]["stage"] == 3 else None
+    model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed, zero3_config=zero3)
+    apply_recompute(model, spec.cfg.recompute.mode)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     data = iter(batches(spec, rank, world))
     grad_accum = config["train_batch_size"] // (config["train_micro_batch_size_per_gpu"] * world)

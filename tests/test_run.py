@@ -63,14 +63,22 @@ def counting_tokens(tmp_path) -> Path:
     return path
 
 
-def test_every_zero_stage_trains_the_same_loss_curve(tmp_path, counting_tokens):
+def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counting_tokens):
     proc, _ = run(tmp_path / "runs", "zero=stage0,stage1,stage2,stage3", "run.lr=1e-2", f"run.data={counting_tokens}",
                   "run.steps=6", "run.warmup_steps=1", multirun=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = results_below(tmp_path / "runs")
     assert [r["config"]["zero"]["stage"] for r in results] == [0, 1, 2, 3]
     assert all(r["status"] == "ok" for r in results)
-    curves = [r["metrics"]["losses"] for r in results]
+    # Accelerate's DeepSpeed ZeRO-3 as well: the model is built partitioned there too
+    # (zero3_init_flag), from the same weights.
+    accel, _ = run(tmp_path / "accelerate", "engine=accelerate", "engine.backend=deepspeed", "zero=stage3",
+                   "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1")
+    assert accel.returncode == 0, accel.stdout + accel.stderr
+    (accelerated,) = results_below(tmp_path / "accelerate")
+    assert accelerated["metrics"]["engine"]["distributed_type"].endswith("DEEPSPEED")
+    assert [r["metrics"]["engine"]["built_partitioned"] for r in results + [accelerated]] == [False] * 3 + [True] * 2
+    curves = [r["metrics"]["losses"] for r in results + [accelerated]]
     assert curves[0][-1] < curves[0][0] - 0.05  # it learns something, so the curves can differ
     for curve in curves[1:]:
         assert curve == pytest.approx(curves[0], rel=2e-2)  # bf16 tolerance

@@ -42,9 +42,10 @@ def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
     if cfg.engine.backend == "deepspeed":
         # Precision, batch sizes and ZeRO live in the JSON: accelerate refuses a
         # mixed_precision beside a deepspeed_config_file.
+        # zero3_init_flag: ZeRO-3 partitions the model while transformers builds it.
         del common["mixed_precision"]
-        return {**common, "distributed_type": "DEEPSPEED",
-                "deepspeed_config": {"deepspeed_config_file": str(ds_config_path), "zero3_init_flag": False}}
+        return {**common, "distributed_type": "DEEPSPEED", "deepspeed_config": {
+            "deepspeed_config_file": str(ds_config_path), "zero3_init_flag": cfg.zero.stage == 3}}
     if cfg.zero.stage == 0:
         # DDP (accelerate's MULTI_CPU launcher wants MPI; MULTI_GPU's torchrun path runs on gloo).
         return {**common, "distributed_type": "MULTI_GPU"}

@@ -24,10 +24,11 @@ class DeepSpeedEngine:
 
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
         self.config = json.loads((trial_dir / "ds_config.json").read_text())
-        # Built whole, then partitioned by deepspeed.initialize. deepspeed.zero.Init, which
-        # partitions while building (for models larger than one host), fails with
-        # transformers 5 / torch 2.13 (a Tensor.__new__ signature mismatch in DeepSpeed 0.19).
-        model = build_model(spec.cfg.model, device="cpu")
+        # ZeRO-3 builds the model partitioned (no rank holds it whole); the other stages
+        # build it whole on the host and deepspeed.initialize moves it to the device.
+        zero3 = self.config if self.config["zero_optimization"]["stage"] == 3 else None
+        model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed, zero3_config=zero3)
+        self.built_partitioned = built_partitioned(model)
         apply_recompute(model, spec.cfg.recompute.mode)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=self.config)
         if spec.cfg.run.compile:
@@ -62,7 +63,7 @@ class DeepSpeedEngine:
 
     def describe(self) -> dict:
         return {"engine": "deepspeed", "zero_stage": self.engine.zero_optimization_stage(),
-                "optimizer": type(self.engine.optimizer).__name__}
+                "optimizer": type(self.engine.optimizer).__name__, "built_partitioned": self.built_partitioned}
 
 
 class AccelerateEngine:
@@ -78,7 +79,10 @@ class AccelerateEngine:
         if spec.world_size > 1 and expected not in str(self.accelerator.distributed_type):
             raise RuntimeError(f"accelerate set up {self.accelerator.distributed_type}, not the {expected} this trial "
                                "asks for; nothing measured would mean what it says")
-        model = build_model(spec.cfg.model, device="cpu")
+        # With DeepSpeed ZeRO-3 the Accelerator (zero3_init_flag) has already told
+        # transformers to build the model partitioned.
+        model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed)
+        self.built_partitioned = built_partitioned(model)
         apply_recompute(model, spec.cfg.recompute.mode)
         run = spec.cfg.run
         if self.deepspeed:  # the optimizer is in ds_config.json
@@ -135,12 +139,18 @@ class AccelerateEngine:
 
     def describe(self) -> dict:
         return {"engine": "accelerate", "distributed_type": str(self.accelerator.distributed_type),
-                "model_wrapper": type(self.model).__name__, "optimizer": type(self.optimizer).__name__}
+                "model_wrapper": type(self.model).__name__, "optimizer": type(self.optimizer).__name__,
+                "built_partitioned": self.built_partitioned}
 
     def engine_global_batch(self) -> int:
         if self.deepspeed:
             return int(self.accelerator.deepspeed_engine_wrapped.engine.train_batch_size())
         return self.global_batch
+
+
+def built_partitioned(model) -> bool:
+    """Whether ZeRO-3 partitioned the model while it was built (its parameters carry a ds_id)."""
+    return all(hasattr(p, "ds_id") for p in model.parameters())
 
 
 def make_engine(spec: TrialSpec, trial_dir: Path, device: torch.device):

@@ -29,13 +29,42 @@ def hf_config(m: ModelConfig):
                        tie_word_embeddings=m.tie_embeddings, attn_implementation=m.attention, use_cache=False)
 
 
-def build_model(m: ModelConfig, device: str = "cpu"):
-    """The causal-LM model on `device` ("meta" builds shapes only, no memory)."""
+def build_model(m: ModelConfig, device: str = "cpu", seed: int | None = None, zero3_config: dict | None = None):
+    """The causal-LM model on `device` ("meta" builds shapes only, no memory).
+
+    With `zero3_config` (a ZeRO-3 ds_config) the model is partitioned while it is built
+    (deepspeed.zero.Init, through transformers' own integration), so no rank ever holds
+    it whole: the only way a model larger than one host's memory can be built.
+
+    With `seed`, the weights are transformers' initialisation drawn from that seed in
+    module order, nothing drawn before: the same values built whole or partitioned, so
+    every ZeRO stage starts from the same model (under ZeRO-3 rank 0 draws and the
+    others receive; built whole, every rank draws the same).
+    """
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
 
+    config = hf_config(m)
+    if zero3_config is not None or is_deepspeed_zero3_enabled():  # the latter: set by accelerate
+        # DeepSpeed's zero.Init replaces torch.Tensor.__new__ while it is active; torch's
+        # dynamo, imported lazily inside it, would then refuse the replaced signature.
+        import torch._dynamo.polyfills.loader  # noqa: F401
+
+        # transformers reads it through a weak reference: alive while the model is built
+        keep = HfDeepSpeedConfig(zero3_config) if zero3_config is not None else None  # noqa: F841
+        if seed is not None:
+            torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config)  # built partitioned, then initialised gathered
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(hf_config(m))
+        if seed is None:
+            return AutoModelForCausalLM.from_config(config)
+        with no_init_weights():  # draw nothing while building: the init below draws everything
+            model = AutoModelForCausalLM.from_config(config)
+        torch.manual_seed(seed)
+        model.init_weights()
+    return model
 
 
 def apply_recompute(model, mode: str) -> None:

@@ -68,7 +68,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    torch.manual_seed(spec.cfg.run.seed)  # the same initial weights on every rank and in every ZeRO stage
+    torch.manual_seed(spec.cfg.run.seed)  # dropout and data; the weights draw from the seed in build_model
     if spec.cfg.run.gc_collect_every:
         gc.disable()
     tracker = Tracker(spec, trial_dir, meta.get("sweep", {})) if rank == 0 else None
