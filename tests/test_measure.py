@@ -38,3 +38,9 @@ def test_static_census_counts_each_storage_once():
     views = [base[:10], base.view(500, 500), base[1:]]
     grown = static_bytes() - before
     assert grown == base.untyped_storage().nbytes() and len(views) == 3
+
+
+def test_static_census_of_one_device_type_leaves_the_others_out():
+    base = torch.zeros(250_000)  # 1 MB on the host
+    assert static_bytes("cpu") == static_bytes() >= base.untyped_storage().nbytes()
+    assert static_bytes("cuda") == 0  # on a GPU rank, host tensors (offloaded states) are not its static memory

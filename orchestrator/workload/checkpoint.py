@@ -29,10 +29,13 @@ DIRECTORY = "checkpoint"
 LATEST = "latest.json"
 
 
-def wanted(step: int, every: int) -> bool:
-    """Whether the ranks save after `step`: all of them agree, or none could save at all."""
+def wanted(step: int, every: int, device: torch.device) -> bool:
+    """Whether the ranks save after `step`: all of them agree, or none could save at all.
+
+    The flag lives on the rank's device: NCCL, the GPU backend, reduces no host tensors.
+    """
     local = warning.warned() or bool(every and (step + 1) % every == 0)
-    flag = torch.tensor([1 if local else 0])
+    flag = torch.tensor([1 if local else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -45,8 +48,10 @@ def latest(trial_dir: Path) -> dict | None:
 def save(engine, trial_dir: Path, rank: int, state: dict) -> None:
     root, tag = trial_dir / DIRECTORY, f"step{state['step']}"
     engine.save_state(root, tag)
-    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-               root / tag / f"rng{rank}.pt")
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():  # dropout on a GPU draws from the device's generator
+        rng["cuda"] = torch.cuda.get_rng_state()
+    torch.save(rng, root / tag / f"rng{rank}.pt")
     dist.barrier()  # every rank's part is on disk before it counts
     if rank == 0:
         atomic_write_json(root / LATEST, {**state, "tag": tag, "signalled": warning.warned()})
@@ -68,4 +73,6 @@ def resume(engine, trial_dir: Path, rank: int) -> dict | None:
     torch.set_rng_state(rng["torch"])
     np.random.set_state(rng["numpy"])
     random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
     return state

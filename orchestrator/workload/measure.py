@@ -5,7 +5,7 @@ alive after it: what backward will need. A TorchDispatchMode sees every tensor a
 creates (inside checkpointed regions and selective-checkpoint caches too, which
 saved_tensors_hooks cannot see), so full / selective recompute are measured as they
 really are.
-static_bytes: a census of the unique tensor storages alive in the process after the
+static_bytes: a census of the unique tensor storages on the rank's device alive after the
 first optimizer step (parameters, gradient buffers, master weights, optimizer states,
 DeepSpeed's flat buffers and buckets).
 peak_bytes: the CUDA allocator's peak on a GPU; the process's max RSS on a CPU.
@@ -87,12 +87,14 @@ def unique_storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-def static_bytes() -> int:
-    """Unique storages of every tensor the Python heap holds (call with no batch in flight)."""
+def static_bytes(device_type: str | None = None) -> int:
+    """Unique storages of every tensor the Python heap holds (call with no batch in flight),
+    only those on `device_type` ("cuda": what the GPU holds, not offloaded host copies)."""
     gc.collect()
     with warnings.catch_warnings():  # isinstance() on deprecated module objects warns
         warnings.simplefilter("ignore")
-        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)
+                   and (device_type is None or o.device.type == device_type)]
     return unique_storage_bytes(tensors)
 
 

@@ -144,7 +144,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             sync()
             seconds = time.perf_counter() - start
             if static_bytes is None:
-                static_bytes = measure.static_bytes()  # after the first optimizer step, no batch in flight
+                static_bytes = measure.static_bytes(device.type)  # after the first optimizer step, no batch in flight
             # The batch the engine stepped on: the micro batches all ranks really ran, and
             # the engine's own train_batch_size.
             ran = grad_accum * spec.micro_batch_size * world
@@ -157,7 +157,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                 console.write(PROGRESS + json.dumps({**history[-1], "steps": run.steps}) + "\n")
             if tracker:
                 tracker.log_step(history[-1])
-            if checkpointing and step + 1 < run.steps and checkpoint.wanted(step, run.checkpoint_every):
+            if checkpointing and step + 1 < run.steps and checkpoint.wanted(step, run.checkpoint_every, device):
                 if warning.warned():
                     on_warning.append(step + 1)
                 checkpoint.save(engine, trial_dir, rank, {
