@@ -21,6 +21,7 @@ from launchers.local import run_local
 from orchestrator import hardware
 from orchestrator.errors import ConfigError
 from orchestrator.display import show_plan, show_progress, show_result
+from orchestrator.plan import advice
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.results import now, outcome_status, write_result
 from orchestrator.spec import TrialSpec
@@ -32,7 +33,8 @@ def refusal(spec: TrialSpec, plan: Plan) -> str | None:
     if plan.fits or spec.cfg.run.force:
         return None
     return (f"does not fit: predicted {plan.memory.total / 2**30:.2f} GiB per rank > "
-            f"{plan.memory.capacity / 2**30:.2f} GiB capacity; run.force=true launches anyway")
+            f"{plan.memory.capacity / 2**30:.2f} GiB capacity; {advice.fitting_changes(spec, plan)}; "
+            "run.force=true launches anyway")
 
 
 def check_runnable_here(spec: TrialSpec) -> None:

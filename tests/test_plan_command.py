@@ -76,6 +76,7 @@ def test_run_refuses_what_does_not_fit_and_records_it(tmp_path, capsys):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "refused" and result["exit_code"] == 3
     assert result["plan"]["memory"]["fits"] is False and "does not fit" in result["error"]["message"]
+    assert "not even ZeRO-3" in result["error"]["message"]  # and what would be needed instead
     assert not (tmp_path / "logs").exists()  # nothing was launched
 
 
@@ -116,3 +117,27 @@ def test_shape_warnings():
     assert "SwiGLU" in warned("model=llama3-8b", "model.ffn_hidden=11000", "batch.micro_batch_size=1")
     assert "SwiGLU" not in warned("model=llama3-8b", "batch.micro_batch_size=1")
     assert "leaves memory unused" in warned("model=gpt2-125m", "batch.micro_batch_size=1")
+
+
+def test_max_micro_batch_is_the_edge_of_fitting():
+    base = ["model=gpt2-1.3b", "zero=stage2", "parallel.dp=8", *H100]
+    k = make_plan(build_spec(base)).max_micro_batch
+    assert k > 1
+    assert make_plan(build_spec([*base, f"batch.micro_batch_size={k}"])).fits
+    assert not make_plan(build_spec([*base, f"batch.micro_batch_size={k + 1}"])).fits
+
+
+def test_a_trial_that_does_not_fit_is_told_what_would():
+    base = ["model=llama3-8b", "zero=stage2", "parallel.dp=8", *H100]
+    plan = make_plan(build_spec(base))
+    assert not plan.fits
+    (advice,) = [w for w in plan.warnings if w.startswith("does not fit")]
+    options = [o.split() for o in advice.split(": ", 1)[1].split("; ")]
+    assert len(options) >= 2
+    for overrides in options:  # every suggestion fits, with the trial's micro batch or the largest that does
+        assert make_plan(build_spec([*base, *overrides])).fits, overrides
+        micro = int(overrides[-1].split("=")[1])
+        bigger = [*overrides[:-1], f"batch.micro_batch_size={micro + 1}"]
+        assert micro == 4 or not make_plan(build_spec([*base, *bigger])).fits, bigger
+    huge = make_plan(build_spec(["model=gpt3-175b", "zero=stage3", "parallel.dp=8", *H100]))
+    assert any(w.startswith("does not fit; not even ZeRO-3") and "parallel.dp" in w for w in huge.warnings)

@@ -6,7 +6,10 @@ so a rule can be read, tested and removed on its own.
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Callable, Optional
+
+from orchestrator.plan.memory import GIB, max_micro_batch, model_states, sample_bytes
 
 if TYPE_CHECKING:
     from orchestrator.plan.planner import Plan
@@ -48,6 +51,38 @@ def micro_batch_not_maxed(spec: TrialSpec, plan: Plan) -> str | None:
     return None
 
 
+def what_would_fit(spec: TrialSpec, plan: Plan) -> str | None:
+    return None if plan.fits else f"does not fit; {fitting_changes(spec, plan)}"
+
+
+def fitting_changes(spec: TrialSpec, plan: Plan) -> str:
+    """The nearest changes that make the trial fit, by this plan: first the micro batch,
+    then more recompute, then a higher ZeRO stage with full recompute."""
+    from orchestrator.plan.planner import zero_layout  # the planner imports this module
+
+    mem = plan.memory
+    m, precision, mode = spec.cfg.model, spec.precision, spec.cfg.recompute.mode
+    options = [f"batch.micro_batch_size={plan.max_micro_batch}"] if plan.max_micro_batch else []
+    for other in ("none", "selective", "full")[("none", "selective", "full").index(mode) + 1:]:
+        k = max_micro_batch(asdict(mem), mem.runtime, mem.capacity, sample_bytes(m, other, precision))
+        if k:
+            options.append(f"recompute={other} batch.micro_batch_size={min(k, spec.micro_batch_size)}")
+    for stage in range(spec.cfg.zero.stage + 1, 4):
+        if options:
+            break
+        states = model_states(m, replace(zero_layout(spec), stage=stage))
+        k = max_micro_batch(states, mem.runtime, mem.capacity, sample_bytes(m, "full", precision))
+        if k:
+            options.append(f"zero=stage{stage} recompute=full batch.micro_batch_size={min(k, spec.micro_batch_size)}")
+    if not options:
+        z3 = model_states(m, replace(zero_layout(spec), stage=3))
+        floor = z3["params"] + z3["grads"] + z3["optimizer"] + mem.runtime + max(z3["buffers"], z3["optimizer_step"])
+        return (f"not even ZeRO-3 with full recompute and micro batch 1 would: there a rank needs "
+                f"{floor / GIB:.1f} of {mem.capacity / GIB:.1f} GiB before any activation; more ranks "
+                "(parallel.dp) or offload (zero.offload_optimizer=cpu, zero.offload_param=cpu) would be needed")
+    return "by this plan these would fit: " + "; ".join(options)
+
+
 def little_headroom(spec: TrialSpec, plan: Plan) -> str | None:
     mem = plan.memory
     if mem.fits and mem.total > 0.9 * mem.capacity:
@@ -62,8 +97,8 @@ def numa_without_gpu(spec: TrialSpec, plan: Plan) -> str | None:
     return None
 
 
-RULES: tuple[Rule, ...] = (vocab_multiple_of_64, head_size_power_of_two, swiglu_shape, micro_batch_not_maxed,
-                           little_headroom, numa_without_gpu)
+RULES: tuple[Rule, ...] = (what_would_fit, vocab_multiple_of_64, head_size_power_of_two, swiglu_shape,
+                           micro_batch_not_maxed, little_headroom, numa_without_gpu)
 
 
 def warnings(spec: TrialSpec, plan: Plan) -> list[str]:

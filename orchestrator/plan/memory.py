@@ -254,3 +254,19 @@ def peak_memory(states: dict[str, int], activations: int, recompute: int, runtim
     return Memory(activations=activations, recompute=recompute, runtime=runtime, capacity=capacity,
                   total=held + max(backward, step), peak_phase="backward" if backward >= step else "optimizer step",
                   **states)
+
+
+def sample_bytes(model: ModelConfig, recompute: str, precision: str) -> int:
+    """What one more sequence of the micro batch adds at the peak: its activations and its
+    share of the block rebuilt during backward."""
+    return activation_bytes(model, 1, recompute, precision) + recompute_bytes(model, 1, recompute, precision)
+
+
+def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sample: int) -> int:
+    """The largest micro batch that fits: activations and the recomputed block grow with it
+    (per_sample bytes each sample), model states and buffers do not; the optimizer step's
+    transient must fit as well. 0 when not even the model states fit."""
+    held = states["params"] + states["grads"] + states["optimizer"] + runtime
+    if held + states["optimizer_step"] > capacity or not per_sample:
+        return 0
+    return max(0, (capacity - held - states["buffers"]) // per_sample)

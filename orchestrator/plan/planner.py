@@ -15,8 +15,9 @@ from orchestrator import hardware
 from orchestrator.plan import advice
 from orchestrator.plan.comm import bytes_per_rank_per_step, links_for, step_time
 from orchestrator.plan.flops import Flops, flops
-from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, model_states, optimizer_traffic_bytes,
-                                     peak_memory, recompute_bytes, runtime_bytes)
+from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, max_micro_batch, model_states,
+                                     optimizer_traffic_bytes, peak_memory, recompute_bytes, runtime_bytes,
+                                     sample_bytes)
 from orchestrator.plan.params import count_parameters
 from orchestrator.spec import TrialSpec
 
@@ -76,11 +77,7 @@ def make_plan(spec: TrialSpec) -> Plan:
     step_s = t.step_s + optimizer_s
     model_flops_step = f.model_per_token * spec.tokens_per_step
     denominator = step_s * spec.world_size * peak_tflops * 1e12
-    # Activations and the recomputed block grow with the micro batch; the rest does not.
-    per_sample = activation_bytes(cfg.model, 1, mode, spec.precision) + recompute_bytes(cfg.model, 1, mode,
-                                                                                         spec.precision)
-    spare = capacity - (memory.total - memory.activations - memory.recompute)
-    max_micro = max(0, int(spare // per_sample)) if per_sample else 0
+    max_micro = max_micro_batch(states, runtime, capacity, sample_bytes(cfg.model, mode, spec.precision))
 
     plan = Plan(
         parameters=n,
