@@ -42,8 +42,12 @@ for name, p in parted.named_parameters():
     with deepspeed.zero.GatheredParameters([p]):
         # zero.Init keeps the bf16 of the config; DeepSpeed casts a whole-built model the same way.
         equal &= torch.equal(p.detach(), whole[name].detach().to(p.dtype))
-json.dump({"held": held, "full": full, "equal": bool(equal), "ranks": int(os.environ["WORLD_SIZE"])},
-          open(f"{out}/rank{rank}.json", "w"))
+with open(f"{out}/rank{rank}.json", "w") as f:
+    json.dump({"held": held, "full": full, "equal": bool(equal), "ranks": int(os.environ["WORLD_SIZE"])}, f)
+torch.distributed.barrier()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)  # as the workload leaves: gloo's threads can abort a process in C++ static destructors
 """
 
 

@@ -149,7 +149,8 @@ def test_the_deepspeed_engine_is_the_one_asked_for(tmp_path):
     proc, _ = run(tmp_path, "zero=stage3", *QUICK)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     engine = json.loads((tmp_path / "result.json").read_text())["metrics"]["engine"]
-    assert engine == {"engine": "deepspeed", "zero_stage": 3, "optimizer": "DeepSpeedZeroOptimizer_Stage3"}
+    assert engine == {"engine": "deepspeed", "zero_stage": 3, "optimizer": "DeepSpeedZeroOptimizer_Stage3",
+                      "built_partitioned": True}
 
 
 def test_tuning_knobs_are_applied_and_recorded_and_profile_writes_a_trace(tmp_path):
