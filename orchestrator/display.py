@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.compose import swept_values
+from orchestrator.plan.advice import fitting_changes
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import Plan
 from orchestrator.report import COLUMNS
@@ -107,6 +108,10 @@ def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
                       "yes" if plan.fits else "[red]no[/red]", f"{t['step_s']:.4g}", f"{t['exposed_comm_s']:.3g}",
                       f"{t['tokens_per_sec_per_gpu']:,.0f}", f"{t['mfu']:.1%}")
     out.print(table)
+    for (spec, plan), values in zip(points, swept):
+        if not plan.fits:  # the point's own way out, as a single plan would print it
+            label = " ".join(f"{k}={v}" for k, v in values.items()) or " ".join(spec.overrides)
+            out.print(f"[red]{label}[/red] does not fit; {fitting_changes(spec, plan)}")
     out.print("[dim]assumptions: " + "; ".join(points[0][1].assumptions) + "[/dim]")
 
 

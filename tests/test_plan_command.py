@@ -141,3 +141,13 @@ def test_a_trial_that_does_not_fit_is_told_what_would():
         assert micro == 4 or not make_plan(build_spec([*base, *bigger])).fits, bigger
     huge = make_plan(build_spec(["model=gpt3-175b", "zero=stage3", "parallel.dp=8", *H100]))
     assert any(w.startswith("does not fit; not even ZeRO-3") and "parallel.dp" in w for w in huge.warnings)
+
+
+def test_sweep_view_says_what_would_fit_for_each_point_that_does_not():
+    result = run_cli("plan", "-m", "model=llama3-8b", "batch.micro_batch_size=1", "zero=stage2,stage3",
+                     "parallel.dp=8", *H100)
+    assert result.returncode == 3
+    text = " ".join(result.stdout.split())  # rich wraps long lines
+    # ZeRO-3 fits at micro batch 1, by this plan; ZeRO-2 does not and is told its way out.
+    assert "zero=stage2 does not fit; by this plan these would fit: recompute=selective" in text
+    assert "zero=stage3 does not fit" not in text
