@@ -63,7 +63,8 @@ def fitting_changes(spec: TrialSpec, plan: Plan) -> str:
     mem = plan.memory
     m, precision, mode = spec.cfg.model, spec.precision, spec.cfg.recompute.mode
     options = [f"batch.micro_batch_size={plan.max_micro_batch}"] if plan.max_micro_batch else []
-    for other in ("none", "selective", "full")[("none", "selective", "full").index(mode) + 1:]:
+    modes = ("none", "selective", "full")  # least recompute first
+    for other in modes[modes.index(mode) + 1:]:
         k = max_micro_batch(asdict(mem), mem.runtime, mem.capacity, sample_bytes(m, other, precision))
         if k:
             options.append(f"recompute={other} batch.micro_batch_size={min(k, spec.micro_batch_size)}")
