@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.spec import TrialSpec
+
 SRUN_CPU_BIND = {"node": "ldoms", "socket": "sockets", "exclusive": "cores", "core-complex": "cores"}
 
 
@@ -37,3 +39,8 @@ def binding(mode: str, device: str, ranks_per_node: int, sockets_per_node: int =
         sbatch["ntasks-per-socket"] = str(max(1, ranks_per_node // sockets_per_node))
     return Binding(torchrun_args=[f"--numa-binding={mode}"], accelerate_args=["--enable_cpu_affinity"],
                    srun_args=[f"--cpu-bind={SRUN_CPU_BIND[mode]}"], sbatch_options=sbatch)
+
+
+def trial_binding(spec: TrialSpec) -> Binding:
+    """The binding of one trial, from its numa, hardware and cluster groups."""
+    return binding(spec.cfg.numa.mode, spec.cfg.hardware.device, spec.gpus_per_node, spec.cfg.cluster.sockets_per_node)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from launchers.binding import Binding
+from orchestrator.launchers.binding import Binding
 from orchestrator import hardware
 from orchestrator.spec import TrialSpec
 

@@ -1,28 +1,29 @@
-"""SLURM launch through submitit: one task per GPU, nodes = ceil(dp / gpus_per_node).
+"""SLURM through submitit, on the submitting host: one task per GPU, nodes = ceil(dp / gpus_per_node).
 
 This module turns a trial into submitit's executor parameters and the equivalent sbatch
-and srun options (for a user who wants to submit by hand), submits trials (one job
-array per set of equal resources) and returns at once, and later turns a finished job
-into result.json from the ranks' records and sacct's state.
+and srun options (for a user who wants to submit by hand), checks with sinfo that the
+partition has nodes that can ever hold the request, submits trials (one job array per
+set of equal resources) and returns at once, and later turns a job into result.json:
+from the ranks' records and sacct's state once it has ended, or at once when SLURM says
+it can never start. What runs inside each task is slurm_task.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import socket
+import re
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import submitit
 
-from launchers.binding import Binding
-from launchers.local import WORKLOAD_MODULE, clear_stale_build_locks, rank_environment
 from orchestrator.files import atomic_write_json
+from orchestrator.launchers.binding import Binding, trial_binding
+from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
+from orchestrator.launchers.slurm_task import SlurmTask
 from orchestrator.results import now
 from orchestrator.spec import TrialSpec
 
@@ -73,69 +74,67 @@ def task_command(trial_dir: Path) -> list[str]:
     return [sys.executable, "-m", WORKLOAD_MODULE, str(trial_dir)]
 
 
+# --- can the partition ever hold it (sinfo) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    name: str
+    cpus: int
+    gpus: int
+
+
+def partition_nodes(partition: str | None) -> list[NodeShape] | None:
+    """The nodes of `partition` (None: the default one) as sinfo lists them; None when
+    sinfo does not answer (no SLURM here, or the controller is down)."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N|%c|%G|%P"] + (["-p", partition] if partition else [])
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    nodes = {}
+    for line in proc.stdout.splitlines():
+        name, cpus, gres, part = (line.split("|") + ["", "", ""])[:4]
+        if partition or part.endswith("*"):  # sinfo marks the default partition with *
+            gpus = sum(int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", gres))
+            nodes[name] = NodeShape(name=name, cpus=int(cpus), gpus=gpus)
+    return list(nodes.values())
+
+
+def partition_refusal(spec: TrialSpec, nodes: list[NodeShape]) -> str | None:
+    """Why no node of the partition can ever hold one node's share of the trial, or None.
+
+    Without this check SLURM accepts such a job and keeps it PENDING (reason
+    PartitionConfig) for ever.
+    """
+    c, per_node = spec.cfg.cluster, spec.gpus_per_node
+    where = f"partition {c.partition}" if c.partition else "the default partition"
+    if not nodes:
+        return f"cluster.partition={c.partition}: sinfo lists no node in {where}"
+    cpus = max(n.cpus for n in nodes)
+    if per_node > cpus:
+        return (f"cluster.gpus_per_node={per_node}: {per_node} tasks per node (one per rank), but no node of {where} "
+                f"has more than {cpus} CPUs; the most that fits is cluster.gpus_per_node={cpus} with cpus_per_task=1")
+    if per_node * c.cpus_per_task > cpus:
+        return (f"cluster.cpus_per_task={c.cpus_per_task}: {per_node} tasks per node x {c.cpus_per_task} CPUs = "
+                f"{per_node * c.cpus_per_task} CPUs per node, but no node of {where} has more than {cpus}; "
+                f"the most that fits is cluster.cpus_per_task={cpus // per_node}")
+    cuda = spec.cfg.hardware.device == "cuda"
+    if cuda and per_node > max(n.gpus for n in nodes):
+        return (f"cluster.gpus_per_node={per_node}: no node of {where} has more than {max(n.gpus for n in nodes)} "
+                f"GPUs (sinfo's GRES); the most that fits is cluster.gpus_per_node={max(n.gpus for n in nodes)}")
+    able = [n for n in nodes if n.cpus >= per_node * c.cpus_per_task and (not cuda or n.gpus >= per_node)]
+    if spec.nodes > len(able):
+        return (f"parallel.dp={spec.dp}: {spec.nodes} nodes of {per_node} ranks, but {where} has {len(able)} node(s) "
+                f"that can hold them; the largest that fits is parallel.dp={len(able) * per_node}")
+    return None
+
+
 # --- submission (login node) ------------------------------------------------------------
 
 JOB_FILE = "slurm.json"
-
-
-class SlurmTask(submitit.helpers.Checkpointable):
-    """One SLURM task = one rank (pickled by submitit, run by srun on the node).
-
-    torch.distributed's variables come from SLURM's (submitit's TorchDistributedEnvironment);
-    the rank runs the workload as a child process, as under torchrun, so that a rank's
-    crash, OOM or os._exit cannot take submitit's own bookkeeping with it. Checkpointable:
-    on SLURM's warning before a time limit or preemption, submitit asks task 0 for
-    `checkpoint()`, then requeues the job; the requeued ranks resume from the workload's
-    last checkpoint.
-    """
-
-    def __init__(self, trial_dir: str, env: dict[str, str], save_wait_s: float = 60):
-        self.trial_dir, self.env, self.save_wait_s = trial_dir, env, save_wait_s
-        self._proc: subprocess.Popen | None = None
-
-    def __call__(self) -> dict:
-        dist = submitit.helpers.TorchDistributedEnvironment().export()
-        errors = Path(self.trial_dir) / "errors"
-        if (errors / f"rank{dist.rank}.json").exists():  # from an attempt before a requeue
-            (errors / "earlier").mkdir(parents=True, exist_ok=True)
-            (errors / f"rank{dist.rank}.json").replace(errors / "earlier" / f"rank{dist.rank}.{time.time():.0f}.json")
-        started = time.time()
-        clear_stale_build_locks()  # a requeue that killed an op build mid-way left its lock
-        # SIGUSR2 blocked for the rank's life (workload/warning.py): it polls for it at
-        # step boundaries, and nothing it spawns can die of it.
-        self._proc = subprocess.Popen([sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir],
-                                      env={**os.environ, **self.env}, preexec_fn=_block_warning)
-        code = self._proc.wait()
-        if code in (-signal.SIGTERM, -signal.SIGKILL):  # SLURM ended the job (requeue, cancel, time limit)
-            raise RuntimeError(f"rank {dist.rank} was ended by SLURM (signal {-code})")
-        if code != 0:
-            if not (errors / f"rank{dist.rank}.json").exists():  # it died without a Python error: say so
-                atomic_write_json(errors / f"rank{dist.rank}.json", {
-                    "type": "ProcessExit", "silent": True, "rank": dist.rank, "oom": False, "time": started,
-                    "message": f"rank {dist.rank} exited with code {code} without a Python error",
-                    "host": socket.gethostname()})
-            raise RuntimeError(f"rank {dist.rank} failed with exit code {code}")
-        return {"rank": dist.rank}
-
-    def checkpoint(self, *args, **kwargs):
-        """Called on SLURM's warning: give the ranks time to save (they got SIGUSR2 too)."""
-        from orchestrator.workload.checkpoint import DIRECTORY, LATEST
-
-        latest = Path(self.trial_dir) / DIRECTORY / LATEST
-        asked = time.time()
-        deadline = asked + self.save_wait_s
-        while time.time() < deadline and self._proc is not None and self._proc.poll() is None:
-            if latest.is_file() and latest.stat().st_mtime >= asked and json.loads(latest.read_text())["signalled"]:
-                break  # the ranks saved after the warning
-            time.sleep(0.5)
-        return super().checkpoint(*args, **kwargs)
-
-    def __getstate__(self) -> dict:  # the running child does not travel with the requeued job
-        return {**self.__dict__, "_proc": None}
-
-
-def _block_warning() -> None:
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
 
 
 def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
@@ -145,7 +144,7 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
     """
     groups: dict[str, list[tuple[TrialSpec, Path]]] = {}
     for spec, trial_dir in trials:
-        params = submitit_parameters(spec, trial_binding_of(spec))
+        params = submitit_parameters(spec, trial_binding(spec))
         key = json.dumps([params, spec.cfg.cluster.max_requeues], sort_keys=True)
         groups.setdefault(key, []).append((spec, trial_dir))
     job_ids = []
@@ -168,12 +167,6 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
     return job_ids
 
 
-def trial_binding_of(spec: TrialSpec):
-    from orchestrator.translate import trial_binding
-
-    return trial_binding(spec)
-
-
 # --- state and results (login node) -------------------------------------------------------
 
 RUNNING = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
@@ -182,6 +175,19 @@ ENDED = {"TIMEOUT": ("timeout", "the SLURM time limit ended it"), "CANCELLED": (
          "NODE_FAIL": ("failed", "a node failed"), "PREEMPTED": ("preempted", "preempted by SLURM"),
          "OUT_OF_MEMORY": ("oom", "SLURM killed it for exceeding its memory"),
          "BOOT_FAIL": ("failed", "the node failed to boot"), "DEADLINE": ("timeout", "past its deadline")}
+
+
+# Pending reasons that no amount of waiting clears: the job asks for what the partition or
+# its limits can never give (slurm.conf(5), squeue(1) "JOB REASON CODES").
+NEVER_STARTS = {
+    "PartitionConfig": "it asks for more CPUs, GPUs, memory or nodes than the partition's nodes have",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "PartitionTimeLimit": "its time limit is beyond the partition's",
+    "BadConstraints": "no node has the features (constraint) it asks for",
+    "DependencyNeverSatisfied": "a job it depends on can never finish",
+    "InvalidAccount": "the account is not valid",
+    "InvalidQOS": "the QOS is not valid",
+}
 
 
 def job_state(job_id: str) -> tuple[str, str]:
@@ -202,11 +208,17 @@ def finalize(trial_dir: Path) -> dict | None:
 
     job = json.loads((trial_dir / JOB_FILE).read_text())
     state, reason = job_state(job["job_id"])
-    if state in RUNNING or state == "UNKNOWN":
+    never = state == "PENDING" and reason in NEVER_STARTS
+    if (state in RUNNING and not never) or state == "UNKNOWN":
         return None
     spec = load_spec(trial_dir)
     plan = json.loads((trial_dir / "plan.json").read_text()) if (trial_dir / "plan.json").is_file() else None
-    if state == "COMPLETED":
+    if never:  # end it now: `wait` would otherwise wait for ever
+        subprocess.run(["scancel", job["job_id"]], capture_output=True, timeout=60)
+        status, error = "failed", {"type": "SlurmNeverStarts", "rank": None, "log_tail": "",
+                                   "message": f"SLURM can never start it: {NEVER_STARTS[reason]} (pending reason "
+                                              f"{reason}); cancelled"}
+    elif state == "COMPLETED":
         status, error = outcome_status(trial_dir, 0, timed_out=False)
     elif state in ENDED:
         status, cause = ENDED[state]

@@ -135,7 +135,11 @@ def wait_command(args: argparse.Namespace) -> int:
         print(f"orchestrator wait: {directory} holds no trial", file=sys.stderr)
         return 2
     out = console()
-    results = wait_for(directory, out, timeout_s=args.timeout)
+    try:
+        results = wait_for(directory, out, timeout_s=args.timeout)
+    except TimeoutError as exc:
+        print(f"orchestrator wait: {exc} after --timeout {args.timeout:g} s", file=sys.stderr)
+        return 1
     show_report(collect(directory)[0], out)
     return _sweep_outcome(results, directory, out)
 

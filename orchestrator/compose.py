@@ -32,17 +32,15 @@ _REPO = Path(__file__).resolve().parent.parent
 
 
 def conf_dir() -> Path:
-    """The config tree: $ORCHESTRATOR_CONF, the checkout's conf/, or the installed copy.
+    """The config tree: $ORCHESTRATOR_CONF, the installed copy, or the checkout's conf/.
 
     conf/sweep is a link to the top-level sweeps/, so `+sweep=NAME` is a plain Hydra group.
+    The wheel ships conf/ as orchestrator/conf (setup.py).
     """
     if env := os.environ.get("ORCHESTRATOR_CONF"):
         return Path(env).resolve()
-    if (_REPO / "conf" / "config.yaml").is_file():
-        return _REPO / "conf"
-    import orchestrator_conf  # the wheel's copy of conf/
-
-    return Path(orchestrator_conf.__file__).parent
+    installed = Path(__file__).resolve().parent / "conf"
+    return installed if (installed / "config.yaml").is_file() else _REPO / "conf"
 
 
 def presets(group: str) -> list[str]:

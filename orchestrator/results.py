@@ -1,7 +1,7 @@
 """result.json: what one trial did, written atomically, also when it failed or was refused.
 
 Keys (DESIGN.md): status (ok | failed | oom | refused | timeout | preempted), exit_code,
-config (resolved), plan, metrics, env, error {type, message, rank, log_tail} or null,
+config (resolved), plan, metrics, env, error {type, message, rank, host, log_tail} or null,
 started_at, finished_at. The workload's rank 0 supplies metrics and env (metrics.json);
 a failing rank supplies its error (errors/rank{R}.json); the launcher's outcome says
 how it ended.
@@ -60,7 +60,7 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[s
     if rank in errors:
         first = errors[rank]
         return ("oom" if first["oom"] else "failed"), {
-            "type": first["type"], "message": first["message"], "rank": rank,
+            "type": first["type"], "message": first["message"], "rank": rank, "host": first.get("host"),
             "log_tail": _tail(trial_dir / "logs" / f"rank{rank}.log")}
     log = trial_dir / "logs" / (f"rank{rank}.log" if rank is not None else "launcher.log")
     code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"

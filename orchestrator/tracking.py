@@ -9,14 +9,23 @@ the multirun directory's name), a short name from the swept overrides, tags, the
 as plain data with flat names (model, zero.stage, parallel.dp, ...), the history of every
 step under train/, and a summary with the measured metrics of result.json, the predicted
 ones under plan/ and the status. Nothing from the environment goes in: no key, token or password can reach it.
+
+One trial is one run also across a SLURM requeue: the run id is kept in the trial directory
+(wandb_run.json) and the requeued rank 0 resumes that run (resume="allow"); offline, each
+attempt writes its own offline-run-* directory under the same id, and `wandb sync`
+uploads them into the one run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from orchestrator.files import atomic_write_json
 from orchestrator.spec import TrialSpec
+
+RUN_FILE = "wandb_run.json"  # the trial's run id, so that a requeued job resumes its run
 
 HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_sec_per_gpu", "global_batch_size", "lr")
 SUMMARY_KEYS = ("tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "hfu", "step_time_s",
@@ -59,6 +68,7 @@ class Tracker:
         import wandb
 
         self.run = wandb.init(
+            id=run_id(trial_dir, wandb.util.generate_id), resume="allow",
             project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
             group=logger.group or sweep.get("group"), job_type="trial", name=sweep.get("name"),
             tags=[*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name],
@@ -77,9 +87,20 @@ class Tracker:
         self.run = None
 
 
+def run_id(trial_dir: Path, new_id) -> str:
+    """The trial's W&B run id: the one an earlier attempt of it chose, else a new one."""
+    path = trial_dir / RUN_FILE
+    try:
+        return json.loads(path.read_text())["id"]
+    except (OSError, ValueError, KeyError):
+        chosen = new_id()
+        atomic_write_json(path, {"id": chosen})
+        return chosen
+
+
 def sync_hint(trial_dirs: list[Path]) -> str | None:
     """How to upload the offline runs of these trials, or None if there are none."""
-    runs = [p for d in trial_dirs for p in sorted((d / "wandb").glob("offline-run-*"))]
+    runs = {p.name.rsplit("-", 1)[-1] for d in trial_dirs for p in (d / "wandb").glob("offline-run-*")}
     if not runs:
         return None
     pattern = f"{trial_dirs[0].parent}/*/wandb/offline-run-*" if len(trial_dirs) > 1 \

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launchers import slurm
-from launchers.local import run_local
+from orchestrator.launchers import slurm
+from orchestrator.launchers.local import run_local
 from orchestrator import hardware
 from orchestrator.errors import ConfigError
 from orchestrator.display import show_plan, show_progress, show_result
@@ -25,16 +25,21 @@ from orchestrator.plan import advice
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.results import now, outcome_status, write_result
 from orchestrator.spec import TrialSpec
+from orchestrator.tracking import RUN_FILE
 from orchestrator.translate import TrialFiles, write_trial_files
 
 
-def refusal(spec: TrialSpec, plan: Plan) -> str | None:
-    """Why the plan refuses to launch this trial, or None."""
-    if plan.fits or spec.cfg.run.force:
+def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = None) -> str | None:
+    """Why the plan (or, for SLURM, the partition's `nodes` from sinfo) refuses this trial, or None."""
+    if spec.cfg.run.force:
         return None
-    return (f"does not fit: predicted {plan.memory.total / 2**30:.2f} GiB per rank > "
-            f"{plan.memory.capacity / 2**30:.2f} GiB capacity; {advice.fitting_changes(spec, plan)}; "
-            "run.force=true launches anyway")
+    if not plan.fits:
+        return (f"does not fit: predicted {plan.memory.total / 2**30:.2f} GiB per rank > "
+                f"{plan.memory.capacity / 2**30:.2f} GiB capacity; {advice.fitting_changes(spec, plan)}; "
+                "run.force=true launches anyway")
+    if nodes is not None and (why := slurm.partition_refusal(spec, nodes)):
+        return f"SLURM could never start it: {why}; run.force=true submits anyway"
+    return None
 
 
 def check_runnable_here(spec: TrialSpec) -> None:
@@ -48,20 +53,20 @@ def check_runnable_here(spec: TrialSpec) -> None:
                           "engine.backend=deepspeed here, or zero.stage=0 for DDP")
 
 
-def prepare(spec: TrialSpec, trial_dir: Path, out: Console,
-            sweep: dict | None) -> tuple[dict | None, TrialFiles | None, dict]:
+def prepare(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,
+            nodes: list[slurm.NodeShape] | None = None) -> tuple[dict | None, TrialFiles | None, dict]:
     """Plan the trial and write its files: (the refused result if the plan says no, files, plan)."""
     started = now()
     trial_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(spec)
-    if message := refusal(spec, plan):
+    if message := refusal(spec, plan, nodes):
         show_plan(spec, plan, out)
         out.print(f"[red]refused:[/red] {message}")
         refused = write_result(trial_dir, spec, plan.as_dict(), "refused", started,
                                {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
         return refused, None, plan.as_dict()
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
-    for stale in ("errors", "metrics.json", "result.json", "slurm.json", "checkpoint"):  # a re-run, from scratch
+    for stale in ("errors", "metrics.json", "result.json", "slurm.json", "checkpoint", RUN_FILE):  # a re-run, from scratch
         path = trial_dir / stale
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     for warning in files.warnings:
@@ -87,8 +92,9 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None
 def submit_trials(points: list[tuple[TrialSpec, Path, dict]], logs: Path, out: Console) -> list[dict]:
     """Plan and write every trial, submit the ones that fit; returns the refused results."""
     refused, to_submit = [], []
+    partitions = {p: slurm.partition_nodes(p) for p in {spec.cfg.cluster.partition for spec, _, _ in points}}
     for spec, trial_dir, sweep in points:
-        result, _, _ = prepare(spec, trial_dir, out, sweep)
+        result, _, _ = prepare(spec, trial_dir, out, sweep, partitions[spec.cfg.cluster.partition])
         if result:
             refused.append(result)
         else:
@@ -113,8 +119,10 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
     if result := slurm.finalize(trial_dir):
         return result["status"], result
     job = json.loads((trial_dir / slurm.JOB_FILE).read_text())
-    state = slurm.job_state(job["job_id"])[0].lower()
-    return ("submitted" if state == "unknown" else state), None  # sacct learns of a job a moment later
+    state, reason = slurm.job_state(job["job_id"])
+    if state == "UNKNOWN":
+        return "submitted", None  # sacct learns of a job a moment later
+    return state.lower() + (f" ({reason})" if reason and reason != "None" else ""), None  # pending (Resources)
 
 
 def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: float | None = None) -> list[dict]:

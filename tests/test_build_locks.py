@@ -3,7 +3,7 @@
 import os
 import time
 
-from launchers.local import clear_stale_build_locks
+from orchestrator.launchers.local import clear_stale_build_locks
 
 
 def test_a_stale_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):

@@ -165,8 +165,8 @@ def test_tuning_knobs_are_applied_and_recorded_and_profile_writes_a_trace(tmp_pa
 
 
 def test_expandable_segments_reach_the_ranks_environment_on_gpus(tmp_path):
-    from launchers.binding import binding
-    from launchers.local import local_command
+    from orchestrator.launchers.binding import binding
+    from orchestrator.launchers.local import local_command
 
     gpu = build_spec(["hardware=h100-sxm"])
     assert local_command(gpu, tmp_path, binding("none", "cuda", 2)).env["PYTORCH_CUDA_ALLOC_CONF"] == \

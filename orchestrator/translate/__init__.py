@@ -20,9 +20,9 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from launchers import slurm
-from launchers.binding import Binding, binding
-from launchers.local import Command, local_command
+from orchestrator.launchers import slurm
+from orchestrator.launchers.binding import trial_binding
+from orchestrator.launchers.local import Command, local_command
 from orchestrator.files import atomic_write_json, atomic_write_text
 from orchestrator.spec import TrialSpec
 from orchestrator.translate import accelerate, deepspeed
@@ -35,10 +35,6 @@ class TrialFiles:
     warnings: list[str]
     command: Command | None  # local launches
     slurm: dict | None  # submitit parameters and the per-task command
-
-
-def trial_binding(spec: TrialSpec) -> Binding:
-    return binding(spec.cfg.numa.mode, spec.cfg.hardware.device, spec.gpus_per_node, spec.cfg.cluster.sockets_per_node)
 
 
 def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None,

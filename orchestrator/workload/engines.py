@@ -8,6 +8,7 @@ Both build the transformers model of the trial and apply its recompute mode.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 from pathlib import Path
@@ -30,7 +31,10 @@ class DeepSpeedEngine:
         model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed, zero3_config=zero3)
         self.built_partitioned = built_partitioned(model)
         apply_recompute(model, spec.cfg.recompute.mode)
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=self.config)
+        # DeepSpeed would take cuda:LOCAL_RANK; the rank's own pick (placement.py) wins.
+        args = argparse.Namespace(device_rank=device.index) if device.type == "cuda" else None
+        self.engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
+                                               config=self.config)
         if spec.cfg.run.compile:
             self.engine.compile()
         self.global_batch = self.config["train_batch_size"]
@@ -75,6 +79,9 @@ class AccelerateEngine:
         # needs cpu=True (else accelerate runs each rank alone); DeepSpeed finds the CPU itself.
         self.deepspeed = spec.cfg.engine.backend == "deepspeed"
         self.accelerator = Accelerator(cpu=device.type == "cpu" and not self.deepspeed)
+        if device.type == "cuda" and self.accelerator.device != device:  # accelerate takes cuda:LOCAL_RANK
+            raise RuntimeError(f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device}: with one "
+                               "GPU per task (srun --gpus-per-task) use engine=deepspeed")
         expected = "DEEPSPEED" if self.deepspeed else "FSDP" if spec.cfg.zero.stage else "MULTI_"
         if spec.world_size > 1 and expected not in str(self.accelerator.distributed_type):
             raise RuntimeError(f"accelerate set up {self.accelerator.distributed_type}, not the {expected} this trial "

@@ -65,7 +65,12 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     meta = json.loads((trial_dir / "trial.json").read_text())
     plan = json.loads((trial_dir / "plan.json").read_text()) if (trial_dir / "plan.json").is_file() else None
     cuda = spec.cfg.hardware.device == "cuda"
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        from orchestrator.workload.placement import cuda_device_index
+
+        device = torch.device("cuda", cuda_device_index(os.environ, torch.cuda.device_count()))
+    else:
+        device = torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(spec.cfg.run.seed)  # dropout and data; the weights draw from the seed in build_model
