@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 from orchestrator.files import atomic_write_json
@@ -68,7 +69,7 @@ class Tracker:
         import wandb
 
         self.run = wandb.init(
-            id=run_id(trial_dir, wandb.util.generate_id), resume="allow",
+            id=run_id(trial_dir), resume="allow",
             project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
             group=logger.group or sweep.get("group"), job_type="trial", name=sweep.get("name"),
             tags=[*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name],
@@ -87,13 +88,14 @@ class Tracker:
         self.run = None
 
 
-def run_id(trial_dir: Path, new_id) -> str:
-    """The trial's W&B run id: the one an earlier attempt of it chose, else a new one."""
+def run_id(trial_dir: Path) -> str:
+    """The trial's W&B run id: the one an earlier attempt of it chose, else a new one
+    (8 characters of [0-9a-f], as W&B's own ids)."""
     path = trial_dir / RUN_FILE
     try:
         return json.loads(path.read_text())["id"]
     except (OSError, ValueError, KeyError):
-        chosen = new_id()
+        chosen = uuid.uuid4().hex[:8]
         atomic_write_json(path, {"id": chosen})
         return chosen
 

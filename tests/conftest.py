@@ -1,10 +1,15 @@
 """Shared test helpers. Tests run against the checkout's conf/ and the installed package."""
 
 import os
+import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
+
+CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"
 
 
 @pytest.fixture(autouse=True)
@@ -19,3 +24,27 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subpro
     """`python -m orchestrator ARGS` in a fresh process, as a user would type it."""
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@contextmanager
+def running_cluster(*shape: str):
+    """A real SLURM cluster of this shape (tests/slurm/cluster.sh start SHAPE) for the
+    duration; stopped afterwards if this call started it (or changed its shape)."""
+    if not (os.geteuid() == 0 and shutil.which("apt-get")):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must run the SLURM tests, but this machine cannot host the cluster (root + apt needed)")
+        pytest.skip("a local SLURM cluster needs root and apt-get (Debian); run tests/slurm/cluster.sh start")
+    proc = subprocess.run(["bash", str(CLUSTER), "start", *shape], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    started = "already up" not in proc.stdout
+    try:
+        yield
+    finally:
+        if started:
+            subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, timeout=120)
+
+
+def sacct(job_id: str, *fields: str) -> list[list[str]]:
+    out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", ",".join(fields)], capture_output=True, text=True,
+                         timeout=60).stdout
+    return [line.split("|") for line in out.splitlines()]

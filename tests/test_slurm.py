@@ -5,42 +5,23 @@ submits; each task really trains. Mocked: nothing (it is one node, as only one e
 """
 
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, running_cluster, sacct
 
 pytestmark = pytest.mark.slow
-CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"
 SMALL = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=2", "cluster.cpus_per_task=1", "run.steps=3",
          "run.warmup_steps=1", "logger.mode=disabled"]
 
 
-def _cluster_up() -> bool:
-    return shutil.which("scontrol") is not None and subprocess.run(
-        ["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm_cluster():
-    started = False
-    if not _cluster_up():
-        can_host = os.geteuid() == 0 and shutil.which("apt-get") is not None
-        if not can_host:
-            if os.environ.get("CI") == "true":
-                pytest.fail("CI must run the SLURM tests, but this machine cannot host the cluster (root + apt needed)")
-            pytest.skip("a local SLURM cluster needs root and apt-get (Debian); run tests/slurm/cluster.sh start")
-        proc = subprocess.run(["bash", str(CLUSTER), "start"], capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        started = True
-    yield
-    if started:
-        subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, timeout=60)
+    with running_cluster():  # the single-node cluster on localhost
+        yield
 
 
 def results(base: Path) -> list[dict]:
@@ -151,3 +132,44 @@ def test_cluster_wait_blocks_until_the_result(slurm_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results(tmp_path)
     assert r["status"] == "ok" and "1 ok" in proc.stdout and "tokens/s/GPU" in proc.stdout
+
+
+def test_a_request_beyond_every_node_is_refused_before_submission(slurm_cluster, tmp_path):
+    proc = run_cli("run", "--out", str(tmp_path), *SMALL, "cluster.cpus_per_task=8")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert "cluster.cpus_per_task=8" in said and "the most that fits is cluster.cpus_per_task=1" in said
+    assert "Traceback" not in said and not (tmp_path / "slurm.json").exists()  # nothing was submitted
+    (r,) = results(tmp_path)
+    assert r["status"] == "refused" and "cluster.cpus_per_task" in r["error"]["message"]
+
+
+def test_a_job_slurm_can_never_start_ends_at_once_with_the_reason(slurm_cluster, tmp_path):
+    # run.force=true gets it past the sinfo check: SLURM accepts it and would keep it
+    # PENDING (PartitionConfig) for ever.
+    assert run_cli("run", "--out", str(tmp_path), *SMALL, "cluster.cpus_per_task=8", "run.force=true").returncode == 0
+    job = json.loads((tmp_path / "slurm.json").read_text())["job_id"]
+    done = run_cli("wait", str(tmp_path), "--timeout", "120", timeout=180)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (r,) = results(tmp_path)
+    assert r["status"] == "failed" and r["error"]["type"] == "SlurmNeverStarts"
+    assert "PartitionConfig" in r["error"]["message"] and r["slurm"]["reason"] == "PartitionConfig"
+    deadline = time.monotonic() + 30
+    while sacct(job, "State")[0][0] != "CANCELLED":  # and it no longer waits in the queue
+        assert time.monotonic() < deadline
+        time.sleep(1)
+
+
+def test_status_shows_why_a_trial_is_still_pending(slurm_cluster, tmp_path):
+    blocker = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=2", "--wrap", "sleep 300"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    try:
+        assert run_cli("run", "--out", str(tmp_path), *SMALL).returncode == 0
+        deadline, shown = time.monotonic() + 60, ""
+        while "pending (Resources)" not in shown:  # the node is busy: SLURM's reason, shown as it says it
+            assert time.monotonic() < deadline, shown
+            time.sleep(1)
+            shown = " ".join(run_cli("status", str(tmp_path)).stdout.split())
+    finally:
+        subprocess.run(["scancel", blocker], timeout=30)
+    assert wait(tmp_path).returncode == 0  # and it runs once the node is free
