@@ -103,8 +103,13 @@ def test_sweep_view_has_one_row_per_point_and_scaling_flattens(capsys):
     assert [r["plan"]["parallel"]["dp"] for r in rows] == dps
     step = [r["plan"]["time"]["step_s"] for r in rows]
     per_gpu = [r["plan"]["time"]["tokens_per_sec_per_gpu"] for r in rows]
-    assert step == sorted(step, reverse=True)  # more ranks: shorter steps (004's monotone question)...
-    assert per_gpu[-1] < per_gpu[0]  # ...but each GPU does less: communication stops paying
+    # More ranks: shorter steps within a node (NVLink) and across nodes (IB), 004's monotone
+    # question; but leaving the node costs: ZeRO-2 all-reduces its 2.6 GB of gradients at
+    # every one of 64 micro batches over a 9x slower link, so dp 16 is slower than dp 8.
+    within, across = step[:4], step[4:]
+    assert within == sorted(within, reverse=True) and across == sorted(across, reverse=True)
+    assert step[4] > step[3]
+    assert per_gpu[-1] < per_gpu[0]  # each GPU does less: communication stops paying
     assert main(argv[:2] + argv[3:]) == 0  # the table
     table = capsys.readouterr().out
     assert "parallel.dp" in table and all(f" {d} " in table for d in dps)

@@ -205,8 +205,10 @@ def _step(stage: int, dp: int, ga: int = 1, nodes: int = 1, overlap: bool = True
                           grad_accum=ga, fwd_s=0.1, bwd_s=0.2, links=links)
 
 
-@pytest.mark.parametrize("stage,factor", [(0, 2), (1, 2), (2, 2), (3, 3)])
-def test_communication_volume_is_2x_2x_2x_3x_the_parameter_bytes(stage, factor):
+@pytest.mark.parametrize("stage,factor", [(0, 2), (1, 3), (2, 3), (3, 3)])
+def test_communication_volume_is_2x_3x_3x_3x_the_parameter_bytes(stage, factor):
+    # Stages 1-2: DeepSpeed all-reduces the gradient buckets (use_multi_rank_bucket_allreduce),
+    # then all-gathers the updated parameters.
     dp, n = 64, 10**9
     volume = comm.bytes_per_rank_per_step(_step(stage, dp, n=n).collectives)
     assert volume == pytest.approx(factor * 2 * n * (dp - 1) / dp)
@@ -222,10 +224,16 @@ def test_ring_time_follows_the_latency_bandwidth_model():
     one_node = comm.links_for(8, 1, 100, 5, 10, 20)
     assert comm.ring_time("all_reduce", 8e9, one_node) == pytest.approx(14 * 5e-6 + 14 * 1e9 / 100e9)
     two_nodes = comm.links_for(16, 2, 100, 5, 10, 20)
-    # 30 hops: 4 cross nodes (2 per round), the rest inside; bytes go at the inter-node rate.
-    assert comm.ring_time("all_reduce", 16e9, two_nodes) == pytest.approx(26 * 5e-6 + 4 * 20e-6 + 30 * 1e9 / 10e9)
-    assert comm.ring_time("all_gather", 16e9, two_nodes) == pytest.approx(13 * 5e-6 + 2 * 20e-6 + 15 * 1e9 / 10e9)
+    # Lock step: once the ring crosses nodes, every one of its steps waits for that link.
+    assert comm.ring_time("all_reduce", 16e9, two_nodes) == pytest.approx(30 * (20e-6 + 1e9 / 10e9))
+    assert comm.ring_time("all_gather", 16e9, two_nodes) == pytest.approx(15 * (20e-6 + 1e9 / 10e9))
     assert comm.ring_time("all_reduce", 1e9, comm.links_for(1, 1, 1, 1, 1, 1)) == 0
+
+
+def test_gloo_reduce_scatters_with_an_all_reduce_nccl_does_not():
+    nccl, gloo = comm.links_for(4, 2, 100, 5, 1, 20), comm.links_for(4, 2, 100, 5, 1, 20, backend="gloo")
+    assert comm.ring_time("reduce_scatter", 1e8, gloo) == comm.ring_time("all_reduce", 1e8, gloo)
+    assert comm.ring_time("reduce_scatter", 1e8, nccl) == pytest.approx(comm.ring_time("all_reduce", 1e8, nccl) / 2)
 
 
 def test_bucketed_overlap_of_004():

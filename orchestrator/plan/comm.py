@@ -2,18 +2,23 @@
 
 Ring collectives over n ranks (NCCL's ring; trees do better at scale, so this is an
 upper bound, as the note says): an all-reduce takes 2(n-1) steps, a reduce-scatter or
-all-gather n-1. Each step pays one hop's latency, intra-node except the `nodes` hops
-per round that cross nodes, and moves bytes/n over the slowest link in the ring (the
-inter-node link once there is more than one node):
+all-gather n-1. The ring moves in lock step, so once it spans nodes every step waits for
+the slowest link: its latency and bytes/n over its bandwidth (the alpha-beta model):
 
-    t = hops_intra * lat_intra + hops_inter * lat_inter + steps * (bytes / n) / bw
+    t = steps * (lat + (bytes / n) / bw),   lat, bw = the inter-node link's if nodes > 1
+
+gloo (the CPU backend) reduce-scatters with an all-reduce's traffic: on the shaped
+test cluster its reduce_scatter_tensor took 1.0-1.1x an all-reduce of the same buffer at
+4-16 MB (bench/comm_check.py, bench/RESULTS.md), so it is charged as one.
 
 Per optimizer step and rank, as DeepSpeed schedules them:
 - stage 0: all-reduce of the gradients at the last micro batch, bucket by bucket after
   the backward (DeepSpeed's engine does not overlap it): 2x the gradient bytes.
-- stage 1: reduce-scatter at the last micro batch + all-gather of the updated
-  parameters after step(): 2x. Stage 2 reduce-scatters at EVERY micro batch (gradients
-  live only as partitions), so its volume grows with grad accumulation.
+- stages 1 and 2: the gradient buckets are all-reduced, not reduce-scattered (DeepSpeed's
+  use_multi_rank_bucket_allreduce, on by default: each rank then keeps its partition),
+  then the updated parameters are all-gathered after step(): 3x. Stage 1 reduces at the
+  last micro batch; stage 2 at EVERY micro batch (gradients live only as partitions), so
+  its volume grows with grad accumulation.
 - stage 3: all-gather in forward + all-gather in backward + reduce-scatter, every
   micro batch: 3x.
 Overlap (overlap_comm=true, stages 1-3): step = fwd + first bucket of bwd +
@@ -35,6 +40,7 @@ class Links:
     intra_lat: float  # seconds per hop
     inter_bw: float
     inter_lat: float
+    backend: str = "nccl"  # nccl | gloo: how a reduce-scatter is carried out
 
 
 @dataclass(frozen=True)
@@ -50,16 +56,20 @@ class Collective:
         return asdict(self)
 
 
+def ring_rounds(op: str, backend: str = "nccl") -> int:
+    """Passes around the ring: 2 for an all-reduce (reduce-scatter + all-gather), else 1;
+    gloo reduce-scatters with an all-reduce."""
+    return 2 if op == "all_reduce" or (op == "reduce_scatter" and backend == "gloo") else 1
+
+
 def ring_time(op: str, nbytes: float, links: Links) -> float:
     """Seconds for one ring collective of an `nbytes` buffer."""
     n = links.ranks
     if n == 1 or nbytes <= 0:
         return 0.0
-    rounds = 2 if op == "all_reduce" else 1
-    inter_hops = rounds * links.nodes if links.nodes > 1 else 0
-    intra_hops = rounds * (n - 1) - inter_hops
-    bw = links.inter_bw if links.nodes > 1 else links.intra_bw
-    return intra_hops * links.intra_lat + inter_hops * links.inter_lat + rounds * (n - 1) * nbytes / n / bw
+    steps = ring_rounds(op, links.backend) * (n - 1)
+    lat, bw = (links.inter_lat, links.inter_bw) if links.nodes > 1 else (links.intra_lat, links.intra_bw)
+    return steps * (lat + nbytes / n / bw)
 
 
 def buckets(total_elements: int, bucket_elements: int) -> list[int]:
@@ -70,7 +80,7 @@ def buckets(total_elements: int, bucket_elements: int) -> list[int]:
 
 def collective(op: str, phase: str, sizes_bytes: list[float], links: Links, per_step: int = 1) -> Collective:
     n = links.ranks
-    passes = (2 if op == "all_reduce" else 1) * (n - 1) / n
+    passes = ring_rounds(op, links.backend) * (n - 1) / n
     mean = sum(sizes_bytes) / len(sizes_bytes) if sizes_bytes else 0.0
     return Collective(op=op, phase=phase, bytes_per_call=mean, calls=per_step * len(sizes_bytes),
                       bytes_per_rank=per_step * passes * sum(sizes_bytes),
@@ -109,12 +119,12 @@ def step_time(*, stage: int, n_params: int, param_bytes: int, grad_bytes: int, r
         step = grad_accum * micro + c[0].time_s
     elif stage in (1, 2):
         every = grad_accum if stage == 2 else 1
-        rs = collective("reduce_scatter", "backward" + (", every micro batch" if stage == 2 else ", last micro batch"),
-                        g, links, per_step=every)
+        ar = collective("all_reduce", "backward, gradient buckets" + (", every micro batch" if stage == 2
+                                                                      else ", last micro batch"), g, links, per_step=every)
         ag = collective("all_gather", "after step(), updated parameters", p_gather, links)
-        c = [rs, ag]
-        rs_buckets = [ring_time("reduce_scatter", b, links) for b in g]
-        with_comm = fwd_s + (overlapped(bwd_s, rs_buckets) if overlap else bwd_s + sum(rs_buckets))
+        c = [ar, ag]
+        ar_buckets = [ring_time("all_reduce", b, links) for b in g]
+        with_comm = fwd_s + (overlapped(bwd_s, ar_buckets) if overlap else bwd_s + sum(ar_buckets))
         step = (grad_accum - every) * micro + every * with_comm + ag.time_s
     else:
         ag_f = collective("all_gather", "forward, every micro batch", p_fetch, links, per_step=grad_accum)
@@ -141,9 +151,10 @@ def _interleave(fetch: list[float], reduce: list[float]) -> list[float]:
     return [total / k] * k if k else []
 
 
-def links_for(ranks: int, nodes: int, intra_gbps: float, intra_us: float, inter_gbps: float, inter_us: float) -> Links:
+def links_for(ranks: int, nodes: int, intra_gbps: float, intra_us: float, inter_gbps: float, inter_us: float,
+              backend: str = "nccl") -> Links:
     return Links(ranks=ranks, nodes=nodes, intra_bw=intra_gbps * 1e9, intra_lat=intra_us * 1e-6,
-                 inter_bw=inter_gbps * 1e9, inter_lat=inter_us * 1e-6)
+                 inter_bw=inter_gbps * 1e9, inter_lat=inter_us * 1e-6, backend=backend)
 
 
 def bytes_per_rank_per_step(collectives: list[Collective]) -> float:

@@ -65,7 +65,8 @@ def make_plan(spec: TrialSpec) -> Plan:
     bwd_s = (f.hardware_per_token - f.forward_per_token) * tokens_micro / rate
     low = 4 if spec.precision == "fp32" else 2
     links = links_for(spec.world_size, spec.nodes, hw.intra_node.bandwidth_gbps, hw.intra_node.latency_us,
-                      hw.inter_node.bandwidth_gbps, hw.inter_node.latency_us)
+                      hw.inter_node.bandwidth_gbps, hw.inter_node.latency_us,
+                      backend="nccl" if hw.device == "cuda" else "gloo")
     z = cfg.zero
     t = step_time(stage=z.stage, n_params=n, param_bytes=low, grad_bytes=low, reduce_bucket=z.reduce_bucket_size,
                   allgather_bucket=z.allgather_bucket_size, prefetch_bucket=z.prefetch_bucket_size,
