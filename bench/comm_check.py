@@ -109,6 +109,72 @@ def collectives(args) -> None:
           f"(pred/meas {min(checked):.2f}-{max(checked):.2f}, median {statistics.median(checked):.2f})")
 
 
+# A GPT-2 shape of 3.7M parameters in fp32, one sequence per rank: 15 MB of gradients
+# against ~0.15 s of compute, so a 100 Mbit/s link makes the step communication-bound.
+TRIAL_MODEL = ["model.n_layers=2", "model.hidden=256", "model.heads=4", "model.kv_heads=4", "model.ffn_hidden=1024",
+               "model.vocab=8192", "run.bf16=false", "batch.micro_batch_size=1"]
+TRIAL_RUN = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", "run.steps=5",
+             "run.warmup_steps=2", "logger.mode=disabled", "cluster.wait=true"]
+STAGES_AT = 1e5  # the reduce bucket of the ZeRO 0-3 step-time points
+BUCKETS = (1e4, 1e5, 1e6)  # the dp x bucket sweep, at ZeRO-2
+
+
+def trial_points() -> list[tuple[int, float, int]]:
+    """(stage, reduce bucket, dp): ZeRO 0-3 at dp 2 and 4, and ZeRO-2's dp x bucket sweep."""
+    points = [(stage, STAGES_AT, dp) for stage in range(4) for dp in (2, 4)]
+    return points + [(2, b, dp) for b in BUCKETS for dp in (2, 4) if b != STAGES_AT]
+
+
+def inter_node_latency(reps: int = 5) -> float:
+    """Seconds per ring step across nodes: a 4-byte all-reduce between two nodes."""
+    proc = subprocess.run(["srun", "--export=ALL,SUBMITIT_EXECUTOR=slurm", "--nodes=2", "--ntasks=2",
+                           "--cpus-per-task=1", sys.executable, str(ROOT / "bench" / "collective_worker.py"), "4",
+                           str(reps)], capture_output=True, text=True, timeout=600, check=True)
+    rows = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])["rows"]
+    return next(r["seconds"] for r in rows if r["op"] == "all_reduce") / ring_terms("all_reduce", 0, 2)[0]
+
+
+def trials(args) -> None:
+    start_cluster(args.link_mbit)
+    latency = inter_node_latency()
+    links = [f"hardware.inter_node.bandwidth_gbps={args.link_mbit / 8000:g}",
+             f"hardware.inter_node.latency_us={latency * 1e6:.0f}"]
+    print(f"links: inter-node {args.link_mbit / 8:.1f} MB/s (tbf {args.link_mbit} Mbit/s), {latency * 1e6:.0f} us per "
+          "ring step (4-byte all-reduce, 2 nodes); one rank per node")
+    out = Path(args.out)
+    rows = []
+    for stage, bucket, dp in trial_points():
+        trial = out / f"z{stage}-b{bucket:.0e}-dp{dp}"
+        if not (trial / "result.json").is_file():
+            subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *TRIAL_MODEL,
+                            *TRIAL_RUN, *links, f"zero=stage{stage}", f"zero.reduce_bucket_size={bucket:g}",
+                            f"parallel.dp={dp}"], capture_output=True, timeout=1800)
+            print(f"  ran {trial.name}", file=sys.stderr)
+        r = json.loads((trial / "result.json").read_text())
+        measured = (r.get("metrics") or {}).get("step_time_s")
+        rows.append({"stage": stage, "bucket": bucket, "dp": dp, "status": r["status"], "measured": measured,
+                     "predicted": r["plan"]["time"]["step_s"], "comm": r["plan"]["time"]["comm_s"],
+                     "exposed": r["plan"]["time"]["exposed_comm_s"]})
+    print("\n| ZeRO | reduce bucket | dp | measured step s | predicted s | of which comm exposed | pred/meas | |")
+    print("|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for x in rows:
+        ratio = x["predicted"] / x["measured"] if x["measured"] else float("nan")
+        ratios.append(ratio)
+        verdict = "ok" if abs(ratio - 1) <= STEP_TOLERANCE else "MISS"
+        print(f"| {x['stage']} | {x['bucket']:.0e} | {x['dp']} | {x['measured'] or float('nan'):.3f} | "
+              f"{x['predicted']:.3f} | {x['exposed']:.3f} | {ratio:.2f} | {verdict} |")
+    good = [r for r in ratios if r == r]
+    print(f"\nstep time within {STEP_TOLERANCE:.0%}: {sum(abs(r - 1) <= STEP_TOLERANCE for r in good)} of {len(rows)} "
+          f"(pred/meas {min(good):.2f}-{max(good):.2f})")
+    for dp in (2, 4):
+        sweep = [x for x in rows if x["stage"] == 2 and x["dp"] == dp]
+        by = {k: [f"{x['bucket']:.0e}" for x in sorted(sweep, key=lambda x: x[k])] for k in ("measured", "predicted")}
+        same = "same" if by["measured"] == by["predicted"] else "DIFFERENT"
+        print(f"ZeRO-2 dp {dp}, buckets fastest first: measured {' < '.join(by['measured'])}; predicted "
+              f"{' < '.join(by['predicted'])} ({same})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -116,6 +182,10 @@ def main() -> None:
     c.add_argument("--link-mbit", type=int, default=400)
     c.add_argument("--reps", type=int, default=3)
     c.set_defaults(handler=collectives)
+    t = sub.add_parser("trials")
+    t.add_argument("out", metavar="OUT_DIR", help="trial directories (trials already there are not run again)")
+    t.add_argument("--link-mbit", type=int, default=100)
+    t.set_defaults(handler=trials)
     args = parser.parse_args()
     args.handler(args)
 

@@ -12,8 +12,9 @@ test cluster its reduce_scatter_tensor took 1.0-1.1x an all-reduce of the same b
 4-16 MB (bench/comm_check.py, bench/RESULTS.md), so it is charged as one.
 
 Per optimizer step and rank, as DeepSpeed schedules them:
-- stage 0: all-reduce of the gradients at the last micro batch, bucket by bucket after
-  the backward (DeepSpeed's engine does not overlap it): 2x the gradient bytes.
+- stage 0: all-reduce of the gradients at the last micro batch, after the backward
+  (DeepSpeed's engine does not overlap it), in buckets of its fixed 5e8 elements
+  (MEMORY_OPT_ALLREDUCE_SIZE: zero.reduce_bucket_size does not reach it): 2x the gradient bytes.
 - stages 1 and 2: the gradient buckets are all-reduced, not reduce-scattered (DeepSpeed's
   use_multi_rank_bucket_allreduce, on by default: each rank then keeps its partition),
   then the updated parameters are all-gathered after step(): 3x. Stage 1 reduces at the
@@ -105,11 +106,14 @@ class StepTime:
     collectives: list[Collective]
 
 
+STAGE0_BUCKET = 500_000_000  # elements: DeepSpeed's engine all-reduces stage 0 gradients in these
+
+
 def step_time(*, stage: int, n_params: int, param_bytes: int, grad_bytes: int, reduce_bucket: int,
               allgather_bucket: int, prefetch_bucket: int, overlap_comm: bool, grad_accum: int,
               fwd_s: float, bwd_s: float, links: Links) -> StepTime:
     """Step time of `grad_accum` micro batches of forward `fwd_s` and backward `bwd_s`."""
-    g = [e * grad_bytes for e in buckets(n_params, reduce_bucket)]
+    g = [e * grad_bytes for e in buckets(n_params, STAGE0_BUCKET if stage == 0 else reduce_bucket)]
     p_gather = [e * param_bytes for e in buckets(n_params, allgather_bucket)]
     p_fetch = [e * param_bytes for e in buckets(n_params, prefetch_bucket)]
     micro = fwd_s + bwd_s
