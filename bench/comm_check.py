@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.plan.comm import Links, ring_rounds, ring_time
+from orchestrator.plan.planner import make_plan
+from orchestrator.spec import build_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
@@ -116,7 +118,7 @@ TRIAL_MODEL = ["model.n_layers=2", "model.hidden=256", "model.heads=4", "model.k
 TRIAL_RUN = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", "run.steps=5",
              "run.warmup_steps=2", "logger.mode=disabled", "cluster.wait=true"]
 STAGES_AT = 1e5  # the reduce bucket of the ZeRO 0-3 step-time points
-BUCKETS = (1e4, 1e5, 1e6)  # the dp x bucket sweep, at ZeRO-2
+BUCKETS = (3e3, 1e4, 1e5, 1e6)  # the dp x bucket sweep, at ZeRO-2
 
 
 def trial_points() -> list[tuple[int, float, int]]:
@@ -152,9 +154,12 @@ def trials(args) -> None:
             print(f"  ran {trial.name}", file=sys.stderr)
         r = json.loads((trial / "result.json").read_text())
         measured = (r.get("metrics") or {}).get("step_time_s")
+        plan = make_plan(build_spec(r["overrides"])).as_dict()  # always this code's plan, not the one at launch
+        timed = [h["step_time_s"] for h in (r.get("metrics") or {}).get("history", []) if h["timed"]]
+        spread = statistics.pstdev(timed) / statistics.mean(timed) if len(timed) > 1 else 0.0
         rows.append({"stage": stage, "bucket": bucket, "dp": dp, "status": r["status"], "measured": measured,
-                     "predicted": r["plan"]["time"]["step_s"], "comm": r["plan"]["time"]["comm_s"],
-                     "exposed": r["plan"]["time"]["exposed_comm_s"]})
+                     "spread": spread,
+                     "predicted": plan["time"]["step_s"], "exposed": plan["time"]["exposed_comm_s"]})
     print("\n| ZeRO | reduce bucket | dp | measured step s | predicted s | of which comm exposed | pred/meas | |")
     print("|---|---|---|---|---|---|---|---|")
     ratios = []
@@ -167,12 +172,26 @@ def trials(args) -> None:
     good = [r for r in ratios if r == r]
     print(f"\nstep time within {STEP_TOLERANCE:.0%}: {sum(abs(r - 1) <= STEP_TOLERANCE for r in good)} of {len(rows)} "
           f"(pred/meas {min(good):.2f}-{max(good):.2f})")
+    # Two bucket sizes whose measured steps differ by less than twice the step-to-step
+    # spread of these trials are a tie: measurement cannot order them.
+    tie = 2 * statistics.median(x["spread"] for x in rows)
+    print(f"step-to-step spread (std/mean of the timed steps), median {tie / 2:.1%}: differences under {tie:.1%} "
+          "are ties")
     for dp in (2, 4):
         sweep = [x for x in rows if x["stage"] == 2 and x["dp"] == dp]
         by = {k: [f"{x['bucket']:.0e}" for x in sorted(sweep, key=lambda x: x[k])] for k in ("measured", "predicted")}
-        same = "same" if by["measured"] == by["predicted"] else "DIFFERENT"
+        disagree, ties = [], []
+        for a in sweep:
+            for b in sweep:
+                if a["measured"] < b["measured"]:
+                    pair = f"{a['bucket']:.0e}/{b['bucket']:.0e}"
+                    if b["measured"] / a["measured"] - 1 < tie:
+                        ties.append(pair)
+                    elif a["predicted"] > b["predicted"]:
+                        disagree.append(pair)
         print(f"ZeRO-2 dp {dp}, buckets fastest first: measured {' < '.join(by['measured'])}; predicted "
-              f"{' < '.join(by['predicted'])} ({same})")
+              f"{' < '.join(by['predicted'])}; pairs ordered differently: {', '.join(disagree) or 'none'}"
+              f" (ties: {', '.join(ties) or 'none'})")
 
 
 def main() -> None:

@@ -200,7 +200,7 @@ def test_recompute_adds_forward_work_to_hardware_flops_only():
 
 def _step(stage: int, dp: int, ga: int = 1, nodes: int = 1, overlap: bool = True, n: int = 10**9):
     links = comm.links_for(dp, nodes, 450, 3, 50, 10)
-    return comm.step_time(stage=stage, n_params=n, param_bytes=2, grad_bytes=2, reduce_bucket=5 * 10**8,
+    return comm.step_time(stage=stage, tensors=[n // 2, n - n // 2], param_bytes=2, grad_bytes=2, reduce_bucket=5 * 10**8,
                           allgather_bucket=5 * 10**8, prefetch_bucket=5 * 10**7, overlap_comm=overlap,
                           grad_accum=ga, fwd_s=0.1, bwd_s=0.2, links=links)
 
@@ -234,6 +234,14 @@ def test_gloo_reduce_scatters_with_an_all_reduce_nccl_does_not():
     nccl, gloo = comm.links_for(4, 2, 100, 5, 1, 20), comm.links_for(4, 2, 100, 5, 1, 20, backend="gloo")
     assert comm.ring_time("reduce_scatter", 1e8, gloo) == comm.ring_time("all_reduce", 1e8, gloo)
     assert comm.ring_time("reduce_scatter", 1e8, nccl) == pytest.approx(comm.ring_time("all_reduce", 1e8, nccl) / 2)
+
+
+def test_gradient_buckets_hold_whole_tensors_as_deepspeed_fills_them():
+    # backward order (3, 200, 5, 5, 100): 200 overflows the first bucket, 5 + 5 share one
+    assert comm.packed_buckets([100, 5, 5, 200, 3], 50) == [3, 200, 10, 100]
+    assert comm.packed_buckets([100, 5, 5, 200, 3], 10**6) == [313]
+    # a bucket smaller than every tensor: one collective per tensor, not 313 / 1
+    assert len(comm.packed_buckets([100, 5, 5, 200, 3], 1)) == 5
 
 
 def test_bucketed_overlap_of_004():

@@ -79,6 +79,20 @@ def buckets(total_elements: int, bucket_elements: int) -> list[int]:
     return [bucket_elements] * full + ([rest] if rest else [])
 
 
+def packed_buckets(tensors: list[int], bucket_elements: int) -> list[int]:
+    """Gradient buckets as DeepSpeed fills them: whole tensors in backward order (the
+    model's, reversed) until the next would overflow the bucket; a tensor larger than the
+    bucket goes alone. So a bucket far smaller than the tensors gives one collective per
+    tensor, not total / bucket of them."""
+    out, current = [], 0
+    for numel in reversed(tensors):
+        if current and current + numel > bucket_elements:
+            out.append(current)
+            current = 0
+        current += numel
+    return out + ([current] if current else [])
+
+
 def collective(op: str, phase: str, sizes_bytes: list[float], links: Links, per_step: int = 1) -> Collective:
     n = links.ranks
     passes = ring_rounds(op, links.backend) * (n - 1) / n
@@ -109,11 +123,14 @@ class StepTime:
 STAGE0_BUCKET = 500_000_000  # elements: DeepSpeed's engine all-reduces stage 0 gradients in these
 
 
-def step_time(*, stage: int, n_params: int, param_bytes: int, grad_bytes: int, reduce_bucket: int,
+def step_time(*, stage: int, tensors: list[int], param_bytes: int, grad_bytes: int, reduce_bucket: int,
               allgather_bucket: int, prefetch_bucket: int, overlap_comm: bool, grad_accum: int,
               fwd_s: float, bwd_s: float, links: Links) -> StepTime:
-    """Step time of `grad_accum` micro batches of forward `fwd_s` and backward `bwd_s`."""
-    g = [e * grad_bytes for e in buckets(n_params, STAGE0_BUCKET if stage == 0 else reduce_bucket)]
+    """Step time of `grad_accum` micro batches of forward `fwd_s` and backward `bwd_s`.
+
+    tensors: the elements of each parameter tensor, in the model's order (params.py)."""
+    n_params = sum(tensors)
+    g = [e * grad_bytes for e in packed_buckets(tensors, STAGE0_BUCKET if stage == 0 else reduce_bucket)]
     p_gather = [e * param_bytes for e in buckets(n_params, allgather_bucket)]
     p_fetch = [e * param_bytes for e in buckets(n_params, prefetch_bucket)]
     micro = fwd_s + bwd_s

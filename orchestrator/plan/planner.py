@@ -18,7 +18,7 @@ from orchestrator.plan.flops import Flops, flops
 from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, max_micro_batch, model_states,
                                      optimizer_traffic_bytes, peak_memory, recompute_bytes, runtime_bytes,
                                      sample_bytes)
-from orchestrator.plan.params import count_parameters
+from orchestrator.plan.params import count_parameters, parameter_tensors
 from orchestrator.spec import TrialSpec
 
 
@@ -68,7 +68,8 @@ def make_plan(spec: TrialSpec) -> Plan:
                       hw.inter_node.bandwidth_gbps, hw.inter_node.latency_us,
                       backend="nccl" if hw.device == "cuda" else "gloo")
     z = cfg.zero
-    t = step_time(stage=z.stage, n_params=n, param_bytes=low, grad_bytes=low, reduce_bucket=z.reduce_bucket_size,
+    tensors = [p.numel for p in parameter_tensors(cfg.model)]
+    t = step_time(stage=z.stage, tensors=tensors, param_bytes=low, grad_bytes=low, reduce_bucket=z.reduce_bucket_size,
                   allgather_bucket=z.allgather_bucket_size, prefetch_bucket=z.prefetch_bucket_size,
                   overlap_comm=z.overlap_comm, grad_accum=spec.grad_accum_steps, fwd_s=fwd_s, bwd_s=bwd_s, links=links)
     # The optimizer step is memory-bound: the bytes it moves at the device's bandwidth.
