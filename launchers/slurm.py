@@ -92,10 +92,13 @@ def partition_nodes(partition: str | None) -> list[NodeShape] | None:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if proc.returncode != 0:
-        return None
+    return parse_sinfo(proc.stdout, partition) if proc.returncode == 0 else None
+
+
+def parse_sinfo(text: str, partition: str | None) -> list[NodeShape]:
+    """Nodes from `sinfo -h -N -o %N|%c|%G|%P` lines (a node is listed once per partition)."""
     nodes = {}
-    for line in proc.stdout.splitlines():
+    for line in text.splitlines():
         name, cpus, gres, part = (line.split("|") + ["", "", ""])[:4]
         if partition or part.endswith("*"):  # sinfo marks the default partition with *
             gpus = sum(int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", gres))
