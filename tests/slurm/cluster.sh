@@ -164,12 +164,12 @@ start() {
   [ -s /etc/munge/munge.key ] || { mungekey --create --force 2>/dev/null || dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; }
   chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
   mkdir -p /run/munge && chown munge:munge /run/munge
-  pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+  alive munged || runuser -u munge -- /usr/sbin/munged
   wait_for 10 munge munge -n
 
   chown mysql:mysql /run/mysqld
   [ -d /var/lib/mysql/mysql ] || mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
-  if ! pgrep -x mariadbd >/dev/null; then
+  if ! alive mariadbd; then
     (mariadbd --user=mysql --skip-networking --socket=/run/mysqld/mysqld.sock --pid-file=/run/mysqld/mariadb.pid \
       >"$STATE/mariadb.log" 2>&1 &)
   fi
@@ -178,13 +178,13 @@ start() {
               CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'local-test-db';
               GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
 
-  pgrep -x slurmdbd >/dev/null || slurmdbd
+  alive slurmdbd || slurmdbd
   wait_for 30 slurmdbd sacctmgr -n list cluster
   shape > "$STATE/shape"
   if [ "$NODES" -eq 0 ]; then
-    pgrep -x slurmctld >/dev/null || slurmctld -c  # -c: no jobs of an earlier cluster
+    slurmctld -c  # -c: no jobs of an earlier cluster
     wait_for 30 slurmctld scontrol ping
-    pgrep -x slurmd >/dev/null || slurmd -N localhost
+    slurmd -N localhost
     scontrol update nodename=localhost state=resume >/dev/null 2>&1 || true
   else
     network_up
@@ -201,17 +201,25 @@ start() {
   echo "cluster.sh: SLURM is up ($(shape); state in $STATE)"
 }
 
+alive() {  # a process of this name that is not a zombie
+  ps -C "$1" -o stat= 2>/dev/null | grep -qv '^Z'
+}
+
 stop() {
-  local pidfile
+  local pidfile name deadline
   for pidfile in "$STATE"/slurmd*.pid "$STATE/slurmctld.pid" "$STATE/slurmdbd.pid" /run/mysqld/mariadb.pid; do
     [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
   done
-  pkill -x slurmd 2>/dev/null || true
-  pkill -x munged 2>/dev/null || true
-  local deadline=$((SECONDS + 15))
-  local name
-  for name in slurmd slurmctld slurmdbd munged mariadbd; do
-    while pgrep -x "$name" >/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+  for name in slurmstepd slurmd slurmctld slurmdbd munged; do pkill -x "$name" 2>/dev/null || true; done
+  # A slurmd whose node namespace is gone can ignore SIGTERM here: after 10 s, SIGKILL.
+  for signal in TERM KILL; do
+    deadline=$((SECONDS + 10))
+    for name in slurmstepd slurmd slurmctld slurmdbd munged mariadbd; do
+      while alive "$name" && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    done
+    [ $signal = KILL ] || for name in slurmstepd slurmd slurmctld slurmdbd munged mariadbd; do
+      alive "$name" && pkill -KILL -x "$name" 2>/dev/null || true
+    done
   done
   network_down
   rm -f "$STATE/shape" "$STATE"/slurmd*.pid
