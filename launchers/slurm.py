@@ -194,14 +194,26 @@ NEVER_STARTS = {
 
 
 def job_state(job_id: str) -> tuple[str, str]:
-    """(SLURM state, reason) from sacct; ("UNKNOWN", "") before sacct has the job."""
+    """(SLURM state, reason) from sacct; ("UNKNOWN", "") before sacct has the job.
+
+    A pending job's reason comes from squeue: the controller's live one (sacct's can say
+    "None" for minutes after the scheduler has found that the job can never start)."""
     out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State,Reason"],
                          capture_output=True, text=True, timeout=60).stdout
     for line in out.splitlines():
         jid, state, reason = (line.split("|") + ["", ""])[:3]
         if jid == job_id:
-            return state.split()[0] if state else "UNKNOWN", reason
+            state = state.split()[0] if state else "UNKNOWN"
+            return state, (_pending_reason(job_id) or reason) if state == "PENDING" else reason
     return "UNKNOWN", ""
+
+
+def _pending_reason(job_id: str) -> str:
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
 
 
 def finalize(trial_dir: Path) -> dict | None:
