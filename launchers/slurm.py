@@ -124,10 +124,10 @@ def partition_refusal(spec: TrialSpec, nodes: list[NodeShape]) -> str | None:
         return (f"cluster.cpus_per_task={c.cpus_per_task}: {per_node} tasks per node x {c.cpus_per_task} CPUs = "
                 f"{per_node * c.cpus_per_task} CPUs per node, but no node of {where} has more than {cpus}; "
                 f"the most that fits is cluster.cpus_per_task={cpus // per_node}")
-    cuda = spec.cfg.hardware.device == "cuda"
-    if cuda and per_node > max(n.gpus for n in nodes):
-        return (f"cluster.gpus_per_node={per_node}: no node of {where} has more than {max(n.gpus for n in nodes)} "
-                f"GPUs (sinfo's GRES); the most that fits is cluster.gpus_per_node={max(n.gpus for n in nodes)}")
+    cuda, gpus = spec.cfg.hardware.device == "cuda", max(n.gpus for n in nodes)
+    if cuda and per_node > gpus:
+        return (f"cluster.gpus_per_node={per_node}: no node of {where} has more than {gpus} GPUs (sinfo's GRES); "
+                f"the most that fits is cluster.gpus_per_node={gpus}")
     able = [n for n in nodes if n.cpus >= per_node * c.cpus_per_task and (not cuda or n.gpus >= per_node)]
     if spec.nodes > len(able):
         return (f"parallel.dp={spec.dp}: {spec.nodes} nodes of {per_node} ranks, but {where} has {len(able)} node(s) "
@@ -216,13 +216,13 @@ def _pending_reason(job_id: str) -> str:
     return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
 
 
-def finalize(trial_dir: Path) -> dict | None:
-    """result.json for a submitted trial whose job has ended (None while it has not)."""
+def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
+    """result.json for a submitted trial whose job has ended (None while it has not);
+    state and reason: job_state() of its job."""
     from orchestrator.results import outcome_status, write_result
     from orchestrator.spec import load_spec
 
     job = json.loads((trial_dir / JOB_FILE).read_text())
-    state, reason = job_state(job["job_id"])
     never = state == "PENDING" and reason in NEVER_STARTS
     if (state in RUNNING and not never) or state == "UNKNOWN":
         return None

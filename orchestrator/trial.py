@@ -116,10 +116,10 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
         return result["status"], result
     if not (trial_dir / slurm.JOB_FILE).is_file():
         return "not submitted", None
-    if result := slurm.finalize(trial_dir):
-        return result["status"], result
     job = json.loads((trial_dir / slurm.JOB_FILE).read_text())
-    state, reason = slurm.job_state(job["job_id"])
+    state, reason = slurm.job_state(job["job_id"])  # asked once per poll: finalize decides from it
+    if result := slurm.finalize(trial_dir, state, reason):
+        return result["status"], result
     if state == "UNKNOWN":
         return "submitted", None  # sacct learns of a job a moment later
     return state.lower() + (f" ({reason})" if reason and reason != "None" else ""), None  # pending (Resources)
