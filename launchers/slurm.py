@@ -25,19 +25,12 @@ from orchestrator.launchers.binding import Binding, trial_binding
 from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
 from orchestrator.launchers.slurm_task import SlurmTask
 from orchestrator.results import now
-from orchestrator.spec import TrialSpec
+from orchestrator.spec import TrialSpec, time_limit_s
 
 
 def timeout_minutes(time: str) -> int:
     """SLURM's MM, HH:MM:SS or D-HH:MM:SS as whole minutes (rounded up)."""
-    days, _, clock = time.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if len(parts) == 1:
-        seconds = parts[0] * 60
-    else:
-        parts = [0] * (3 - len(parts)) + parts
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return int(days or 0) * 1440 + math.ceil(seconds / 60)
+    return math.ceil(time_limit_s(time) / 60)
 
 
 def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:

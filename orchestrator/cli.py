@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def specs_from(args: argparse.Namespace) -> list[TrialSpec]:
     """Every trial the command line asks for, composed and validated (ConfigError if not)."""
+    sweep_files = [o for o in args.overrides if o.lstrip("+").partition("=")[0] == "sweep"]
+    if sweep_files and not args.multirun:  # its axes would be silently ignored
+        raise ConfigError("+sweep", sweep_files[0].partition("=")[2], f"a sweep file runs with -m: orchestrator "
+                          f"{args.command} -m {' '.join(args.overrides)}")
     points = expand_sweep(args.overrides) if args.multirun else [args.overrides]
     specs = []
     for i, point in enumerate(points):

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -70,6 +71,7 @@ def compose_trial(overrides: list[str]) -> Composed:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as exc:
         raise _translate(exc, overrides) from None
+    _reject_deletions(parsed)
     structural = tuple(o.input_line for o in parsed if not _is_value_change(o))
     base = _compose_with_hydra(str(conf_dir()), structural)
     cfg = copy.deepcopy(base.cfg)
@@ -89,6 +91,10 @@ def _compose_with_hydra(config_dir: str, overrides: tuple[str, ...]) -> Composed
             cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _translate(exc, list(overrides)) from None
+    except yaml.YAMLError as exc:  # a preset file (ours or one on hydra.searchpath) that is not YAML
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}" if mark else "a preset file"
+        raise ConfigError("preset file", where, f"not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
     finally:
         GlobalHydra.instance().clear()
     choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if not g.startswith("hydra/")}
@@ -96,6 +102,19 @@ def _compose_with_hydra(config_dir: str, overrides: tuple[str, ...]) -> Composed
     with open_dict(cfg):
         del cfg["hydra"]
     return Composed(cfg=cfg, choices=choices, overrides=overrides, sweep_params=params)
+
+
+def _reject_deletions(parsed: list[Override]) -> None:
+    """`~model` or `~run.lr`: every group and field of the schema is needed, so a deletion
+    could only fall back to the schema's defaults without saying so."""
+    for o in parsed:
+        if o.type == OverrideType.DEL and not o.key_or_group.startswith("hydra"):
+            key = o.key_or_group
+            instead = (f"choose another preset ({key}=NAME; {one_of(presets(key))})" if key in config.GROUPS
+                       else f"set its fields ({key}.FIELD=VALUE)" if key in config.FIELD_GROUPS
+                       else f"set a value ({key}=VALUE)")
+            raise ConfigError(f"~{key}", "(delete)", f"every config group and field is needed, so nothing can be "
+                              f"deleted; {instead}")
 
 
 def _is_value_change(o: Override) -> bool:

@@ -19,11 +19,13 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import hardware
 from orchestrator.compose import Composed, compose_trial, presets
 from orchestrator.config import TrialConfig
 from orchestrator.errors import ConfigError, one_of
+from orchestrator.token_file import check_token_file
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 
 ARCHS = ("gpt2", "llama")
@@ -37,6 +39,13 @@ DEVICES = ("cpu", "cuda")
 OFFLOAD = ("none", "cpu")
 LOGGER_MODES = ("offline", "online", "disabled")
 BYTES_PER = {"bf16": 2, "fp16": 2, "fp32": 4}
+# Bounds far past any real run that keep the plan and the ranks from building lists of
+# that length (a per-layer tensor list, a per-step batch list).
+MAX_LAYERS = 10_000
+MAX_STEPS = 10_000_000
+MAX_DP = 1_048_576
+MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed
+MAX_TAG = 64  # W&B refuses longer tags
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ def load_spec(trial_dir: Path) -> TrialSpec:
 
 def spec_from(composed: Composed) -> TrialSpec:
     _reject_unknown_keys(composed.cfg)
+    _reject_unresolvable_and_non_finite(composed.cfg)
     cfg: TrialConfig = OmegaConf.to_object(composed.cfg)
     _check_model(cfg)
     _check_zero(cfg)
@@ -88,7 +98,7 @@ def spec_from(composed: Composed) -> TrialSpec:
     precision = _check_run(cfg)
     _check_hardware(cfg, precision, composed.choices.get("hardware", ""))
     _check_logger(cfg)
-    dp = _positive(cfg.parallel.dp, "parallel.dp")
+    dp = _at_most(_positive(cfg.parallel.dp, "parallel.dp"), "parallel.dp", MAX_DP)
     gpus_per_node, nodes = _placement(cfg, dp)
     mbs, gbs = _check_batch(cfg, dp)
     return TrialSpec(
@@ -115,12 +125,47 @@ def _reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
             _reject_unknown_keys(value, path)
 
 
+def _reject_unresolvable_and_non_finite(cfg: DictConfig) -> None:
+    """Interpolations that cannot resolve (`${oc.env:NOPE}`, `${model.nope}`, a value that
+    refers to itself) and NaN or infinity anywhere: no field of a trial means either."""
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise ConfigError(key, _raw(cfg, key), f"its interpolation cannot be resolved "
+                          f"({str(exc).splitlines()[0]})") from None
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(path, node, "a finite number (NaN and infinity mean nothing here)")
+
+    walk(data, "")
+
+
+def _raw(cfg: DictConfig, key: str) -> Any:
+    """A field's value as written, interpolation unresolved ('?' if there is no such field)."""
+    node: Any = cfg
+    try:
+        for part in key.split("."):
+            node = node._get_node(part)
+        return node._value()
+    except (AttributeError, KeyError, OmegaConfBaseException):
+        return "?"
+
+
 def _check_model(cfg: TrialConfig) -> None:
     m = cfg.model
     _choice(m.arch, "model.arch", ARCHS)
     _choice(m.attention, "model.attention", ATTENTION)
     for name in ("n_layers", "hidden", "heads", "vocab", "max_positions"):
         _positive(getattr(m, name), f"model.{name}")
+    _at_most(m.n_layers, "model.n_layers", MAX_LAYERS)
     if m.hidden % m.heads:
         raise ConfigError("model.heads", m.heads, f"must divide model.hidden={m.hidden} (head size = hidden / heads)")
     if m.kv_heads is None:
@@ -168,19 +213,31 @@ def _check_choices(cfg: TrialConfig) -> None:
     _positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
     _positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
     _positive(cfg.cluster.sockets_per_node, "cluster.sockets_per_node")
-    if cfg.cluster.max_requeues < 0 or cfg.cluster.signal_delay_s < 0:
-        raise ConfigError("cluster.max_requeues", cfg.cluster.max_requeues, "whole numbers >= 0 (and signal_delay_s)")
+    if cfg.cluster.max_requeues < 0:
+        raise ConfigError("cluster.max_requeues", cfg.cluster.max_requeues, "a whole number >= 0")
+    if cfg.cluster.signal_delay_s < 0:
+        raise ConfigError("cluster.signal_delay_s", cfg.cluster.signal_delay_s, "seconds >= 0")
     for name in ("partition", "account", "qos"):
         value = getattr(cfg.cluster, name)
         if value is not None and not re.fullmatch(r"[\w.\-,]+", value):
             raise ConfigError(f"cluster.{name}", value, "a SLURM name: letters, digits, _ . - and commas")
-    if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", cfg.cluster.time):
-        raise ConfigError("cluster.time", cfg.cluster.time, "a SLURM time limit: MM, HH:MM:SS or D-HH:MM:SS")
+    if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", cfg.cluster.time) or not time_limit_s(cfg.cluster.time):
+        raise ConfigError("cluster.time", cfg.cluster.time, "a SLURM time limit above 0: MM, HH:MM:SS or D-HH:MM:SS")
+    limit = time_limit_s(cfg.cluster.time)
+    if cfg.cluster.name == "slurm" and cfg.cluster.signal_delay_s > limit // 2:
+        # SLURM warns this long before the end: past half the limit an allocation would
+        # spend more time warned (checkpointing, waiting for the requeue) than training.
+        raise ConfigError("cluster.signal_delay_s", cfg.cluster.signal_delay_s,
+                          f"at most half of cluster.time={cfg.cluster.time} ({limit} s), so that every allocation "
+                          f"trains before SLURM warns of its end; the nearest valid value is {limit // 2}")
 
 
 def _check_run(cfg: TrialConfig) -> str:
     r = cfg.run
     _positive(r.steps, "run.steps")
+    _at_most(r.steps, "run.steps", MAX_STEPS)
+    if not 0 <= r.seed <= MAX_SEED:
+        raise ConfigError("run.seed", r.seed, f"a whole number from 0 to {MAX_SEED:,} (2^32 - 1)")
     if not 0 <= r.warmup_steps < r.steps:
         raise ConfigError("run.warmup_steps", r.warmup_steps, f"0 to run.steps-1={r.steps - 1} (timing warm-up steps are not measured)")
     if r.bf16 and r.fp16:
@@ -189,6 +246,8 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.lr", r.lr, "a learning rate > 0")
     if r.grad_clip < 0:
         raise ConfigError("run.grad_clip", r.grad_clip, "a norm >= 0 (0 turns clipping off)")
+    if r.weight_decay < 0:
+        raise ConfigError("run.weight_decay", r.weight_decay, "a decay >= 0 (0 turns it off)")
     _choice(r.data_dtype, "run.data_dtype", ("uint16", "uint32"))
     _choice(r.fail_mode, "run.fail_mode", ("raise", "exit", "oom"))
     for name in ("gc_collect_every", "dataloader_workers", "checkpoint_every"):
@@ -198,8 +257,8 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.timeout_min", r.timeout_min, "minutes > 0, or null for no limit")
     if r.fail_at_step is not None and not 0 <= r.fail_rank < cfg.parallel.dp:
         raise ConfigError("run.fail_rank", r.fail_rank, f"a rank from 0 to parallel.dp-1={cfg.parallel.dp - 1}")
-    if r.data is not None and cfg.cluster.name == "local" and not os.path.isfile(r.data):
-        raise ConfigError("run.data", r.data, "a file of token ids that exists (or null for synthetic tokens)")
+    if r.data is not None and cfg.cluster.name == "local":  # on SLURM it may exist only on the cluster
+        check_token_file(r.data, r.data_dtype, cfg.model.seq_len, cfg.model.vocab)
     return "bf16" if r.bf16 else "fp16" if r.fp16 else "fp32"
 
 
@@ -231,6 +290,9 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
 
 def _check_logger(cfg: TrialConfig) -> None:
     _choice(cfg.logger.mode, "logger.mode", LOGGER_MODES)
+    for tag in cfg.logger.tags:
+        if not 1 <= len(tag) <= MAX_TAG:
+            raise ConfigError("logger.tags", repr(tag), f"each tag 1 to {MAX_TAG} characters long (W&B's limit)")
     if cfg.logger.mode == "online" and not _wandb_key_available():
         raise ConfigError("logger.mode", "online", "needs WANDB_API_KEY in the environment (or `wandb login`); "
                           "use logger.mode=offline and `wandb sync` later")
@@ -313,6 +375,24 @@ def _positive(value: Any, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(field, value, "a whole number >= 1")
     return value
+
+
+def _at_most(value: int, field: str, limit: int) -> int:
+    if value > limit:
+        raise ConfigError(field, value, f"a whole number from 1 to {limit:,}; the nearest valid value is {limit}")
+    return value
+
+
+def time_limit_s(time: str) -> int:
+    """SLURM's MM, HH:MM:SS or D-HH:MM:SS in seconds (MM:SS with one colon)."""
+    days, _, clock = time.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if len(parts) == 1:
+        seconds = parts[0] * 60
+    else:
+        parts = [0] * (3 - len(parts)) + parts
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return int(days or 0) * 86400 + seconds
 
 
 def _above_zero(value: Any, field: str) -> float:

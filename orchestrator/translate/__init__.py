@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import Command, local_command
 from orchestrator.files import atomic_write_json, atomic_write_text
 from orchestrator.spec import TrialSpec
+from orchestrator.token_file import few_windows_warning
 from orchestrator.translate import accelerate, deepspeed
 
 
@@ -58,6 +60,10 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
         explain += ["## accelerate_config.yaml", ""] + [f"- {line}" for line in accelerate.explain(spec)] + [""]
 
     command, slurm_launch, warnings = None, None, list(bind.warnings)
+    run = spec.cfg.run
+    if run.data and os.path.isfile(run.data) and (few := few_windows_warning(run.data, run.data_dtype,
+                                                                             spec.cfg.model.seq_len, spec.global_batch_size)):
+        warnings.append(few)
     if spec.cfg.cluster.name == "local":
         if spec.cfg.engine.name == "accelerate" and bind.accelerate_args and spec.cfg.numa.mode != "node":
             warnings.append(f"numa.mode={spec.cfg.numa.mode}: accelerate launch binds to the GPU's NUMA node only")

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from orchestrator.token_file import check_token_file, windows
+
 
 class SyntheticTokens(Dataset):
     """Uniform random ids: the throughput of a step does not depend on what the tokens say."""
@@ -30,9 +32,8 @@ class TokenFile(Dataset):
     """Windows of seq_len ids from a flat binary file (uint16 / uint32), memory-mapped."""
 
     def __init__(self, path: str, dtype: str, seq_len: int, vocab: int, seed: int):
+        check_token_file(path, dtype, seq_len, vocab)  # again on the rank's host: on SLURM it is first seen here
         self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
-        if len(self.tokens) <= seq_len:
-            raise ValueError(f"run.data={path} holds {len(self.tokens)} tokens, fewer than one sequence of {seq_len}")
         self.seq_len, self.vocab, self.seed = seq_len, vocab, seed
 
     def __len__(self) -> int:
@@ -40,11 +41,8 @@ class TokenFile(Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         rng = np.random.default_rng(self.seed * 1_000_003 + index)
-        start = int(rng.integers(0, len(self.tokens) - self.seq_len))
-        window = torch.from_numpy(self.tokens[start:start + self.seq_len].astype(np.int64))
-        if int(window.max()) >= self.vocab:
-            raise ValueError(f"run.data has token id {int(window.max())} >= model.vocab={self.vocab}")
-        return window
+        start = int(rng.integers(0, windows(len(self.tokens), self.seq_len)))
+        return torch.from_numpy(self.tokens[start:start + self.seq_len].astype(np.int64))
 
 
 class RankSampler(torch.utils.data.Sampler):
