@@ -21,6 +21,7 @@ from typing import Callable
 from orchestrator.launchers.binding import Binding
 from orchestrator import hardware
 from orchestrator.spec import TrialSpec
+from orchestrator.workload.train import PROGRESS
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
 
@@ -76,8 +77,11 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
     clear_stale_build_locks()
     start = time.monotonic()
     with open(log, "a") as sink:
+        # Its own session (a terminal's Ctrl-C reaches the orchestrator only, which ends
+        # the ranks in order), and SIGTERM when the orchestrator dies, even by SIGKILL.
         proc = subprocess.Popen(command.argv, env=environment(command), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         reader = threading.Thread(target=_pump, args=(proc.stdout, sink, on_progress), daemon=True)
         reader.start()
         timed_out = False
@@ -94,8 +98,8 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
 
 
 def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
-    from orchestrator.workload.train import PROGRESS
-
+    """Read the launcher's output to its end, whatever happens to the log: a pipe left
+    unread would block the ranks on their next write."""
     for line in stream:
         if line.startswith(PROGRESS):
             try:
@@ -103,8 +107,17 @@ def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
                 continue
             except ValueError:
                 pass
-        sink.write(line)
-        sink.flush()
+        try:
+            sink.write(line)
+            sink.flush()
+        except OSError:  # a full disk: the line is lost, the run goes on
+            pass
+
+
+def _die_with_parent() -> None:
+    from orchestrator.workload.train import die_with_parent
+
+    die_with_parent()
 
 
 def _end_group(proc: subprocess.Popen) -> None:

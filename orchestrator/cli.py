@@ -21,23 +21,30 @@ from pathlib import Path
 from orchestrator.compose import expand_sweep, presets, swept_values
 from orchestrator.config import GROUPS
 from orchestrator.display import console, show_plan, show_report, show_states, show_sweep, trial_label
-from orchestrator.errors import ConfigError, PlanRefused
+from orchestrator.errors import ConfigError, Interrupted, PlanRefused
 from orchestrator.plan.planner import make_plan
 from orchestrator.report import collect, write_report
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
-from orchestrator.trial import check_runnable_here, collect_state, run_trial, submit_trials, trial_dirs_below, wait_for
+from orchestrator.results import read_json
+from orchestrator.trial import check_runnable_here, collect_state, run_trial, submit_trials, wait_for
+from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, claim, trials_below, writable_dir
 
 FIELDS_ONLY = "(fields, no presets)"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    Interrupted.install()  # Ctrl-C and SIGTERM: record what runs, then one line, no traceback
     try:
         return args.handler(args)
     except (ConfigError, PlanRefused) as exc:
         print(f"orchestrator {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Interrupted as exc:
+        print(f"orchestrator {args.command}: interrupted by {exc}" + (" (the running trial is recorded as "
+              "interrupted)" if args.command == "run" else ""), file=sys.stderr)
         return exc.exit_code
 
 
@@ -84,13 +91,15 @@ def run_command(args: argparse.Namespace) -> int:
     specs = specs_from(args)
     for spec in specs:
         check_runnable_here(spec)
-    base = Path(args.out) if args.out else default_output_dir(args.multirun)
+    # Claimed only now that every point is valid: bad input leaves no directory behind.
+    base = claim(Path(args.out) if args.out else default_output_dir(args.multirun), "--out",
+                 overwrite=args.overwrite, unique=not args.out, marker=SWEEP_CLAIM if args.multirun else CLAIM)
     out = console()
     swept = swept_values([spec.overrides for spec in specs])
     group = "_".join(base.parts[-2:]) if not args.out else base.name  # multirun/DATE/TIME -> DATE_TIME
     points = []
     for i, spec in enumerate(specs):
-        trial_dir = base / point_name(i, spec) if args.multirun else base
+        trial_dir = claim(base / point_name(i, spec), "--out") if args.multirun else base
         name = ",".join(f"{k}={v}" for k, v in swept[i].items()) or " ".join(spec.overrides) or "default"
         points.append((spec, trial_dir, {"group": group if args.multirun else None, "name": name[:120],
                                          "index": i, "swept": swept[i]}))
@@ -119,15 +128,17 @@ def _sweep_outcome(results: list[dict], base: Path, out) -> int:
 
 def status_command(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
-    dirs = trial_dirs_below(directory)
+    dirs = trials_below(directory)
     if not dirs:
         print(f"orchestrator status: {directory} holds no trial", file=sys.stderr)
         return 2
     rows = []
     for trial_dir in dirs:
         state, result = collect_state(trial_dir)
-        job = json.loads((trial_dir / "slurm.json").read_text())["job_id"] if (trial_dir / "slurm.json").is_file() else ""
+        job = (read_json(trial_dir / "slurm.json") or {}).get("job_id", "")
         error = (result or {}).get("error") or {}
+        if state == "unreadable":
+            print(f"orchestrator status: warning: skipped {error['message']}", file=sys.stderr)
         rows.append((str(trial_dir.relative_to(directory)) or ".", job, state, error.get("message", "")[:100]))
     show_states(rows, console())
     return 0
@@ -135,7 +146,7 @@ def status_command(args: argparse.Namespace) -> int:
 
 def wait_command(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
-    if not trial_dirs_below(directory):
+    if not trials_below(directory):
         print(f"orchestrator wait: {directory} holds no trial", file=sys.stderr)
         return 2
     out = console()
@@ -156,7 +167,7 @@ def default_output_dir(multirun: bool) -> Path:
 
 def translate_command(args: argparse.Namespace) -> int:
     specs = specs_from(args)
-    out = Path(args.out)
+    out = writable_dir(Path(args.out), "--out")
     for i, spec in enumerate(specs):
         trial_dir = out / point_name(i, spec) if args.multirun else out
         files = write_trial_files(spec, trial_dir, plan=make_plan(spec).as_dict())
@@ -210,7 +221,9 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     run = trial_command("run", "Run one trial (or a sweep with -m) and record result.json.", run_command)
-    run.add_argument("--out", metavar="DIR", help="trial directory (default outputs/DATE/TIME, multirun/DATE/TIME)")
+    run.add_argument("--out", metavar="DIR", help="trial directory (default outputs/DATE/TIME, multirun/DATE/TIME); "
+                     "one that holds a trial is refused unless --overwrite")
+    run.add_argument("--overwrite", action="store_true", help="replace the trial --out holds (it is deleted first)")
     plan = trial_command("plan", "Predict memory, FLOPs, communication and step time; launch nothing.", plan_command)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (the keys of DESIGN.md)")
     translate = trial_command("translate", "Write the engine configs and launch commands without running.",

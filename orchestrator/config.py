@@ -153,6 +153,7 @@ class RunConfig:
     lr: float = 3e-4
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    stop_on_nonfinite_loss: bool = True  # a NaN or infinite loss ends the trial as failed (false: flag it, train on)
     force: bool = False  # launch even when the plan predicts it will not fit
     checkpoint_every: int = 0  # save the training state every N steps (0: only when SLURM warns of the end)
     timeout_min: Optional[float] = None  # end the trial (status timeout) after this long

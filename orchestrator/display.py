@@ -6,6 +6,8 @@ plan rests on are printed under it.
 
 from __future__ import annotations
 
+import math
+
 import sys
 
 from rich.console import Console
@@ -117,7 +119,8 @@ def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
 
 def show_progress(p: dict, out: Console) -> None:
     timing = "" if p["timed"] else "  (timing warm-up)"
-    out.print(f"  step {p['step'] + 1}/{p['steps']}  loss {p['loss']:.4f}  batch {p['global_batch_size']}  "
+    loss = f"{p['loss']:.4f}" if math.isfinite(p["loss"]) else f"[bold red]{p['loss']} (not finite)[/bold red]"
+    out.print(f"  step {p['step'] + 1}/{p['steps']}  loss {loss}  batch {p['global_batch_size']}  "
               f"{p['step_time_s']:.3f} s  {p['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU{timing}")
 
 
@@ -132,6 +135,10 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     m, plan = result.get("metrics"), result.get("plan") or {}
     if not m:
         return
+    if m.get("nonfinite_loss_steps"):
+        steps = m["nonfinite_loss_steps"]
+        out.print(f"  [bold red]warning:[/bold red] the loss was not finite at {len(steps)} step(s), first at step "
+                  f"{steps[0] + 1} (result.json: metrics.nonfinite_loss_steps)")
     table = Table(title="Measured, with the plan's prediction beside it", title_justify="left")
     for name in ("", "measured", "predicted"):
         table.add_column(name, justify="right" if name else "left")

@@ -1,12 +1,14 @@
-"""The two ways a trial is stopped before launch, as exceptions the CLI turns into exit codes.
+"""The ways a command is stopped, as exceptions the CLI turns into exit codes.
 
 ConfigError (exit 2): the input is wrong. Its message is one short paragraph that names
 the field, the value and what is allowed; the CLI prints it without a traceback.
 PlanRefused (exit 3): the input is valid but the plan predicts the trial cannot run.
+Interrupted (exit 130 / 143): Ctrl-C or SIGTERM; what was running is recorded first.
 """
 
 from __future__ import annotations
 
+import signal
 from typing import Any, Iterable
 
 
@@ -25,6 +27,30 @@ class PlanRefused(RuntimeError):
     """The plan predicts the trial does not fit; `run.force=true` launches anyway."""
 
     exit_code = 3
+
+
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM arrived. Raised from a signal handler, in the orchestrator
+    (the running trial is recorded as interrupted, the command exits 128 + the signal's
+    number with one line) and in a rank (which records it and closes its W&B run).
+    A BaseException, as KeyboardInterrupt is: `except Exception` must not swallow it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @staticmethod
+    def install(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        """Turn these signals into Interrupted in the main thread."""
+        def handler(signum, frame):
+            raise Interrupted(signum)
+
+        for sig in signals:
+            signal.signal(sig, handler)
 
 
 def one_of(values: Iterable[Any]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -28,4 +29,16 @@ def atomic_write_text(path: Path | str, text: str) -> None:
 
 
 def atomic_write_json(path: Path | str, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    """Strict JSON: a NaN or infinity (a diverged loss) is written as null, never as a bare
+    NaN that strict readers reject; whoever produced it flags it in words beside it."""
+    atomic_write_text(path, json.dumps(finite(data), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
+
+
+def finite(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite(v) for v in data]
+    return data

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,14 +26,28 @@ COLUMNS = ("status", "tokens_per_sec_per_gpu", "mfu", "hfu", "step_time_s", "pre
            "predicted_peak_bytes", "activation_bytes", "predicted_activation_bytes", "error")
 
 
-def collect(directory: Path) -> tuple[list[dict], list[dict]]:
-    """(rows, results): one row per result.json below `directory`, best first."""
-    paths = sorted(directory.rglob("result.json"))
-    results = [json.loads(p.read_text()) for p in paths]
+def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
+    """(rows, results): one row per result.json below `directory`, best first. A file that
+    is not a readable result is skipped, and named to `warn` (stderr by default)."""
+    paths, results = [], []
+    for path in sorted(directory.rglob("result.json")):
+        try:
+            result = json.loads(path.read_text())
+            if not isinstance(result, dict) or "status" not in result:
+                raise ValueError("not a result (no status)")
+        except (OSError, ValueError) as exc:
+            (warn or _stderr)(f"warning: skipped {path}: {type(exc).__name__}: {exc}")
+            continue
+        paths.append(path)
+        results.append(result)
     swept = swept_values([tuple(r.get("overrides", [])) for r in results])
     rows = [_row(r, p.parent, directory, s) for r, p, s in zip(results, paths, swept)]
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["status"] != "ok", -(rows[i]["tokens_per_sec_per_gpu"] or 0)))
     return [rows[i] for i in order], [results[i] for i in order]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _row(result: dict, trial_dir: Path, base: Path, swept: dict) -> dict:

@@ -12,28 +12,45 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shutil
 from pathlib import Path
 
 from orchestrator.files import atomic_write_json
 from orchestrator.spec import TrialSpec
+from orchestrator.trial_dir import disk_full, release
 
-EXIT_CODES = {"ok": 0, "failed": 1, "oom": 1, "timeout": 1, "preempted": 1, "refused": 3}
+EXIT_CODES = {"ok": 0, "failed": 1, "oom": 1, "timeout": 1, "preempted": 1, "refused": 3, "interrupted": 130}
+PER_STEP_KEYS = ("history", "step_times_s", "losses", "global_batch_sizes")  # dropped when the disk is full
 LOG_TAIL_LINES = 40
+DISK_FULL_BYTES = 1 << 20
 
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_result(trial_dir: Path, spec: TrialSpec, plan: dict | None, status: str, started_at: str,
-                 error: dict | None = None, **extra) -> dict:
-    """extra: more top-level keys (slurm: the job id, its final state and reason)."""
-    measured = _read_json(trial_dir / "metrics.json") or {}
-    result = {"status": status, "exit_code": EXIT_CODES[status], "config": spec.resolved(),
-              "overrides": list(spec.overrides), "choices": spec.choices, "plan": plan,
+def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, status: str, started_at: str,
+                 error: dict | None = None, exit_code: int | None = None, **extra) -> dict:
+    """extra: more top-level keys (slurm: the job id, its final state and reason). spec is
+    None only for a trial interrupted before its config was written.
+
+    The space reserved at the start (trial_dir.reserve) is given back first; if the file
+    system is still too full, the result is written without its per-step lists."""
+    measured = read_json(trial_dir / "metrics.json") or {}
+    result = {"status": status, "exit_code": EXIT_CODES[status] if exit_code is None else exit_code,
+              "config": spec.resolved() if spec else None, "overrides": list(spec.overrides) if spec else [],
+              "choices": spec.choices if spec else {}, "plan": plan,
               "metrics": measured.get("metrics"), "env": measured.get("env"), "error": error,
               "started_at": started_at, "finished_at": now(), **extra}
-    atomic_write_json(trial_dir / "result.json", result)
+    release(trial_dir)
+    try:
+        atomic_write_json(trial_dir / "result.json", result)
+    except OSError as exc:
+        if not disk_full(exc):
+            raise
+        result["metrics"] = {k: v for k, v in (result["metrics"] or {}).items() if k not in PER_STEP_KEYS} or None
+        result["disk_full"] = "the file system was full: written without the per-step lists (metrics.json has them, if written)"
+        atomic_write_json(trial_dir / "result.json", result)
     return result
 
 
@@ -41,8 +58,8 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[s
     """(status, error) from how the launch ended and what the ranks left behind."""
     if timed_out:
         return "timeout", {"type": "Timeout", "message": "the trial ran past run.timeout_min", "rank": None,
-                           "log_tail": _tail(trial_dir / "logs" / "launcher.log")}
-    errors = {e["rank"]: e for e in (_read_json(p) for p in (trial_dir / "errors").glob("rank*.json")) if e}
+                           "log_tail": log_tail(trial_dir / "logs" / "launcher.log")}
+    errors = {e["rank"]: e for e in (read_json(p) for p in (trial_dir / "errors").glob("rank*.json")) if e}
     if returncode == 0 and not errors and (trial_dir / "metrics.json").is_file():
         return "ok", None
     # Which rank caused it: a rank that died without a Python error (os._exit, a signal
@@ -61,11 +78,14 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[s
         first = errors[rank]
         return ("oom" if first["oom"] else "failed"), {
             "type": first["type"], "message": first["message"], "rank": rank, "host": first.get("host"),
-            "log_tail": _tail(trial_dir / "logs" / f"rank{rank}.log")}
+            "log_tail": log_tail(trial_dir / "logs" / f"rank{rank}.log")}
     log = trial_dir / "logs" / (f"rank{rank}.log" if rank is not None else "launcher.log")
     code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"
-    return "failed", {"type": "ProcessExit", "rank": rank, "log_tail": _tail(log),
-                      "message": f"rank {rank if rank is not None else '?'} exited without a Python error ({code})"}
+    message = f"rank {rank if rank is not None else '?'} exited without a Python error ({code})"
+    if (free := shutil.disk_usage(trial_dir).free) < DISK_FULL_BYTES:  # it could not even write its error
+        return "failed", {"type": "DiskFull", "rank": rank, "log_tail": log_tail(log),
+                          "message": f"{message}; the file system holding {trial_dir} is full ({free:,} bytes free)"}
+    return "failed", {"type": "ProcessExit", "rank": rank, "log_tail": log_tail(log), "message": message}
 
 
 def _exit_codes(log: Path) -> dict[int, int]:
@@ -76,13 +96,13 @@ def _exit_codes(log: Path) -> dict[int, int]:
     return {int(rank): int(code) for rank, code in pairs}
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     if not path.is_file():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

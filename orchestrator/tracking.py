@@ -49,6 +49,8 @@ def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
     if metrics:
         out.update({k: metrics[k] for k in SUMMARY_KEYS if metrics.get(k) is not None})
         out.update({f"memory/{k}": v for k, v in metrics["memory"].items() if isinstance(v, (int, float))})
+        if steps := metrics.get("nonfinite_loss_steps"):
+            out.update({"nonfinite_loss_steps": len(steps), "nonfinite_loss_first_step": steps[0] + 1})
     if plan:
         out.update({"plan/parameters": plan["parameters"], "plan/fits": plan["memory"]["fits"],
                     "plan/memory_total": plan["memory"]["total"], "plan/activations": plan["memory"]["activations"]})

@@ -9,7 +9,6 @@ finished job into its result.json.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,13 +18,13 @@ from rich.console import Console
 from orchestrator.launchers import slurm
 from orchestrator.launchers.local import run_local
 from orchestrator import hardware
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, Interrupted
 from orchestrator.display import show_plan, show_progress, show_result
 from orchestrator.plan import advice
 from orchestrator.plan.planner import Plan, make_plan
-from orchestrator.results import now, outcome_status, write_result
-from orchestrator.spec import TrialSpec
-from orchestrator.tracking import RUN_FILE
+from orchestrator.results import read_json, log_tail, now, outcome_status, write_result
+from orchestrator.spec import TrialSpec, load_spec
+from orchestrator.trial_dir import claimant_gone, read_claim, reserve, trials_below
 from orchestrator.translate import TrialFiles, write_trial_files
 
 
@@ -57,7 +56,7 @@ def prepare(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,
             nodes: list[slurm.NodeShape] | None = None) -> tuple[dict | None, TrialFiles | None, dict]:
     """Plan the trial and write its files: (the refused result if the plan says no, files, plan)."""
     started = now()
-    trial_dir.mkdir(parents=True, exist_ok=True)
+    reserve(trial_dir, spec.cfg.run.steps)
     plan = make_plan(spec)
     if message := refusal(spec, plan, nodes):
         show_plan(spec, plan, out)
@@ -66,23 +65,31 @@ def prepare(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,
                                {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
         return refused, None, plan.as_dict()
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
-    for stale in ("errors", "metrics.json", "result.json", "slurm.json", "checkpoint", RUN_FILE):  # a re-run, from scratch
-        path = trial_dir / stale
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     for warning in files.warnings:
         out.print(f"[yellow]warning:[/yellow] {warning}")
     return None, files, plan.as_dict()
 
 
 def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None = None) -> dict:
-    """Run a local trial to its end. sweep: the point's W&B group, name and swept values."""
+    """Run a local trial (in the directory claimed for it) to its end. sweep: the point's
+    W&B group, name and swept values. Interrupted (Ctrl-C, SIGTERM) ends the ranks, records
+    the trial as interrupted and goes on up to the command."""
     started = now()
     refused, files, plan = prepare(spec, trial_dir, out, sweep)
     if refused:
         return refused
     out.print(f"[bold]run[/bold] {trial_dir}")
     timeout = spec.cfg.run.timeout_min * 60 if spec.cfg.run.timeout_min else None
-    outcome = run_local(files.command, trial_dir, timeout, lambda p: show_progress(p, out))
+    last: dict = {}
+    try:
+        outcome = run_local(files.command, trial_dir, timeout, lambda p: (last.update(p), show_progress(p, out)))
+    except Interrupted as exc:
+        done = f"after step {last['step'] + 1} of {spec.cfg.run.steps}" if last else "before its first step"
+        error = {"type": "Interrupted", "signal": str(exc), "last_step": last.get("step"), "rank": None,
+                 "message": f"interrupted by {exc} {done}", "log_tail": log_tail(trial_dir / "logs" / "launcher.log")}
+        show_result(write_result(trial_dir, spec, plan, "interrupted", started, error, exit_code=exc.exit_code),
+                    trial_dir, out)
+        raise
     status, error = outcome_status(trial_dir, outcome.returncode, outcome.timed_out)
     result = write_result(trial_dir, spec, plan, status, started, error)
     show_result(result, trial_dir, out)
@@ -105,19 +112,22 @@ def submit_trials(points: list[tuple[TrialSpec, Path, dict]], logs: Path, out: C
     return refused
 
 
-def trial_dirs_below(directory: Path) -> list[Path]:
-    return sorted(p.parent for p in directory.rglob("trial.json"))
-
-
 def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
-    """(state, result): a result's status once there is one, else the SLURM job's state."""
-    if (trial_dir / "result.json").is_file():
-        result = json.loads((trial_dir / "result.json").read_text())
-        return result["status"], result
-    if not (trial_dir / slurm.JOB_FILE).is_file():
-        return "not submitted", None
-    job = json.loads((trial_dir / slurm.JOB_FILE).read_text())
-    state, reason = slurm.job_state(job["job_id"])  # asked once per poll: finalize decides from it
+    """(state, result): a result's status once there is one, else the SLURM job's state,
+    else whether the local run that claimed it still runs. A file that cannot be read
+    gives the state "unreadable" and a result that names it (nothing is written)."""
+    try:
+        if (trial_dir / "result.json").is_file():
+            result = json.loads((trial_dir / "result.json").read_text())
+            return result["status"], result
+        if (trial_dir / slurm.JOB_FILE).is_file():
+            job = json.loads((trial_dir / slurm.JOB_FILE).read_text())["job_id"]
+        else:
+            return _local_state(trial_dir)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return "unreadable", {"status": "unreadable", "exit_code": 1, "error": {
+            "type": "UnreadableFile", "message": f"{trial_dir}: {type(exc).__name__}: {exc}", "rank": None}}
+    state, reason = slurm.job_state(job)  # asked once per poll: finalize decides from it
     if result := slurm.finalize(trial_dir, state, reason):
         return result["status"], result
     if state == "UNKNOWN":
@@ -125,12 +135,34 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
     return state.lower() + (f" ({reason})" if reason and reason != "None" else ""), None  # pending (Resources)
 
 
+def _local_state(trial_dir: Path) -> tuple[str, dict | None]:
+    claimed = read_claim(trial_dir)
+    if claimed is None:
+        return "not submitted", None
+    if not claimant_gone(claimed):
+        return f"running (pid {claimed['pid']} on {claimed['host']})", None
+    # The orchestrator that ran it is gone without writing a result (SIGKILL, a crash, a
+    # reboot): record that, so that `wait` ends and the sweep's report has the point.
+    spec = load_spec(trial_dir) if (trial_dir / "trial.json").is_file() else None
+    plan = read_json(trial_dir / "plan.json")
+    message = (f"the orchestrator that ran it (pid {claimed['pid']} on {claimed['host']}) ended without recording "
+               "a result: it was killed, or its machine went down")
+    result = write_result(trial_dir, spec, plan, "interrupted", claimed["started_at"], {
+        "type": "Interrupted", "signal": None, "rank": None, "message": message,
+        "log_tail": log_tail(trial_dir / "logs" / "launcher.log")})
+    return "interrupted", result
+
+
 def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: float | None = None) -> list[dict]:
     """Poll until every trial below `directory` has its result.json."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    shown = ""
+    shown, warned = "", set()
     while True:
-        states = {d: collect_state(d) for d in trial_dirs_below(directory)}
+        states = {d: collect_state(d) for d in trials_below(directory)}
+        for d, (state, result) in states.items():
+            if state == "unreadable" and d not in warned:
+                out.print(f"[yellow]warning:[/yellow] skipped {result['error']['message']}")
+                warned.add(d)
         waiting = [d for d, (_, result) in states.items() if result is None]
         line = ", ".join(f"{n} {s}" for s, n in Counter(s for s, _ in states.values()).items())
         if line != shown:

@@ -16,13 +16,17 @@ from __future__ import annotations
 import gc
 import json
 import os
+import math
 import platform
+import signal
 import socket
 import sys
 import time
 import traceback
 from contextlib import nullcontext
 from pathlib import Path
+
+from orchestrator.errors import Interrupted
 
 PROGRESS = "ORCH|"
 
@@ -31,6 +35,8 @@ def main() -> None:
     from orchestrator.workload import warning
 
     warning.listen()  # before any thread exists: SLURM's warning must never kill the rank or its children
+    die_with_parent()  # the launcher killed outright (SIGKILL) must not leave this rank running
+    Interrupted.install()  # SIGTERM / SIGINT from the launcher: record it and close the W&B run
     trial_dir = Path(sys.argv[1]).resolve()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     console = os.fdopen(os.dup(1), "w", buffering=1)  # the launcher's pipe, before the redirect
@@ -39,8 +45,21 @@ def main() -> None:
         train(trial_dir, rank, world, console if rank == 0 else None)
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then ends the rank
         _record_failure(trial_dir, rank, exc)
-        _leave(1, console)
+        _leave(exc.exit_code if isinstance(exc, Interrupted) else 1, console)
     _leave(0, console)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send `sig` to this process when its parent (torchrun, the SLURM task)
+    dies (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request: nobody will send it
+        os.kill(os.getpid(), sig)
 
 
 def _leave(code: int, console) -> None:
@@ -103,7 +122,9 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
             tracker.finish(metrics, plan, "ok")
     except BaseException as exc:
         if tracker:  # the W&B run ends with the cause and a non-zero exit code
-            tracker.finish(None, plan, "oom" if is_out_of_memory(exc) else "failed")
+            Interrupted.install(())  # nothing more to interrupt the closing of the run
+            status = "interrupted" if isinstance(exc, Interrupted) else "oom" if is_out_of_memory(exc) else "failed"
+            tracker.finish(None, plan, status)
         raise
 
 
@@ -120,6 +141,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     checkpointing = bool(run.checkpoint_every) or spec.cfg.cluster.name == "slurm"
     state = checkpoint.resume(engine, trial_dir, rank) if checkpointing else None
     history = state["history"] if state else []
+    nonfinite = [h["step"] for h in history if not math.isfinite(h["loss"] if h["loss"] is not None else math.nan)]
     activation_bytes, static_bytes = (state or {}).get("activation_bytes"), (state or {}).get("static_bytes")
     resumed_at = [*(state or {}).get("resumed_at", []), *([state["step"]] if state else [])]
     on_warning = list((state or {}).get("on_warning", []))  # checkpoints SLURM's warning asked for
@@ -148,12 +170,15 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                 losses.append(loss.detach())
             sync()
             seconds = time.perf_counter() - start
+            loss_value = float(torch.stack(losses).float().mean())
+            if not math.isfinite(loss_value):
+                nonfinite.append(step)
             if static_bytes is None:
                 static_bytes = measure.static_bytes(device.type)  # after the first optimizer step, no batch in flight
             # The batch the engine stepped on: the micro batches all ranks really ran, and
             # the engine's own train_batch_size.
             ran = grad_accum * spec.micro_batch_size * world
-            history.append({"step": step, "loss": float(torch.stack(losses).float().mean()), "step_time_s": seconds,
+            history.append({"step": step, "loss": loss_value, "step_time_s": seconds,
                             "global_batch_size": ran, "engine_global_batch_size": engine.engine_global_batch(),
                             "tokens_per_sec_per_gpu": ran * spec.cfg.model.seq_len / seconds / world,
                             "lr": engine.learning_rate(), "timed": step >= run.warmup_steps,
@@ -162,6 +187,9 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                 console.write(PROGRESS + json.dumps({**history[-1], "steps": run.steps}) + "\n")
             if tracker:
                 tracker.log_step(history[-1])
+            if nonfinite and run.stop_on_nonfinite_loss:
+                raise NonFiniteLoss(f"the loss is {loss_value} at step {step + 1} of {run.steps} (run.lr={run.lr}); "
+                                    "run.stop_on_nonfinite_loss=false trains on")
             if checkpointing and step + 1 < run.steps and checkpoint.wanted(step, run.checkpoint_every, device):
                 if warning.warned():
                     on_warning.append(step + 1)
@@ -173,7 +201,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             if prof is not None:
                 prof.step()
     return history, activation_bytes, static_bytes, {"restarts": len(resumed_at), "resumed_at_steps": resumed_at,
-                                                      "checkpoints_on_warning": on_warning}
+                                                      "checkpoints_on_warning": on_warning,
+                                                      "nonfinite_loss_steps": nonfinite}
 
 
 def summarize(spec, history: list[dict], world: int, cuda: bool, trial_dir: Path, memory: dict) -> dict:
@@ -232,6 +261,10 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+class NonFiniteLoss(FloatingPointError):
+    """The loss became NaN or infinite (run.stop_on_nonfinite_loss ends the trial on it)."""
+
+
 def _fail(mode: str) -> None:
     """run.fail_at_step: fail for real, the way a crashing rank does."""
     if mode == "exit":
@@ -266,12 +299,17 @@ def _torch_oom():
 
 
 def _record_failure(trial_dir: Path, rank: int, exc: BaseException) -> None:
+    """errors/rank{R}.json. On a full disk it may not be written: the launcher then says so."""
     from orchestrator.files import atomic_write_json
 
-    traceback.print_exc()
-    atomic_write_json(trial_dir / "errors" / f"rank{rank}.json", {
-        "type": type(exc).__name__, "message": str(exc)[:2000], "rank": rank, "oom": is_out_of_memory(exc),
-        "traceback": traceback.format_exc()[-8000:], "time": time.time(), "host": socket.gethostname()})
+    try:
+        traceback.print_exc()
+        atomic_write_json(trial_dir / "errors" / f"rank{rank}.json", {
+            "type": type(exc).__name__, "message": str(exc)[:2000], "rank": rank, "oom": is_out_of_memory(exc),
+            "traceback": traceback.format_exc()[-8000:], "time": time.time(), "host": socket.gethostname(),
+            **({"signal": str(exc)} if isinstance(exc, Interrupted) else {})})
+    except OSError:
+        pass
 
 
 def _versions() -> dict:

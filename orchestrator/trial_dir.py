@@ -1,0 +1,152 @@
+"""A trial directory: claimed by exactly one run, and the files that say what it holds.
+
+`claim(path)` makes the directory this run's, atomically: a new directory is created
+with mkdir (of two runs racing for one path, exactly one succeeds), an existing empty one
+is taken by creating claim.json (sweep.json for a sweep's directory) with O_EXCL. A directory that holds a trial already is
+refused (TrialDirHeld, exit 2) unless the user asks to replace it (`--overwrite`): the old
+trial is then moved aside and deleted before the new one starts, so old and new never mix.
+
+claim.json says who runs the trial (pid, host, start). A local trial whose claim names a
+process that is gone and which has no result.json was interrupted without a record (the
+orchestrator was killed): `status` and `wait` then record it as interrupted.
+
+result.reserve holds disk space for result.json from the start: when the file system
+fills up during the trial, deleting the reserve frees room for the result.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import itertools
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from orchestrator.errors import ConfigError
+
+CLAIM = "claim.json"
+SWEEP_CLAIM = "sweep.json"  # a sweep's own directory: the trials are its sub-directories
+RESERVE = "result.reserve"
+HOLDS_A_TRIAL = ("trial.json", "result.json", "slurm.json", CLAIM)
+RESERVE_BYTES_PER_STEP = 600  # result.json carries the history twice over (metrics and steps)
+
+
+class TrialDirHeld(ConfigError):
+    """The directory holds a trial already, and replacing it was not asked for."""
+
+
+def holds_trial(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in HOLDS_A_TRIAL)
+
+
+def trials_below(path: Path) -> list[Path]:
+    return sorted({p.parent for name in HOLDS_A_TRIAL for p in path.rglob(name)})
+
+
+def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False, marker: str = CLAIM) -> Path:
+    """Make `path` this run's trial (or sweep) directory and return it.
+
+    field: how the user named it (--out) for messages. unique: a default path
+    (outputs/DATE/TIME); if another run holds it (started in the same second), take
+    PATH_1, PATH_2, ... instead.
+    """
+    if not unique:
+        return _claim(path, field, overwrite, marker)
+    for n in itertools.count():
+        try:
+            return _claim(path if n == 0 else path.with_name(f"{path.name}_{n}"), field, False, marker)
+        except TrialDirHeld:
+            continue
+    raise AssertionError("unreachable")
+
+
+def _claim(path: Path, field: str, overwrite: bool, marker: str) -> Path:
+    if path.exists() and not path.is_dir():
+        raise ConfigError(field, str(path), "a directory, but it is a file; choose another path")
+    if holds_trial(path) or (path / SWEEP_CLAIM).exists() or (path.is_dir() and trials_below(path)):
+        if not overwrite:
+            raise TrialDirHeld(field, str(path), "a directory that holds no trial, but it holds one; choose another "
+                               "directory, or add --overwrite to delete the old trial and run this one in its place")
+        _remove(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            pass  # an existing empty directory: claim.json decides below
+        fd = os.open(path / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise TrialDirHeld(field, str(path), "a directory no other run is using, but another run claimed it a moment "
+                           "ago; choose another directory") from None
+    except OSError as exc:
+        raise ConfigError(field, str(path), f"a directory this user can create and write ({exc.strerror})") from None
+    with os.fdopen(fd, "w") as f:
+        json.dump(claim_record(), f)
+    return path
+
+
+def writable_dir(path: Path, field: str) -> Path:
+    """A directory to write configs into (translate --out): created if need be."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(field, str(path), "a directory, but it is a file; choose another path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(field, str(path), f"a directory this user can create and write ({exc.strerror})") from None
+    return path
+
+
+def claim_record() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def read_claim(path: Path) -> dict | None:
+    try:
+        return json.loads((path / CLAIM).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def claimant_gone(record: dict) -> bool:
+    """Whether the process that claimed a trial has ended (only knowable on its own host)."""
+    if record.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, ValueError, TypeError):
+        return False
+    return False
+
+
+def reserve(path: Path, steps: int) -> None:
+    """Hold room for result.json; a file system that is already full leaves no reserve."""
+    size = 64 * 1024 + RESERVE_BYTES_PER_STEP * steps
+    try:
+        with open(path / RESERVE, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, size)
+    except OSError:
+        (path / RESERVE).unlink(missing_ok=True)
+
+
+def release(path: Path) -> None:
+    (path / RESERVE).unlink(missing_ok=True)
+
+
+def disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _remove(path: Path) -> None:
+    """Move the old trial aside in one rename, then delete it: nothing of it stays to mix."""
+    aside = path.with_name(f".{path.name}.replaced-{os.getpid()}")
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
