@@ -10,8 +10,10 @@ it can never start. What runs inside each task is slurm_task.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from orchestrator.files import atomic_write_json
 from orchestrator.launchers.binding import Binding, trial_binding
 from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
 from orchestrator.launchers.slurm_task import SlurmTask
+from orchestrator.redact import secret_exports
 from orchestrator.results import now
 from orchestrator.spec import TrialSpec, time_limit_s
 
@@ -37,7 +40,7 @@ def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
     c = spec.cfg.cluster
     params = {"nodes": spec.nodes, "tasks_per_node": spec.gpus_per_node, "cpus_per_task": c.cpus_per_task,
               "timeout_min": timeout_minutes(c.time), "slurm_signal_delay_s": c.signal_delay_s,
-              "slurm_setup": list(c.setup),
+              "slurm_setup": secret_exports(c.setup)[0],  # secrets go through sbatch's environment
               "slurm_srun_args": [*bind.srun_args, *c.srun_args],
               "slurm_additional_parameters": dict(bind.sbatch_options)}
     if spec.cfg.hardware.device == "cuda":
@@ -141,26 +144,38 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
     groups: dict[str, list[tuple[TrialSpec, Path]]] = {}
     for spec, trial_dir in trials:
         params = submitit_parameters(spec, trial_binding(spec))
-        key = json.dumps([params, spec.cfg.cluster.max_requeues], sort_keys=True)
+        key = json.dumps([params, spec.cfg.cluster.max_requeues, secret_exports(spec.cfg.cluster.setup)[1]], sort_keys=True)
         groups.setdefault(key, []).append((spec, trial_dir))
     job_ids = []
     for key, members in groups.items():
-        params, max_requeues = json.loads(key)
+        params, max_requeues, secrets = json.loads(key)
         executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm", slurm_max_num_timeout=max_requeues)
         executor.update_parameters(name="orchestrator", **params)
         # The ranks' save after SLURM's warning must end before the job does: leave 20 s.
         tasks = [SlurmTask(str(d), rank_environment(s, s.cfg.cluster.cpus_per_task),
                            save_wait_s=max(5, s.cfg.cluster.signal_delay_s - 20)) for s, d in members]
-        if len(tasks) > 1:
-            with executor.batch():
-                jobs = [executor.submit(task) for task in tasks]
-        else:
-            jobs = [executor.submit(tasks[0])]
+        with _environment(secrets):  # sbatch passes its environment to the job (--export=ALL)
+            if len(tasks) > 1:
+                with executor.batch():
+                    jobs = [executor.submit(task) for task in tasks]
+            else:
+                jobs = [executor.submit(tasks[0])]
         for (spec, trial_dir), job in zip(members, jobs):
             atomic_write_json(trial_dir / JOB_FILE, {"job_id": job.job_id, "logs": str(job.paths.folder),
                                                      "array": len(members) > 1, "submitted_at": now()})
             job_ids.append(job.job_id)
     return job_ids
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 # --- state and results (login node) -------------------------------------------------------

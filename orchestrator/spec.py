@@ -25,6 +25,7 @@ from orchestrator import hardware
 from orchestrator.compose import Composed, compose_trial, presets
 from orchestrator.config import TrialConfig
 from orchestrator.errors import ConfigError, one_of
+from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 
@@ -65,8 +66,9 @@ class TrialSpec:
     schedule: Schedule  # [(from_token, global_batch_size)]
 
     def resolved(self) -> dict[str, Any]:
-        """The whole config as plain data (for result.json, snapshots and W&B)."""
-        return OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True)
+        """The whole config as plain data, secrets masked (redact.py): what result.json,
+        config.yaml and W&B get. The SLURM submission reads the real values from cfg."""
+        return redact(OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True))
 
 
 def build_spec(overrides: list[str] | tuple[str, ...] = ()) -> TrialSpec:
@@ -102,7 +104,8 @@ def spec_from(composed: Composed) -> TrialSpec:
     gpus_per_node, nodes = _placement(cfg, dp)
     mbs, gbs = _check_batch(cfg, dp)
     return TrialSpec(
-        cfg=cfg, choices=composed.choices, overrides=composed.overrides, precision=precision,
+        cfg=cfg, choices=composed.choices, overrides=tuple(redact_text(o) for o in composed.overrides),
+        precision=precision,
         world_size=dp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node,
         micro_batch_size=mbs, grad_accum_steps=grad_accum_steps(gbs, mbs, dp),
         global_batch_size=gbs, tokens_per_step=gbs * cfg.model.seq_len,

@@ -26,6 +26,7 @@ from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import Command, local_command
 from orchestrator.files import atomic_write_json, atomic_write_text
 from orchestrator.spec import TrialSpec
+from orchestrator.redact import secret_exports
 from orchestrator.token_file import few_windows_warning
 from orchestrator.translate import accelerate, deepspeed
 
@@ -106,5 +107,5 @@ def _sbatch_script(spec: TrialSpec, launch: dict) -> str:
     lines = ["#!/usr/bin/env bash", "#SBATCH --job-name=orchestrator"]
     lines += [f"#SBATCH {opt}" for opt in launch["sbatch"]]
     lines += ["# Written by orchestrator translate: `sbatch launch.sh` runs one task per GPU.", "set -e"]
-    lines += list(spec.cfg.cluster.setup)  # the user's own setup lines (module load ..., source ...)
+    lines += secret_exports(spec.cfg.cluster.setup)[0]  # the user's setup lines (module load ...), no secret
     return "\n".join(lines + ["srun " + shlex.join([*launch["srun"], *launch["task"]])]) + "\n"
