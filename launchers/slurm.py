@@ -216,6 +216,28 @@ def job_state(job_id: str) -> tuple[str, str]:
     return "UNKNOWN", ""
 
 
+def _completed(trial_dir: Path, steps: int) -> bool:
+    """Rank 0 wrote metrics.json, which it does only after the last of `steps`."""
+    from orchestrator.results import read_json
+
+    metrics = (read_json(trial_dir / "metrics.json") or {}).get("metrics") or {}
+    return len(metrics.get("history") or []) >= steps
+
+
+def _submitit_cause(job: dict) -> str | None:
+    """Why submitit ended task 0, from its result file ("Job not requeued because: timed-out
+    too many times."), or None when it ended well or left nothing."""
+    try:
+        paths = submitit.core.utils.JobPaths(job["logs"], job_id=job["job_id"], task_id=0)
+        outcome, detail = submitit.core.utils.pickle_load(paths.result_pickle)
+    except Exception:  # noqa: BLE001 - no file, or one from another submitit version: no cause
+        return None
+    if outcome != "error":
+        return None
+    lines = [line.strip() for line in str(detail).strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else None
+
+
 def _pending_reason(job_id: str) -> str:
     try:
         proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=60)
@@ -236,22 +258,29 @@ def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
         return None
     spec = load_spec(trial_dir)
     plan = json.loads((trial_dir / "plan.json").read_text()) if (trial_dir / "plan.json").is_file() else None
+    cause = _submitit_cause(job)
     if never:  # end it now: `wait` would otherwise wait for ever
         subprocess.run(["scancel", job["job_id"]], capture_output=True, timeout=60)
         status, error = "failed", {"type": "SlurmNeverStarts", "rank": None, "log_tail": "",
                                    "message": f"SLURM can never start it: {NEVER_STARTS[reason]} (pending reason "
                                               f"{reason}); cancelled"}
+    elif _completed(trial_dir, spec.cfg.run.steps):
+        # Every step ran and rank 0 wrote the figures: whatever the job's end looked like
+        # (a last warning with no requeue left fails submitit's task 0), the trial is done.
+        status, error = "ok", None
     elif state == "COMPLETED":
         status, error = outcome_status(trial_dir, 0, timed_out=False)
     elif state in ENDED:
-        status, cause = ENDED[state]
-        error = {"type": f"Slurm{state.title().replace('_', '')}", "message": f"{cause} (sacct: {state} {reason})",
+        status, what = ENDED[state]
+        error = {"type": f"Slurm{state.title().replace('_', '')}", "message": f"{what} (sacct: {state} {reason})",
                  "rank": None, "log_tail": ""}
     else:  # FAILED and anything else: the ranks' own records say why
         status, error = outcome_status(trial_dir, 1, timed_out=False)
         if error and error["type"] == "ProcessExit" and error["rank"] is None:
             error["message"] = f"the job failed (sacct: {state} {reason})"
-    if status == "ok" and state != "COMPLETED":  # never report as completed what did not complete
-        status = "failed"
+    if status == "ok" and not (state == "COMPLETED" or _completed(trial_dir, spec.cfg.run.steps)):
+        status = "failed"  # never report as completed what did not complete
+    if error and cause:
+        error["message"] += f"; submitit: {cause}"
     return write_result(trial_dir, spec, plan, status, job["submitted_at"], error,
                         slurm={"job_id": job["job_id"], "state": state, "reason": reason})

@@ -45,6 +45,8 @@ class SlurmTask(submitit.helpers.Checkpointable):
     def __init__(self, trial_dir: str, env: dict[str, str], save_wait_s: float = 60):
         self.trial_dir, self.env, self.save_wait_s = trial_dir, env, save_wait_s
         self._proc: subprocess.Popen | None = None
+        self._terminated = False  # SLURM sent SIGTERM (requeue, scancel, time limit)
+        self._attempt_started = time.time()
 
     def __call__(self) -> dict:
         rank = int(task_environment()["RANK"])
@@ -52,35 +54,55 @@ class SlurmTask(submitit.helpers.Checkpointable):
         if (errors / f"rank{rank}.json").exists():  # from an attempt before a requeue
             (errors / "earlier").mkdir(parents=True, exist_ok=True)
             (errors / f"rank{rank}.json").replace(errors / "earlier" / f"rank{rank}.{time.time():.0f}.json")
-        started = time.time()
+        started = self._attempt_started = time.time()
         clear_stale_build_locks()  # a requeue that killed an op build mid-way left its lock
+        # submitit ignores SIGTERM ("bypass"), so a requeue or scancel waited for SLURM's
+        # SIGKILL (KillWait later, 30 s by default) after the warning's checkpoint: end now.
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         # SIGUSR2 blocked for the rank's life (workload/warning.py): it polls for it at
         # step boundaries, and nothing it spawns can die of it.
         self._proc = subprocess.Popen([sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir],
                                       env={**os.environ, **self.env}, preexec_fn=_block_warning)
         code = self._proc.wait()
-        if code in (-signal.SIGTERM, -signal.SIGKILL):  # SLURM ended the job (requeue, cancel, time limit)
-            raise RuntimeError(f"rank {rank} was ended by SLURM (signal {-code})")
+        if self._terminated:
+            raise RuntimeError(f"rank {rank} was ended by SLURM (SIGTERM: requeue, scancel or time limit)")
         if code != 0:
+            if code == -signal.SIGKILL:  # not SLURM: it sends SIGTERM first, and we would have seen it
+                message = (f"rank {rank} was killed by SIGKILL without a warning (the kernel's OOM killer does this "
+                           "when the node runs out of memory; or kill -9)")
+            else:
+                message = f"rank {rank} exited with code {code} without a Python error"
             if not (errors / f"rank{rank}.json").exists():  # it died without a Python error: say so
                 atomic_write_json(errors / f"rank{rank}.json", {
-                    "type": "ProcessExit", "silent": True, "rank": rank, "oom": False, "time": started,
-                    "message": f"rank {rank} exited with code {code} without a Python error",
-                    "host": socket.gethostname()})
-            raise RuntimeError(f"rank {rank} failed with exit code {code}")
+                    "type": "Killed" if code == -signal.SIGKILL else "ProcessExit", "silent": True, "rank": rank,
+                    "oom": False, "time": started, "message": message, "host": socket.gethostname()})
+            raise RuntimeError(message)
         return {"rank": rank}
+
+    def _on_sigterm(self, signum, frame) -> None:
+        """SLURM ends the job: end the rank (it records the signal and closes its W&B run), then this task."""
+        self._terminated = True
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
 
     def checkpoint(self, *args, **kwargs):
         """Called on SLURM's warning: give the ranks time to save (they got SIGUSR2 too)."""
         from orchestrator.workload.checkpoint import DIRECTORY, LATEST
 
         latest = Path(self.trial_dir) / DIRECTORY / LATEST
-        asked = time.time()
-        deadline = asked + self.save_wait_s
+        deadline = time.time() + self.save_wait_s
         while time.time() < deadline and self._proc is not None and self._proc.poll() is None:
-            if latest.is_file() and latest.stat().st_mtime >= asked and json.loads(latest.read_text())["signalled"]:
-                break  # the ranks saved after the warning
-            time.sleep(0.5)
+            # A save flagged as asked for by the warning, in this attempt: the ranks often
+            # save before this handler even runs, so "after the handler started" missed
+            # it and every allocation waited out save_wait_s before the requeue.
+            if latest.is_file() and latest.stat().st_mtime >= self._attempt_started \
+                    and json.loads(latest.read_text())["signalled"]:
+                break
+            time.sleep(0.1)
         return super().checkpoint(*args, **kwargs)
 
     def __getstate__(self) -> dict:  # the running child does not travel with the requeued job

@@ -116,17 +116,18 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
     """(state, result): a result's status once there is one, else the SLURM job's state,
     else whether the local run that claimed it still runs. A file that cannot be read
     gives the state "unreadable" and a result that names it (nothing is written)."""
+    path = trial_dir / "result.json"
     try:
-        if (trial_dir / "result.json").is_file():
-            result = json.loads((trial_dir / "result.json").read_text())
+        if path.is_file():
+            result = json.loads(path.read_text())
             return result["status"], result
-        if (trial_dir / slurm.JOB_FILE).is_file():
-            job = json.loads((trial_dir / slurm.JOB_FILE).read_text())["job_id"]
-        else:
+        path = trial_dir / slurm.JOB_FILE
+        if not path.is_file():
             return _local_state(trial_dir)
+        job = json.loads(path.read_text())["job_id"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return "unreadable", {"status": "unreadable", "exit_code": 1, "error": {
-            "type": "UnreadableFile", "message": f"{trial_dir}: {type(exc).__name__}: {exc}", "rank": None}}
+            "type": "UnreadableFile", "message": f"{path}: {type(exc).__name__}: {exc}", "rank": None}}
     state, reason = slurm.job_state(job)  # asked once per poll: finalize decides from it
     if result := slurm.finalize(trial_dir, state, reason):
         return result["status"], result

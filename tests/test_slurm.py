@@ -127,6 +127,11 @@ def test_a_time_limit_checkpoints_requeues_and_finishes(slurm_cluster, tmp_path)
     assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1
     assert r["metrics"]["checkpoints_on_warning"]  # saved on SIGUSR2, not only every 500 steps
     _history_is_whole(r, steps)
+    # After the warning's checkpoint the allocation ends at once (the requeue's SIGTERM
+    # reaches the ranks within seconds), not when SLURM's time limit or KillWait would.
+    ended = sorted(json.loads(p.read_text())["time"] for p in (tmp_path / "errors" / "earlier").glob("rank0.*.json"))
+    for saved, end in zip(r["metrics"]["checkpoints_on_warning_at"], ended):
+        assert 0 <= end - saved < 5, (saved, end)
 
 
 def test_cluster_wait_blocks_until_the_result(slurm_cluster, tmp_path):

@@ -1,0 +1,217 @@
+"""Fault injection on local trials: real signals, concurrent processes, a read-only mount
+and a full tmpfs. Each test asserts what is on disk afterwards: a result.json with the
+cause (strict JSON), nothing earlier lost, no rank left running, no traceback shown."""
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.trial_dir import claim
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+LONG = ["model=tiny", "run.steps=3000", "run.bf16=false"]  # minutes of steps: ended by the test
+
+
+def start(*args: str) -> subprocess.Popen:
+    """`orchestrator ARGS` in its own session, as a terminal would run it."""
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for_step(proc: subprocess.Popen, step: int, timeout: float = 180) -> list[str]:
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if f"step {step}/" in line:
+            return lines
+        assert line or proc.poll() is None, "".join(lines)
+    raise AssertionError("no progress: " + "".join(lines))
+
+
+def ranks_of(trial_dir: Path) -> list[int]:
+    """Pids of processes still working on this trial directory."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(trial_dir).encode() in argv and b"orchestrator.workload.train" in argv:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def gone(trial_dir: Path, within: float = 30) -> bool:
+    deadline = time.monotonic() + within
+    while ranks_of(trial_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return not ranks_of(trial_dir)
+
+
+def strict(path: Path) -> dict:
+    def no_constant(name):
+        raise ValueError(f"{path} holds {name}: not strict JSON")
+    return json.loads(path.read_text(), parse_constant=no_constant)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_sweep_records_the_point_and_closes_its_wandb_run(tmp_path, sig):
+    proc = start("run", "-m", *LONG, "run.seed=1,2", "logger.mode=offline", "--out", str(tmp_path))
+    wait_for_step(proc, 3)
+    os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole foreground group; SIGTERM from a scheduler
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 128 + sig, out
+    assert f"interrupted by {signal.Signals(sig).name}" in out and "Traceback" not in out
+    point = next(tmp_path.glob("000_*"))
+    r = strict(point / "result.json")
+    assert r["status"] == "interrupted" and r["exit_code"] == 128 + sig
+    assert r["error"]["signal"] == signal.Signals(sig).name and r["error"]["last_step"] >= 2
+    assert gone(point)
+    (run_file,) = point.glob("wandb/offline-run-*/run-*.wandb")
+    assert run_file.stat().st_size > 10_000  # the history is there, and the run was closed:
+    assert "finishing run" in (point / "wandb" / "debug.log").read_text()
+    assert not list(tmp_path.glob("001_*"))  # the sweep stopped where it was told to
+
+
+def test_a_killed_orchestrator_takes_its_ranks_along_and_status_says_interrupted(tmp_path):
+    proc = start("run", *LONG, "logger.mode=disabled", "--out", str(tmp_path))
+    wait_for_step(proc, 3)
+    os.kill(proc.pid, signal.SIGKILL)  # no handler runs: only the kernel's PDEATHSIG is left
+    proc.wait(timeout=30)
+    assert gone(tmp_path), "ranks outlived the orchestrator"
+    status = run_cli("status", str(tmp_path))
+    assert status.returncode == 0 and "interrupted" in status.stdout
+    done = run_cli("wait", str(tmp_path), "--timeout", "30", timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    r = strict(tmp_path / "result.json")
+    assert r["status"] == "interrupted" and "ended without recording a result" in r["error"]["message"]
+
+
+def test_two_runs_on_one_directory_never_share_it(tmp_path):
+    out = tmp_path / "same"
+    a = start("run", "model=tiny", "run.steps=2", "run.seed=1", "--out", str(out))
+    b = start("run", "model=tiny", "run.steps=2", "run.seed=99", "--out", str(out))
+    outs = [p.communicate(timeout=300)[0] for p in (a, b)]
+    codes = sorted([a.returncode, b.returncode])
+    assert codes == [0, 2], outs
+    loser = outs[[a.returncode, b.returncode].index(2)]
+    assert "--out" in loser and "Traceback" not in loser
+    winner_seed = 1 if a.returncode == 0 else 99
+    r = strict(out / "result.json")
+    assert r["status"] == "ok" and r["config"]["run"]["seed"] == winner_seed
+    assert len(list(out.glob("wandb/offline-run-*"))) == 1
+
+
+def _claim_default(base: str, queue) -> None:
+    queue.put(str(claim(Path(base), "--out", unique=True)))
+
+
+def test_default_directories_claimed_at_the_same_second_differ(tmp_path):
+    queue = multiprocessing.get_context("fork").Queue()
+    procs = [multiprocessing.get_context("fork").Process(target=_claim_default, args=(str(tmp_path / "12-00-00"), queue))
+             for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    claimed = {queue.get(timeout=5) for _ in procs}
+    assert len(claimed) == 4 and str(tmp_path / "12-00-00") in claimed
+
+
+def test_reusing_a_trial_directory_is_refused_unless_asked_and_never_mixes(tmp_path):
+    assert run_cli("run", "model=tiny", "run.steps=2", "--out", str(tmp_path), timeout=300).returncode == 0
+    before = (tmp_path / "result.json").read_bytes()
+    again = run_cli("run", "model=tiny", "run.steps=2", "--out", str(tmp_path))
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert (tmp_path / "result.json").read_bytes() == before  # nothing of the old trial touched
+    refused = run_cli("run", "model=tiny", "hardware.memory_gib=0.01", "--overwrite", "--out", str(tmp_path))
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    r = strict(tmp_path / "result.json")
+    assert r["status"] == "refused" and r["metrics"] is None  # not the old run's figures
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "wandb").exists()
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """Mount a tmpfs of this size and options at a fresh directory (root only)."""
+    points = []
+
+    def make(size: str, options: str = "") -> Path:
+        point = tmp_path / f"mnt{len(points)}"
+        point.mkdir()
+        opts = f"size={size}" + (f",{options}" if options else "")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)], capture_output=True, text=True)
+        if proc.returncode:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI runs as root and must mount a tmpfs: {proc.stderr}")
+            pytest.skip(f"mounting a tmpfs needs root: {proc.stderr.strip()}")
+        points.append(point)
+        return point
+
+    yield make
+    for point in points:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def test_a_read_only_directory_is_refused_without_a_traceback(mount):
+    read_only = mount("1M", "ro")
+    proc = run_cli("run", "model=tiny", "--out", str(read_only / "trial"))
+    assert proc.returncode == 2 and "--out" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_full_disk_still_leaves_a_result(mount):
+    # W&B's files and the logs fill 1 MB long before 400 steps end; the space reserved
+    # for result.json at the start is what it is written into.
+    full = mount("1M")
+    proc = run_cli("run", "model=tiny", "run.steps=400", "run.bf16=false", "--out", str(full / "trial"), timeout=600)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    r = strict(full / "trial" / "result.json")
+    assert r["status"] in ("ok", "failed"), r["error"]
+    if r["status"] == "failed":
+        assert "full" in r["error"]["message"] or "No space left" in r["error"]["message"], r["error"]
+
+
+def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
+    stopped = run_cli("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "logger.mode=disabled",
+                      "--out", str(tmp_path / "stop"), timeout=300)
+    assert stopped.returncode == 1 and "not finite" in stopped.stdout, stopped.stdout
+    r = strict(tmp_path / "stop" / "result.json")
+    assert r["status"] == "failed" and r["error"]["type"] == "NonFiniteLoss" and "run.lr=1000000.0" in r["error"]["message"]
+    kept = run_cli("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "run.stop_on_nonfinite_loss=false",
+                   "--out", str(tmp_path / "keep"), timeout=300)
+    assert kept.returncode == 0, kept.stdout
+    r = strict(tmp_path / "keep" / "result.json")
+    steps = r["metrics"]["nonfinite_loss_steps"]
+    assert steps and None in r["metrics"]["losses"]  # written as null, flagged beside it
+    assert f"first at step {steps[0] + 1}" in kept.stdout
+
+
+def test_secrets_in_setup_lines_reach_no_file(tmp_path):
+    secret = "abc123secret"
+    proc = run_cli("run", "model=tiny", "run.steps=2", f"cluster.setup=['export TOKEN={secret}']",
+                   "logger.mode=offline", "--out", str(tmp_path), timeout=300)
+    assert proc.returncode == 0 and secret not in proc.stdout + proc.stderr
+    leaks = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaks
+    assert "TOKEN=***" in (tmp_path / "config.yaml").read_text()
+
+
+def test_status_report_and_wait_skip_a_corrupt_file_and_report_the_rest(tmp_path):
+    assert run_cli("run", "-m", "model=tiny", "run.steps=2", "run.seed=1,2", "logger.mode=disabled",
+                   "--out", str(tmp_path), timeout=300).returncode == 0
+    first, second = sorted(tmp_path.glob("00*"))
+    (first / "result.json").write_text((first / "result.json").read_text()[:100])  # truncated
+    for command in (["status"], ["report"], ["wait", "--timeout", "20"]):
+        proc = run_cli(*command, str(tmp_path))
+        said = proc.stdout + proc.stderr
+        assert "Traceback" not in said and str(first / "result.json") in " ".join(said.split()), said
+        assert second.name in said or "1 ok" in said or "ok" in said
