@@ -99,11 +99,14 @@ def run_command(args: argparse.Namespace) -> int:
     group = "_".join(base.parts[-2:]) if not args.out else base.name  # multirun/DATE/TIME -> DATE_TIME
     points = []
     for i, spec in enumerate(specs):
-        trial_dir = claim(base / point_name(i, spec), "--out") if args.multirun else base
+        trial_dir = base / point_name(i, spec) if args.multirun else base
         name = ",".join(f"{k}={v}" for k, v in swept[i].items()) or " ".join(spec.overrides) or "default"
         points.append((spec, trial_dir, {"group": group if args.multirun else None, "name": name[:120],
                                          "index": i, "swept": swept[i]}))
     if any(spec.cfg.cluster.name == "slurm" for spec in specs):
+        for _, trial_dir, _ in points:
+            if trial_dir != base:
+                claim(trial_dir, "--out")
         refused = submit_trials(points, base / "slurm-logs", out)
         if not all(spec.cfg.cluster.wait for spec in specs):
             out.print(f"follow with: orchestrator status {base}   |   orchestrator wait {base}")
@@ -111,7 +114,10 @@ def run_command(args: argparse.Namespace) -> int:
         results = wait_for(base, out)
         show_report(collect(base)[0], out)
     else:
-        results = [run_trial(spec, trial_dir, out, sweep) for spec, trial_dir, sweep in points]
+        # Each point's directory is claimed when it starts: an interrupted sweep leaves no
+        # directories for the points it never ran.
+        results = [run_trial(spec, trial_dir if trial_dir == base else claim(trial_dir, "--out"), out, sweep)
+                   for spec, trial_dir, sweep in points]
     if hint := sync_hint([trial_dir for _, trial_dir, _ in points]):
         out.print(f"[dim]{hint}[/dim]")
     return _sweep_outcome(results, base, out)

@@ -150,7 +150,7 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     table.add_row("activations", human_bytes(mem["activation_bytes"] or 0), human_bytes(pm.get("activations", 0)))
     table.add_row("static (between steps)", human_bytes(mem["static_bytes"] or 0), human_bytes(pm.get("static", 0)))
     table.add_row("peak", human_bytes(mem["peak_bytes"]), human_bytes(pm.get("total", 0)))
-    table.add_row("loss", f"{m['loss_first']:.4f} -> {m['loss_last']:.4f}", "")
+    table.add_row("loss", f"{_loss(m['loss_first'])} -> {_loss(m['loss_last'])}", "")
     out.print(table)
     out.print(f"[dim]peak for MFU: {m['peak_tflops']:.4g} TFLOPS ({m['peak_source']}); {m['timed_steps']} timed steps "
               f"of {m['steps']}; peak memory: {mem['peak_source']}[/dim]")
@@ -172,6 +172,10 @@ def show_report(rows: list[dict], out: Console) -> None:
                       num("predicted_step_s", "{:.4g}"), human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
                       human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "", r["error"])
     out.print(table)
+
+
+def _loss(value: float | None) -> str:
+    return "not finite" if value is None or not math.isfinite(value) else f"{value:.4f}"  # null in strict JSON
 
 
 def show_states(rows: list[tuple[str, str, str, str]], out: Console) -> None:

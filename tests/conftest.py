@@ -44,6 +44,14 @@ def running_cluster(*shape: str):
             subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, timeout=120)
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The single-node cluster on localhost, for the session (of the worker that runs the
+    xdist group "slurm": every test that uses it is in that group)."""
+    with running_cluster():
+        yield
+
+
 def sacct(job_id: str, *fields: str) -> list[list[str]]:
     out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", ",".join(fields)], capture_output=True, text=True,
                          timeout=60).stdout

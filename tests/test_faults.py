@@ -77,7 +77,7 @@ def test_an_interrupted_sweep_records_the_point_and_closes_its_wandb_run(tmp_pat
     assert r["error"]["signal"] == signal.Signals(sig).name and r["error"]["last_step"] >= 2
     assert gone(point)
     (run_file,) = point.glob("wandb/offline-run-*/run-*.wandb")
-    assert run_file.stat().st_size > 10_000  # the history is there, and the run was closed:
+    assert run_file.stat().st_size > 1_000  # the history is there (not 7 bytes), and the run was closed:
     assert "finishing run" in (point / "wandb" / "debug.log").read_text()
     assert not list(tmp_path.glob("001_*"))  # the sweep stopped where it was told to
 
@@ -98,8 +98,8 @@ def test_a_killed_orchestrator_takes_its_ranks_along_and_status_says_interrupted
 
 def test_two_runs_on_one_directory_never_share_it(tmp_path):
     out = tmp_path / "same"
-    a = start("run", "model=tiny", "run.steps=2", "run.seed=1", "--out", str(out))
-    b = start("run", "model=tiny", "run.steps=2", "run.seed=99", "--out", str(out))
+    a = start("run", "model=tiny", "run.steps=3", "run.seed=1", "--out", str(out))
+    b = start("run", "model=tiny", "run.steps=3", "run.seed=99", "--out", str(out))
     outs = [p.communicate(timeout=300)[0] for p in (a, b)]
     codes = sorted([a.returncode, b.returncode])
     assert codes == [0, 2], outs
@@ -128,9 +128,9 @@ def test_default_directories_claimed_at_the_same_second_differ(tmp_path):
 
 
 def test_reusing_a_trial_directory_is_refused_unless_asked_and_never_mixes(tmp_path):
-    assert run_cli("run", "model=tiny", "run.steps=2", "--out", str(tmp_path), timeout=300).returncode == 0
+    assert run_cli("run", "model=tiny", "run.steps=3", "--out", str(tmp_path), timeout=300).returncode == 0
     before = (tmp_path / "result.json").read_bytes()
-    again = run_cli("run", "model=tiny", "run.steps=2", "--out", str(tmp_path))
+    again = run_cli("run", "model=tiny", "run.steps=3", "--out", str(tmp_path))
     assert again.returncode == 2 and "--overwrite" in again.stderr
     assert (tmp_path / "result.json").read_bytes() == before  # nothing of the old trial touched
     refused = run_cli("run", "model=tiny", "hardware.memory_gib=0.01", "--overwrite", "--out", str(tmp_path))
@@ -197,7 +197,7 @@ def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
 
 def test_secrets_in_setup_lines_reach_no_file(tmp_path):
     secret = "abc123secret"
-    proc = run_cli("run", "model=tiny", "run.steps=2", f"cluster.setup=['export TOKEN={secret}']",
+    proc = run_cli("run", "model=tiny", "run.steps=3", f"cluster.setup=['export TOKEN={secret}']",
                    "logger.mode=offline", "--out", str(tmp_path), timeout=300)
     assert proc.returncode == 0 and secret not in proc.stdout + proc.stderr
     leaks = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
@@ -206,7 +206,7 @@ def test_secrets_in_setup_lines_reach_no_file(tmp_path):
 
 
 def test_status_report_and_wait_skip_a_corrupt_file_and_report_the_rest(tmp_path):
-    assert run_cli("run", "-m", "model=tiny", "run.steps=2", "run.seed=1,2", "logger.mode=disabled",
+    assert run_cli("run", "-m", "model=tiny", "run.steps=3", "run.seed=1,2", "logger.mode=disabled",
                    "--out", str(tmp_path), timeout=300).returncode == 0
     first, second = sorted(tmp_path.glob("00*"))
     (first / "result.json").write_text((first / "result.json").read_text()[:100])  # truncated

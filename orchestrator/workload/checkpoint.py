@@ -67,6 +67,7 @@ def resume(engine, trial_dir: Path, rank: int) -> dict | None:
     state = latest(trial_dir)
     if state is None:
         return None
+    state["written_at"] = (trial_dir / DIRECTORY / LATEST).stat().st_mtime  # when the save was complete
     root = trial_dir / DIRECTORY
     engine.load_state(root, state["tag"])
     rng = torch.load(root / state["tag"] / f"rng{rank}.pt", weights_only=False)

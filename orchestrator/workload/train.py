@@ -145,7 +145,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     activation_bytes, static_bytes = (state or {}).get("activation_bytes"), (state or {}).get("static_bytes")
     resumed_at = [*(state or {}).get("resumed_at", []), *([state["step"]] if state else [])]
     on_warning = list((state or {}).get("on_warning", []))  # checkpoints SLURM's warning asked for
-    warned_at = list((state or {}).get("warned_at", []))  # when they were written (wall clock)
+    # When each checkpoint this run resumed from was complete (wall clock): a requeue should follow at once.
+    resumed_from_saved_at = [*(state or {}).get("resumed_from_saved_at", []), *([state["written_at"]] if state else [])]
     consumed = sum(h["global_batch_size"] // (spec.micro_batch_size * world) for h in history)
     data = iter(batches(spec, rank, world, consumed))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -194,18 +195,17 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             if checkpointing and step + 1 < run.steps and checkpoint.wanted(step, run.checkpoint_every, device):
                 if warning.warned():
                     on_warning.append(step + 1)
-                    warned_at.append(time.time())
                 checkpoint.save(engine, trial_dir, rank, {
                     "step": step + 1, "history": history, "activation_bytes": activation_bytes,
                     "static_bytes": static_bytes, "resumed_at": resumed_at, "on_warning": on_warning,
-                    "warned_at": warned_at})
+                    "resumed_from_saved_at": resumed_from_saved_at})
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
                 gc.collect()
             if prof is not None:
                 prof.step()
     return history, activation_bytes, static_bytes, {"restarts": len(resumed_at), "resumed_at_steps": resumed_at,
                                                       "checkpoints_on_warning": on_warning,
-                                                      "checkpoints_on_warning_at": warned_at,
+                                                      "resumed_from_saved_at": resumed_from_saved_at,
                                                       "nonfinite_loss_steps": nonfinite}
 
 
