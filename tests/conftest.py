@@ -46,8 +46,8 @@ def running_cluster(*shape: str):
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """The single-node cluster on localhost, for the session (of the worker that runs the
-    xdist group "slurm": every test that uses it is in that group)."""
+    """The single-node cluster on localhost, for the session. Every test on it is in
+    tests/test_slurm.py, and --dist loadfile runs a file on one worker, so one worker owns it."""
     with running_cluster():
         yield
 

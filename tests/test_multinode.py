@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import run_cli, running_cluster, sacct
 
-pytestmark = [pytest.mark.multinode, pytest.mark.xdist_group("slurm")]
+pytestmark = pytest.mark.multinode
 NODES = 4
 ONE_PER_NODE = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", "run.steps=3",
                 "run.warmup_steps=1", "logger.mode=disabled"]

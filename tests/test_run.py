@@ -64,8 +64,9 @@ def counting_tokens(tmp_path) -> Path:
 
 
 def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counting_tokens):
+    # fp32: the engines must agree to rounding, and bf16 matmuls crawl on a CPU without AVX512-BF16.
     proc, _ = run(tmp_path / "runs", "zero=stage0,stage1,stage2,stage3", "run.lr=1e-2", f"run.data={counting_tokens}",
-                  "run.steps=6", "run.warmup_steps=1", multirun=True)
+                  "run.steps=6", "run.warmup_steps=1", "run.bf16=false", multirun=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = results_below(tmp_path / "runs")
     assert [r["config"]["zero"]["stage"] for r in results] == [0, 1, 2, 3]
@@ -73,7 +74,7 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
     # Accelerate's DeepSpeed ZeRO-3 as well: the model is built partitioned there too
     # (zero3_init_flag), from the same weights.
     accel, _ = run(tmp_path / "accelerate", "engine=accelerate", "engine.backend=deepspeed", "zero=stage3",
-                   "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1")
+                   "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1", "run.bf16=false")
     assert accel.returncode == 0, accel.stdout + accel.stderr
     (accelerated,) = results_below(tmp_path / "accelerate")
     assert accelerated["metrics"]["engine"]["distributed_type"].endswith("DEEPSPEED")
@@ -81,7 +82,7 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
     curves = [r["metrics"]["losses"] for r in results + [accelerated]]
     assert curves[0][-1] < curves[0][0] - 0.05  # it learns something, so the curves can differ
     for curve in curves[1:]:
-        assert curve == pytest.approx(curves[0], rel=2e-2)  # bf16 tolerance
+        assert curve == pytest.approx(curves[0], rel=5e-3)  # fp32: only the order of reductions differs
 
 
 def test_recompute_orders_measured_activations(tmp_path):

@@ -154,8 +154,13 @@ nodes_idle() {  # every configured node is idle
   [ "$(sinfo -h -N -o '%N %T' | awk '$2 == "idle"' | sort -u | wc -l)" -eq "$want" ]
 }
 
+nodes_up() {  # every configured node answers (idle, or running jobs that must not be disturbed)
+  local want=$(( NODES > 0 ? NODES : 1 ))
+  [ "$(sinfo -h -N -o '%N %T' | awk '$2 ~ /^(idle|mixed|allocated|completing)$/' | sort -u | wc -l)" -eq "$want" ]
+}
+
 start() {
-  if [ "$(cat "$STATE/shape" 2>/dev/null)" = "$(shape)" ] && scontrol ping >/dev/null 2>&1 && nodes_idle; then
+  if [ "$(cat "$STATE/shape" 2>/dev/null)" = "$(shape)" ] && scontrol ping >/dev/null 2>&1 && nodes_up; then
     echo "cluster.sh: already up ($(shape))"; return
   fi
   stop  # whatever else runs (another shape, or a crashed start): start from nothing
