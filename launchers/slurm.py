@@ -28,7 +28,8 @@ from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
 from orchestrator.launchers.slurm_task import SlurmTask
 from orchestrator.redact import secret_exports
 from orchestrator.results import now
-from orchestrator.spec import TrialSpec, time_limit_s
+from orchestrator.checks import time_limit_s
+from orchestrator.spec import TrialSpec
 
 
 def timeout_minutes(time: str) -> int:

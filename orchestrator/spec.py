@@ -15,15 +15,16 @@ import math
 import os
 import re
 from pathlib import Path
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import OmegaConf
 
 from orchestrator import hardware
 from orchestrator.compose import Composed, compose_trial, presets
 from orchestrator.config import TrialConfig
+from orchestrator.checks import (above_zero, at_most, check_choice, positive, reject_unknown_keys,
+                                  reject_unresolvable_and_non_finite, time_limit_s, whole_number)
 from orchestrator.errors import ConfigError, one_of
 from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
@@ -91,8 +92,8 @@ def load_spec(trial_dir: Path) -> TrialSpec:
 
 
 def spec_from(composed: Composed) -> TrialSpec:
-    _reject_unknown_keys(composed.cfg)
-    _reject_unresolvable_and_non_finite(composed.cfg)
+    reject_unknown_keys(composed.cfg)
+    reject_unresolvable_and_non_finite(composed.cfg)
     cfg: TrialConfig = OmegaConf.to_object(composed.cfg)
     _check_model(cfg)
     _check_zero(cfg)
@@ -100,7 +101,7 @@ def spec_from(composed: Composed) -> TrialSpec:
     precision = _check_run(cfg)
     _check_hardware(cfg, precision, composed.choices.get("hardware", ""))
     _check_logger(cfg)
-    dp = _at_most(_positive(cfg.parallel.dp, "parallel.dp"), "parallel.dp", MAX_DP)
+    dp = at_most(positive(cfg.parallel.dp, "parallel.dp"), "parallel.dp", MAX_DP)
     gpus_per_node, nodes = _placement(cfg, dp)
     mbs, gbs = _check_batch(cfg, dp)
     return TrialSpec(
@@ -116,64 +117,18 @@ def spec_from(composed: Composed) -> TrialSpec:
 # --- one check per concern -----------------------------------------------------------
 
 
-def _reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
-    """`+model.foo=1` slips past Hydra's struct mode; the dataclass schema has the last word."""
-    kind = OmegaConf.get_type(node)
-    allowed = [f.name for f in fields(kind)] if is_dataclass(kind) else None
-    for key, value in node.items_ex(resolve=False):
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if allowed is not None and key not in allowed:
-            raise ConfigError(path, value, f"'{prefix or 'the config'}' has no such field; its fields are {one_of(allowed)}")
-        if isinstance(value, DictConfig) and not value._is_none():
-            _reject_unknown_keys(value, path)
-
-
-def _reject_unresolvable_and_non_finite(cfg: DictConfig) -> None:
-    """Interpolations that cannot resolve (`${oc.env:NOPE}`, `${model.nope}`, a value that
-    refers to itself) and NaN or infinity anywhere: no field of a trial means either."""
-    try:
-        data = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "config"
-        raise ConfigError(key, _raw(cfg, key), f"its interpolation cannot be resolved "
-                          f"({str(exc).splitlines()[0]})") from None
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{path}.{k}" if path else str(k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{path}[{i}]")
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise ConfigError(path, node, "a finite number (NaN and infinity mean nothing here)")
-
-    walk(data, "")
-
-
-def _raw(cfg: DictConfig, key: str) -> Any:
-    """A field's value as written, interpolation unresolved ('?' if there is no such field)."""
-    node: Any = cfg
-    try:
-        for part in key.split("."):
-            node = node._get_node(part)
-        return node._value()
-    except (AttributeError, KeyError, OmegaConfBaseException):
-        return "?"
-
-
 def _check_model(cfg: TrialConfig) -> None:
     m = cfg.model
-    _choice(m.arch, "model.arch", ARCHS)
-    _choice(m.attention, "model.attention", ATTENTION)
+    check_choice(m.arch, "model.arch", ARCHS)
+    check_choice(m.attention, "model.attention", ATTENTION)
     for name in ("n_layers", "hidden", "heads", "vocab", "max_positions"):
-        _positive(getattr(m, name), f"model.{name}")
-    _at_most(m.n_layers, "model.n_layers", MAX_LAYERS)
+        positive(getattr(m, name), f"model.{name}")
+    at_most(m.n_layers, "model.n_layers", MAX_LAYERS)
     if m.hidden % m.heads:
         raise ConfigError("model.heads", m.heads, f"must divide model.hidden={m.hidden} (head size = hidden / heads)")
     if m.kv_heads is None:
         m.kv_heads = m.heads
-    _positive(m.kv_heads, "model.kv_heads")
+    positive(m.kv_heads, "model.kv_heads")
     if m.heads % m.kv_heads:
         raise ConfigError("model.kv_heads", m.kv_heads, f"must divide model.heads={m.heads} (grouped-query attention)")
     if m.arch == "gpt2" and m.kv_heads != m.heads:
@@ -182,7 +137,7 @@ def _check_model(cfg: TrialConfig) -> None:
         raise ConfigError("model.heads", m.heads, "rotary embeddings need an even head size (hidden / heads)")
     if m.ffn_hidden is None:
         m.ffn_hidden = 4 * m.hidden
-    _positive(m.ffn_hidden, "model.ffn_hidden")
+    positive(m.ffn_hidden, "model.ffn_hidden")
     if not 0 <= m.dropout < 1:
         raise ConfigError("model.dropout", m.dropout, "a probability from 0 (off) up to, not including, 1")
     if not 0 < m.seq_len <= m.max_positions:
@@ -191,12 +146,12 @@ def _check_model(cfg: TrialConfig) -> None:
 
 def _check_zero(cfg: TrialConfig) -> None:
     z = cfg.zero
-    _choice(z.stage, "zero.stage", (0, 1, 2, 3))
+    check_choice(z.stage, "zero.stage", (0, 1, 2, 3))
     for name in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
-        setattr(z, name, _whole_number(getattr(z, name), f"zero.{name}", minimum=1))
-    z.param_persistence_threshold = _whole_number(z.param_persistence_threshold, "zero.param_persistence_threshold", minimum=0)
-    _choice(z.offload_optimizer, "zero.offload_optimizer", OFFLOAD)
-    _choice(z.offload_param, "zero.offload_param", OFFLOAD)
+        setattr(z, name, whole_number(getattr(z, name), f"zero.{name}", minimum=1))
+    z.param_persistence_threshold = whole_number(z.param_persistence_threshold, "zero.param_persistence_threshold", minimum=0)
+    check_choice(z.offload_optimizer, "zero.offload_optimizer", OFFLOAD)
+    check_choice(z.offload_param, "zero.offload_param", OFFLOAD)
     if z.offload_optimizer != "none" and z.stage == 0:
         raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "needs zero.stage 1, 2 or 3 (stage 0 keeps the optimizer on the device)")
     if z.offload_param != "none" and z.stage < 3:
@@ -204,18 +159,18 @@ def _check_zero(cfg: TrialConfig) -> None:
 
 
 def _check_choices(cfg: TrialConfig) -> None:
-    _choice(cfg.recompute.mode, "recompute.mode", RECOMPUTE)
-    _choice(cfg.numa.mode, "numa.mode", NUMA)
-    _choice(cfg.engine.name, "engine.name", ENGINES)
-    _choice(cfg.engine.backend, "engine.backend", BACKENDS)
+    check_choice(cfg.recompute.mode, "recompute.mode", RECOMPUTE)
+    check_choice(cfg.numa.mode, "numa.mode", NUMA)
+    check_choice(cfg.engine.name, "engine.name", ENGINES)
+    check_choice(cfg.engine.backend, "engine.backend", BACKENDS)
     if cfg.engine.backend == "fsdp" and cfg.engine.name != "accelerate":
         raise ConfigError("engine.backend", "fsdp", "FSDP runs through engine=accelerate")
     if cfg.engine.backend == "fsdp" and cfg.zero.stage == 1:
         raise ConfigError("zero.stage", 1, "FSDP shards nothing, grads and optimizer, or everything: zero.stage 0, 2 or 3")
-    _choice(cfg.cluster.name, "cluster.name", CLUSTERS)
-    _positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
-    _positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
-    _positive(cfg.cluster.sockets_per_node, "cluster.sockets_per_node")
+    check_choice(cfg.cluster.name, "cluster.name", CLUSTERS)
+    positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
+    positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
+    positive(cfg.cluster.sockets_per_node, "cluster.sockets_per_node")
     if cfg.cluster.max_requeues < 0:
         raise ConfigError("cluster.max_requeues", cfg.cluster.max_requeues, "a whole number >= 0")
     if cfg.cluster.signal_delay_s < 0:
@@ -237,8 +192,8 @@ def _check_choices(cfg: TrialConfig) -> None:
 
 def _check_run(cfg: TrialConfig) -> str:
     r = cfg.run
-    _positive(r.steps, "run.steps")
-    _at_most(r.steps, "run.steps", MAX_STEPS)
+    positive(r.steps, "run.steps")
+    at_most(r.steps, "run.steps", MAX_STEPS)
     if not 0 <= r.seed <= MAX_SEED:
         raise ConfigError("run.seed", r.seed, f"a whole number from 0 to {MAX_SEED:,} (2^32 - 1)")
     if not 0 <= r.warmup_steps < r.steps:
@@ -251,8 +206,8 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.grad_clip", r.grad_clip, "a norm >= 0 (0 turns clipping off)")
     if r.weight_decay < 0:
         raise ConfigError("run.weight_decay", r.weight_decay, "a decay >= 0 (0 turns it off)")
-    _choice(r.data_dtype, "run.data_dtype", ("uint16", "uint32"))
-    _choice(r.fail_mode, "run.fail_mode", ("raise", "exit", "oom"))
+    check_choice(r.data_dtype, "run.data_dtype", ("uint16", "uint32"))
+    check_choice(r.fail_mode, "run.fail_mode", ("raise", "exit", "oom"))
     for name in ("gc_collect_every", "dataloader_workers", "checkpoint_every"):
         if getattr(r, name) < 0:
             raise ConfigError(f"run.{name}", getattr(r, name), "a whole number >= 0")
@@ -267,7 +222,7 @@ def _check_run(cfg: TrialConfig) -> str:
 
 def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
     hw = cfg.hardware
-    _choice(hw.device, "hardware.device", DEVICES)
+    check_choice(hw.device, "hardware.device", DEVICES)
     if hw.device == "cpu":
         if precision == "fp16":
             raise ConfigError("run.fp16", True, "DeepSpeed's CPU accelerator has no fp16; use run.bf16=true or fp32")
@@ -278,21 +233,21 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
             raise ConfigError(f"hardware.peak_tflops.{precision}", peak,
                               f"{'preset' if known else 'unknown hardware'} '{hw.name}' needs its dense {precision} peak in TFLOPS; "
                               "MFU never uses a guessed peak")
-        _above_zero(hw.memory_gib, "hardware.memory_gib")  # a GPU's capacity cannot be read from here
+        above_zero(hw.memory_gib, "hardware.memory_gib")  # a GPU's capacity cannot be read from here
     if hw.device == "cpu" and hw.memory_gib is not None:
-        _above_zero(hw.memory_gib, "hardware.memory_gib")
+        above_zero(hw.memory_gib, "hardware.memory_gib")
     if hw.memory_bandwidth_gbps is not None:
-        _above_zero(hw.memory_bandwidth_gbps, "hardware.memory_bandwidth_gbps")
+        above_zero(hw.memory_bandwidth_gbps, "hardware.memory_bandwidth_gbps")
     if not 0 < hw.compute_efficiency <= 1:
         raise ConfigError("hardware.compute_efficiency", hw.compute_efficiency, "a share of the peak in (0, 1]")
     for link in ("intra_node", "inter_node"):
-        _above_zero(getattr(hw, link).bandwidth_gbps, f"hardware.{link}.bandwidth_gbps")
+        above_zero(getattr(hw, link).bandwidth_gbps, f"hardware.{link}.bandwidth_gbps")
         if getattr(hw, link).latency_us < 0:
             raise ConfigError(f"hardware.{link}.latency_us", getattr(hw, link).latency_us, "a latency >= 0")
 
 
 def _check_logger(cfg: TrialConfig) -> None:
-    _choice(cfg.logger.mode, "logger.mode", LOGGER_MODES)
+    check_choice(cfg.logger.mode, "logger.mode", LOGGER_MODES)
     for tag in cfg.logger.tags:
         if not 1 <= len(tag) <= MAX_TAG:
             raise ConfigError("logger.tags", repr(tag), f"each tag 1 to {MAX_TAG} characters long (W&B's limit)")
@@ -303,11 +258,11 @@ def _check_logger(cfg: TrialConfig) -> None:
 
 def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
     b = cfg.batch
-    mbs = _positive(b.micro_batch_size, "batch.micro_batch_size")
+    mbs = positive(b.micro_batch_size, "batch.micro_batch_size")
     unit = mbs * dp
     if b.global_batch_size is None and b.warmup is None:
         b.global_batch_size = unit
-    gbs = _positive(b.global_batch_size, "batch.global_batch_size")
+    gbs = positive(b.global_batch_size, "batch.global_batch_size")
     if gbs % unit:
         raise ConfigError("batch.global_batch_size", gbs, f"a multiple of micro_batch_size x dp = {mbs} x {dp} = {unit}")
     w = b.warmup
@@ -315,14 +270,14 @@ def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
         return mbs, gbs
     if w.end != gbs:
         raise ConfigError("batch.warmup.end", w.end, f"the global batch after the warm-up, batch.global_batch_size={gbs}")
-    w.start = unit if w.start is None else _positive(w.start, "batch.warmup.start")
+    w.start = unit if w.start is None else positive(w.start, "batch.warmup.start")
     if w.start > w.end:
         raise ConfigError("batch.warmup.start", w.start, f"at most batch.warmup.end={w.end}")
     if w.ramp_tokens <= 0:
         raise ConfigError("batch.warmup.ramp_tokens", w.ramp_tokens, "a number of tokens > 0")
     if w.start % unit:
         raise ConfigError("batch.warmup.start", w.start, f"a multiple of micro_batch_size x dp = {unit}")
-    w.increment = unit if w.increment is None else _positive(w.increment, "batch.warmup.increment")
+    w.increment = unit if w.increment is None else positive(w.increment, "batch.warmup.increment")
     if w.increment % unit or (w.end - w.start) % w.increment:
         raise ConfigError("batch.warmup.increment", w.increment,
                           f"a multiple of micro_batch_size x dp = {unit} that divides end - start = {w.end - w.start}")
@@ -363,52 +318,6 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
     kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
     resolved = compose_trial(kept + [f"hardware={preset}"])
     return dataclasses.replace(resolved, overrides=composed.overrides)  # what the user typed
-
-
-# --- small value checks ------------------------------------------------------------
-
-
-def _choice(value: Any, field: str, allowed: tuple) -> Any:
-    if value not in allowed:
-        raise ConfigError(field, value, f"one of {one_of(allowed)}")
-    return value
-
-
-def _positive(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(field, value, "a whole number >= 1")
-    return value
-
-
-def _at_most(value: int, field: str, limit: int) -> int:
-    if value > limit:
-        raise ConfigError(field, value, f"a whole number from 1 to {limit:,}; the nearest valid value is {limit}")
-    return value
-
-
-def time_limit_s(time: str) -> int:
-    """SLURM's MM, HH:MM:SS or D-HH:MM:SS in seconds (MM:SS with one colon)."""
-    days, _, clock = time.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if len(parts) == 1:
-        seconds = parts[0] * 60
-    else:
-        parts = [0] * (3 - len(parts)) + parts
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return int(days or 0) * 86400 + seconds
-
-
-def _above_zero(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(field, value, "a number > 0")
-    return value
-
-
-def _whole_number(value: Any, field: str, minimum: int) -> int:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and float(value).is_integer()
-    if not ok or value < minimum:
-        raise ConfigError(field, value, f"a whole number of elements >= {minimum} (5e8 and 500000000 both work)")
-    return int(value)
 
 
 def _wandb_key_available() -> bool:

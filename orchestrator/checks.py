@@ -1,0 +1,102 @@
+"""Checks on single values and on the composed tree, each raising a ConfigError that names
+the field, the value and what is allowed. spec.py applies them field by field."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from orchestrator.errors import ConfigError, one_of
+
+
+def reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
+    """`+model.foo=1` slips past Hydra's struct mode; the dataclass schema has the last word."""
+    kind = OmegaConf.get_type(node)
+    allowed = [f.name for f in fields(kind)] if is_dataclass(kind) else None
+    for key, value in node.items_ex(resolve=False):
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if allowed is not None and key not in allowed:
+            raise ConfigError(path, value, f"'{prefix or 'the config'}' has no such field; its fields are {one_of(allowed)}")
+        if isinstance(value, DictConfig) and not value._is_none():
+            reject_unknown_keys(value, path)
+
+
+def reject_unresolvable_and_non_finite(cfg: DictConfig) -> None:
+    """Interpolations that cannot resolve (`${oc.env:NOPE}`, `${model.nope}`, a value that
+    refers to itself) and NaN or infinity anywhere: no field of a trial means either."""
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise ConfigError(key, _raw(cfg, key), f"its interpolation cannot be resolved "
+                          f"({str(exc).splitlines()[0]})") from None
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(path, node, "a finite number (NaN and infinity mean nothing here)")
+
+    walk(data, "")
+
+
+def _raw(cfg: DictConfig, key: str) -> Any:
+    """A field's value as written, interpolation unresolved ('?' if there is no such field)."""
+    node: Any = cfg
+    try:
+        for part in key.split("."):
+            node = node._get_node(part)
+        return node._value()
+    except (AttributeError, KeyError, OmegaConfBaseException):
+        return "?"
+
+
+def check_choice(value: Any, field: str, allowed: tuple) -> Any:
+    if value not in allowed:
+        raise ConfigError(field, value, f"one of {one_of(allowed)}")
+    return value
+
+
+def positive(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, value, "a whole number >= 1")
+    return value
+
+
+def at_most(value: int, field: str, limit: int) -> int:
+    if value > limit:
+        raise ConfigError(field, value, f"a whole number from 1 to {limit:,}; the nearest valid value is {limit}")
+    return value
+
+
+def time_limit_s(time: str) -> int:
+    """SLURM's MM, HH:MM:SS or D-HH:MM:SS in seconds (MM:SS with one colon)."""
+    days, _, clock = time.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if len(parts) == 1:
+        seconds = parts[0] * 60
+    else:
+        parts = [0] * (3 - len(parts)) + parts
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return int(days or 0) * 86400 + seconds
+
+
+def above_zero(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(field, value, "a number > 0")
+    return value
+
+
+def whole_number(value: Any, field: str, minimum: int) -> int:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and float(value).is_integer()
+    if not ok or value < minimum:
+        raise ConfigError(field, value, f"a whole number of elements >= {minimum} (5e8 and 500000000 both work)")
+    return int(value)
