@@ -126,8 +126,11 @@ def test_a_time_limit_checkpoints_requeues_and_finishes(slurm_cluster, tmp_path)
     assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1
     assert r["metrics"]["checkpoints_on_warning"]  # saved on SIGUSR2, not only every 500 steps
     _history_is_whole(r, steps)
-    # Once the warning's checkpoint is complete the allocation ends at once: the requeue's
-    # SIGTERM reaches the ranks within a second or two, not after a wait for the save or KillWait.
+    # Once the warning's checkpoint is complete the allocation ends promptly: the requeue's
+    # SIGTERM reaches the ranks within seconds (3-5 s here, most of it scontrol's requeue on a
+    # busy 2-core machine). Before, a save made before submitit's handler ran was missed
+    # and waited out (save_wait_s, 5 s here and 70 s by default), then tasks that ignored
+    # SIGTERM waited for KillWait (5 s here, 30 s by default): 10 s or more.
     # (Rank 0's record of the SIGTERM, kept in errors/earlier, dates each end; a rank
     # SIGKILLed before it could write one leaves none, so each record is matched to the
     # last save before it.)
@@ -136,7 +139,7 @@ def test_a_time_limit_checkpoints_requeues_and_finishes(slurm_cluster, tmp_path)
     assert ended and len(saved) == r["metrics"]["restarts"]
     for end in ended:
         complete = max(t for t in saved if t <= end)
-        assert end - complete < 3, (complete, end)
+        assert end - complete < 8, (complete, end)
 
 
 def test_cluster_wait_blocks_until_the_result(slurm_cluster, tmp_path):

@@ -29,15 +29,20 @@ DIRECTORY = "checkpoint"
 LATEST = "latest.json"
 
 
-def wanted(step: int, every: int, device: torch.device) -> bool:
-    """Whether the ranks save after `step`: all of them agree, or none could save at all.
+PERIODIC, WARNED = 1, 2  # why the ranks save: run.checkpoint_every, or SLURM's warning
+
+
+def wanted(step: int, every: int, device: torch.device) -> int:
+    """Whether the ranks save after `step` (0: no; PERIODIC; WARNED), agreed by all of them:
+    SLURM's warning reaches the ranks at slightly different steps, and the first rank to
+    see it decides for everyone.
 
     The flag lives on the rank's device: NCCL, the GPU backend, reduces no host tensors.
     """
-    local = warning.warned() or bool(every and (step + 1) % every == 0)
-    flag = torch.tensor([1 if local else 0], device=device)
+    local = WARNED if warning.warned() else PERIODIC if every and (step + 1) % every == 0 else 0
+    flag = torch.tensor([local], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return int(flag.item())
 
 
 def latest(trial_dir: Path) -> dict | None:
@@ -45,7 +50,8 @@ def latest(trial_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def save(engine, trial_dir: Path, rank: int, state: dict) -> None:
+def save(engine, trial_dir: Path, rank: int, state: dict, warned: bool = False) -> None:
+    """warned: the save SLURM's warning asked for (latest.json says so: the task waits for it)."""
     root, tag = trial_dir / DIRECTORY, f"step{state['step']}"
     engine.save_state(root, tag)
     rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
@@ -54,12 +60,14 @@ def save(engine, trial_dir: Path, rank: int, state: dict) -> None:
     torch.save(rng, root / tag / f"rng{rank}.pt")
     dist.barrier()  # every rank's part is on disk before it counts
     if rank == 0:
-        atomic_write_json(root / LATEST, {**state, "tag": tag, "signalled": warning.warned()})
+        atomic_write_json(root / LATEST, {**state, "tag": tag, "signalled": warned})
         for old in root.glob("step*"):
             if old.name != tag and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
-    warning.clear()
+    if warned:
+        warning.warned()  # a rank the warning reached a moment late: consumed, it asks for no second save
+        warning.clear()
 
 
 def resume(engine, trial_dir: Path, rank: int) -> dict | None:

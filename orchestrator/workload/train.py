@@ -133,7 +133,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     import torch
 
     from orchestrator.plan.batch import batch_sizes_per_step
-    from orchestrator.workload import checkpoint, measure, warning
+    from orchestrator.workload import checkpoint, measure
     from orchestrator.workload.data import batches
 
     run = spec.cfg.run
@@ -192,13 +192,13 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             if nonfinite and run.stop_on_nonfinite_loss:
                 raise NonFiniteLoss(f"the loss is {loss_value} at step {step + 1} of {run.steps} (run.lr={run.lr}); "
                                     "run.stop_on_nonfinite_loss=false trains on")
-            if checkpointing and step + 1 < run.steps and checkpoint.wanted(step, run.checkpoint_every, device):
-                if warning.warned():
+            if checkpointing and step + 1 < run.steps and (why := checkpoint.wanted(step, run.checkpoint_every, device)):
+                if why == checkpoint.WARNED:
                     on_warning.append(step + 1)
                 checkpoint.save(engine, trial_dir, rank, {
                     "step": step + 1, "history": history, "activation_bytes": activation_bytes,
                     "static_bytes": static_bytes, "resumed_at": resumed_at, "on_warning": on_warning,
-                    "resumed_from_saved_at": resumed_from_saved_at})
+                    "resumed_from_saved_at": resumed_from_saved_at}, warned=why == checkpoint.WARNED)
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
                 gc.collect()
             if prof is not None:
