@@ -22,7 +22,7 @@ from pathlib import Path
 
 import submitit
 
-from orchestrator.files import atomic_write_json
+from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.binding import Binding, trial_binding
 from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
 from orchestrator.launchers.slurm_task import SlurmTask
@@ -219,8 +219,6 @@ def job_state(job_id: str) -> tuple[str, str]:
 
 def _completed(trial_dir: Path, steps: int) -> bool:
     """Rank 0 wrote metrics.json, which it does only after the last of `steps`."""
-    from orchestrator.results import read_json
-
     metrics = (read_json(trial_dir / "metrics.json") or {}).get("metrics") or {}
     return len(metrics.get("history") or []) >= steps
 
@@ -259,13 +257,13 @@ def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
         return None
     spec = load_spec(trial_dir)
     plan = json.loads((trial_dir / "plan.json").read_text()) if (trial_dir / "plan.json").is_file() else None
-    cause = _submitit_cause(job)
+    cause, completed = _submitit_cause(job), _completed(trial_dir, spec.cfg.run.steps)
     if never:  # end it now: `wait` would otherwise wait for ever
         subprocess.run(["scancel", job["job_id"]], capture_output=True, timeout=60)
         status, error = "failed", {"type": "SlurmNeverStarts", "rank": None, "log_tail": "",
                                    "message": f"SLURM can never start it: {NEVER_STARTS[reason]} (pending reason "
                                               f"{reason}); cancelled"}
-    elif _completed(trial_dir, spec.cfg.run.steps):
+    elif completed:
         # Every step ran and rank 0 wrote the figures: whatever the job's end looked like
         # (a last warning with no requeue left fails submitit's task 0), the trial is done.
         status, error = "ok", None
@@ -279,7 +277,7 @@ def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
         status, error = outcome_status(trial_dir, 1, timed_out=False)
         if error and error["type"] == "ProcessExit" and error["rank"] is None:
             error["message"] = f"the job failed (sacct: {state} {reason})"
-    if status == "ok" and not (state == "COMPLETED" or _completed(trial_dir, spec.cfg.run.steps)):
+    if status == "ok" and not (state == "COMPLETED" or completed):
         status = "failed"  # never report as completed what did not complete
     if error and cause:
         error["message"] += f"; submitit: {cause}"

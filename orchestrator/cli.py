@@ -27,7 +27,7 @@ from orchestrator.report import collect, write_report
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
-from orchestrator.results import read_json
+from orchestrator.files import read_json
 from orchestrator.trial import check_runnable_here, collect_state, run_trial, submit_trials, wait_for
 from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, claim, trials_below, writable_dir
 

@@ -52,6 +52,12 @@ class Interrupted(BaseException):
         for sig in signals:
             signal.signal(sig, handler)
 
+    @staticmethod
+    def ignore(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        """From now on these signals do nothing (a launcher's SIGKILL still ends the process)."""
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+
 
 def one_of(values: Iterable[Any]) -> str:
     """'a, b or c' for an error message."""

@@ -34,6 +34,14 @@ def atomic_write_json(path: Path | str, data: Any) -> None:
     atomic_write_text(path, json.dumps(finite(data), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
 
 
+def read_json(path: Path | str) -> dict | None:
+    """The JSON in `path`, or None if it is missing or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def finite(data: Any) -> Any:
     if isinstance(data, float):
         return data if math.isfinite(data) else None

@@ -10,12 +10,11 @@ how it ended.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import shutil
 from pathlib import Path
 
-from orchestrator.files import atomic_write_json
+from orchestrator.files import atomic_write_json, read_json
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import disk_full, release
 
@@ -100,10 +99,3 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     if not path.is_file():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -22,9 +22,10 @@ from orchestrator.errors import ConfigError, Interrupted
 from orchestrator.display import show_plan, show_progress, show_result
 from orchestrator.plan import advice
 from orchestrator.plan.planner import Plan, make_plan
-from orchestrator.results import read_json, log_tail, now, outcome_status, write_result
+from orchestrator.files import read_json
+from orchestrator.results import log_tail, now, outcome_status, write_result
 from orchestrator.spec import TrialSpec, load_spec
-from orchestrator.trial_dir import claimant_gone, read_claim, reserve, trials_below
+from orchestrator.trial_dir import CLAIM, claimant_gone, reserve, trials_below
 from orchestrator.translate import TrialFiles, write_trial_files
 
 
@@ -137,7 +138,7 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
 
 
 def _local_state(trial_dir: Path) -> tuple[str, dict | None]:
-    claimed = read_claim(trial_dir)
+    claimed = read_json(trial_dir / CLAIM)
     if claimed is None:
         return "not submitted", None
     if not claimant_gone(claimed):

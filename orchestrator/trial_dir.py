@@ -107,13 +107,6 @@ def claim_record() -> dict:
             "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-def read_claim(path: Path) -> dict | None:
-    try:
-        return json.loads((path / CLAIM).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def claimant_gone(record: dict) -> bool:
     """Whether the process that claimed a trial has ended (only knowable on its own host)."""
     if record.get("host") != socket.gethostname():

@@ -122,7 +122,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
             tracker.finish(metrics, plan, "ok")
     except BaseException as exc:
         if tracker:  # the W&B run ends with the cause and a non-zero exit code
-            Interrupted.install(())  # nothing more to interrupt the closing of the run
+            Interrupted.ignore()  # nothing more may interrupt the closing of the run
             status = "interrupted" if isinstance(exc, Interrupted) else "oom" if is_out_of_memory(exc) else "failed"
             tracker.finish(None, plan, status)
         raise
