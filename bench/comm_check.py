@@ -15,8 +15,10 @@ all-reduce across two nodes. Those rows are marked "fit"; the others are checked
 
 trials: whole `orchestrator run cluster=slurm` trials that are communication-bound (a
 small model on a slow link), ZeRO 0-3 across reduce bucket sizes and dp 2 and 4 (one rank
-per node), planned with the same link description (`hardware.inter_node.*`). Prints the
-step time predicted / measured (25 %) and, per dp, the ranking of bucket sizes both ways.
+per node), planned with the same link description (`hardware.inter_node.*`) and a fixed
+cost per collective fitted on two one-node trials (`hardware.collective_overhead_us`).
+Prints the step time predicted / measured (25 %) and, per dp, the ranking of bucket sizes
+both ways.
 """
 
 from __future__ import annotations
@@ -111,20 +113,25 @@ def collectives(args) -> None:
           f"(pred/meas {min(checked):.2f}-{max(checked):.2f}, median {statistics.median(checked):.2f})")
 
 
-# A GPT-2 shape of 3.7M parameters in fp32, one sequence per rank: 15 MB of gradients
-# against ~0.15 s of compute, so a 100 Mbit/s link makes the step communication-bound.
-TRIAL_MODEL = ["model.n_layers=2", "model.hidden=256", "model.heads=4", "model.kv_heads=4", "model.ffn_hidden=1024",
+# A GPT-2 shape of 5.8M parameters in fp32 and 243 gradient tensors (24 layers), one
+# sequence per rank: 23 MB of gradients against ~1 s of compute, so a 100 Mbit/s link
+# makes the step communication-bound, and the bucket size decides how many collectives
+# DeepSpeed issues (a bucket holds whole tensors: 3e3 elements gives one per tensor).
+TRIAL_MODEL = ["model.n_layers=24", "model.hidden=128", "model.heads=4", "model.kv_heads=4", "model.ffn_hidden=512",
                "model.vocab=8192", "run.bf16=false", "batch.micro_batch_size=1"]
-TRIAL_RUN = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", "run.steps=5",
+TRIAL_RUN = ["cluster=slurm", "hardware=cpu", "cluster.cpus_per_task=1", "run.steps=5",
              "run.warmup_steps=2", "logger.mode=disabled", "cluster.wait=true"]
-STAGES_AT = 1e5  # the reduce bucket of the ZeRO 0-3 step-time points
-BUCKETS = (3e3, 1e4, 1e5, 1e6)  # the dp x bucket sweep, at ZeRO-2
+STAGES_AT = 1e6  # the reduce bucket of the ZeRO 0-3 step-time points
+BUCKETS = (3e3, 1e5, 1e6, 1e7)  # the dp x bucket sweep, at ZeRO-2
+FIT_BUCKETS = (3e3, 1e7)  # one node, two ranks: the fixed cost per collective, from the most and fewest calls
 
 
-def trial_points() -> list[tuple[int, float, int]]:
-    """(stage, reduce bucket, dp): ZeRO 0-3 at dp 2 and 4, and ZeRO-2's dp x bucket sweep."""
-    points = [(stage, STAGES_AT, dp) for stage in range(4) for dp in (2, 4)]
-    return points + [(2, b, dp) for b in BUCKETS for dp in (2, 4) if b != STAGES_AT]
+def trial_points() -> list[tuple[int, float, int, int]]:
+    """(stage, reduce bucket, dp, ranks per node): ZeRO 0-3 at dp 2 and 4 and ZeRO-2's dp x
+    bucket sweep, one rank per node; then the fit points, two ranks on one node."""
+    points = [(stage, STAGES_AT, dp, 1) for stage in range(4) for dp in (2, 4)]
+    points += [(2, b, dp, 1) for b in BUCKETS for dp in (2, 4) if b != STAGES_AT]
+    return points + [(2, b, 2, 2) for b in FIT_BUCKETS]
 
 
 def inter_node_latency(reps: int = 5) -> float:
@@ -136,62 +143,97 @@ def inter_node_latency(reps: int = 5) -> float:
     return next(r["seconds"] for r in rows if r["op"] == "all_reduce") / ring_terms("all_reduce", 0, 2)[0]
 
 
+def planned(overrides: list[str], extra: list[str]) -> dict:
+    """This code's plan of a trial (not the one at launch), with `extra` in place of the
+    launch's values for the same keys."""
+    keys = {e.split("=", 1)[0] for e in extra}
+    return make_plan(build_spec([o for o in overrides if o.split("=", 1)[0] not in keys] + extra)).as_dict()
+
+
+def calls_per_step(plan: dict) -> int:
+    return sum(c["calls"] for c in plan["comm"]["collectives"])
+
+
+def run_trials(out: Path, links: list[str]) -> list[dict]:
+    rows = []
+    for stage, bucket, dp, per_node in trial_points():
+        trial = out / f"z{stage}-b{bucket:.0e}-dp{dp}-{per_node}pn"
+        if not (trial / "result.json").is_file():
+            subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *TRIAL_MODEL,
+                            *TRIAL_RUN, *links, f"cluster.gpus_per_node={per_node}", f"zero=stage{stage}",
+                            f"zero.reduce_bucket_size={bucket:g}", f"parallel.dp={dp}"], capture_output=True,
+                           timeout=1800)
+            print(f"  ran {trial.name}", file=sys.stderr)
+        r = json.loads((trial / "result.json").read_text())
+        timed = [h["step_time_s"] for h in (r.get("metrics") or {}).get("history", []) if h["timed"]]
+        rows.append({"stage": stage, "bucket": bucket, "dp": dp, "per_node": per_node, "status": r["status"],
+                     "overrides": r["overrides"], "measured": (r.get("metrics") or {}).get("step_time_s"),
+                     "spread": statistics.pstdev(timed) / statistics.mean(timed) if len(timed) > 1 else 0.0})
+    return rows
+
+
+def fit_call_cost(fit: list[dict], links: list[str]) -> float:
+    """Seconds per collective, from two ZeRO-2 trials on one node that differ only in
+    bucket size: the measured difference the ring model does not explain, per extra call."""
+    plans = [planned(x["overrides"], links + ["hardware.collective_overhead_us=0"]) for x in fit]
+    extra = (fit[0]["measured"] - fit[1]["measured"]) - (plans[0]["time"]["step_s"] - plans[1]["time"]["step_s"])
+    return max(extra / (calls_per_step(plans[0]) - calls_per_step(plans[1])), 0.0)
+
+
 def trials(args) -> None:
     start_cluster(args.link_mbit)
     latency = inter_node_latency()
     links = [f"hardware.inter_node.bandwidth_gbps={args.link_mbit / 8000:g}",
              f"hardware.inter_node.latency_us={latency * 1e6:.0f}"]
+    rows = run_trials(Path(args.out), links)
+    fit = [x for x in rows if x["per_node"] == 2]
+    call = fit_call_cost(fit, links)
+    links.append(f"hardware.collective_overhead_us={call * 1e6:.0f}")
     print(f"links: inter-node {args.link_mbit / 8:.1f} MB/s (tbf {args.link_mbit} Mbit/s), {latency * 1e6:.0f} us per "
-          "ring step (4-byte all-reduce, 2 nodes); one rank per node")
-    out = Path(args.out)
-    rows = []
-    for stage, bucket, dp in trial_points():
-        trial = out / f"z{stage}-b{bucket:.0e}-dp{dp}"
-        if not (trial / "result.json").is_file():
-            subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *TRIAL_MODEL,
-                            *TRIAL_RUN, *links, f"zero=stage{stage}", f"zero.reduce_bucket_size={bucket:g}",
-                            f"parallel.dp={dp}"], capture_output=True, timeout=1800)
-            print(f"  ran {trial.name}", file=sys.stderr)
-        r = json.loads((trial / "result.json").read_text())
-        measured = (r.get("metrics") or {}).get("step_time_s")
-        plan = make_plan(build_spec(r["overrides"])).as_dict()  # always this code's plan, not the one at launch
-        timed = [h["step_time_s"] for h in (r.get("metrics") or {}).get("history", []) if h["timed"]]
-        spread = statistics.pstdev(timed) / statistics.mean(timed) if len(timed) > 1 else 0.0
-        rows.append({"stage": stage, "bucket": bucket, "dp": dp, "status": r["status"], "measured": measured,
-                     "spread": spread,
-                     "predicted": plan["time"]["step_s"], "exposed": plan["time"]["exposed_comm_s"]})
-    print("\n| ZeRO | reduce bucket | dp | measured step s | predicted s | of which comm exposed | pred/meas | |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"ring step (4-byte all-reduce, 2 nodes); {call * 1e3:.2f} ms per collective (fitted: ZeRO-2, two ranks on "
+          f"one node, buckets {FIT_BUCKETS[0]:.0e} against {FIT_BUCKETS[1]:.0e})")
+    for x in rows:
+        plan = planned(x["overrides"], links)
+        x.update(predicted=plan["time"]["step_s"], exposed=plan["time"]["exposed_comm_s"], calls=calls_per_step(plan))
+    print("\n| ZeRO | reduce bucket | dp | nodes | collectives per step | measured step s | predicted s | "
+          "of which comm exposed | pred/meas | |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for x in rows:
         ratio = x["predicted"] / x["measured"] if x["measured"] else float("nan")
-        ratios.append(ratio)
-        verdict = "ok" if abs(ratio - 1) <= STEP_TOLERANCE else "MISS"
-        print(f"| {x['stage']} | {x['bucket']:.0e} | {x['dp']} | {x['measured'] or float('nan'):.3f} | "
-              f"{x['predicted']:.3f} | {x['exposed']:.3f} | {ratio:.2f} | {verdict} |")
+        verdict = "fit" if x["per_node"] == 2 else "ok" if abs(ratio - 1) <= STEP_TOLERANCE else "MISS"
+        if x["per_node"] == 1:
+            ratios.append(ratio)
+        print(f"| {x['stage']} | {x['bucket']:.0e} | {x['dp']} | {x['dp'] // x['per_node']} | {x['calls']} | "
+              f"{x['measured'] or float('nan'):.3f} | {x['predicted']:.3f} | {x['exposed']:.3f} | {ratio:.2f} | "
+              f"{verdict} |")
     good = [r for r in ratios if r == r]
-    print(f"\nstep time within {STEP_TOLERANCE:.0%}: {sum(abs(r - 1) <= STEP_TOLERANCE for r in good)} of {len(rows)} "
-          f"(pred/meas {min(good):.2f}-{max(good):.2f})")
+    print(f"\nmulti-node step time within {STEP_TOLERANCE:.0%}: {sum(abs(r - 1) <= STEP_TOLERANCE for r in good)} of "
+          f"{len(ratios)} (pred/meas {min(good):.2f}-{max(good):.2f})")
     # Two bucket sizes whose measured steps differ by less than twice the step-to-step
     # spread of these trials are a tie: measurement cannot order them.
     tie = 2 * statistics.median(x["spread"] for x in rows)
     print(f"step-to-step spread (std/mean of the timed steps), median {tie / 2:.1%}: differences under {tie:.1%} "
           "are ties")
     for dp in (2, 4):
-        sweep = [x for x in rows if x["stage"] == 2 and x["dp"] == dp]
-        by = {k: [f"{x['bucket']:.0e}" for x in sorted(sweep, key=lambda x: x[k])] for k in ("measured", "predicted")}
-        disagree, ties = [], []
-        for a in sweep:
-            for b in sweep:
-                if a["measured"] < b["measured"]:
-                    pair = f"{a['bucket']:.0e}/{b['bucket']:.0e}"
-                    if b["measured"] / a["measured"] - 1 < tie:
-                        ties.append(pair)
-                    elif a["predicted"] > b["predicted"]:
-                        disagree.append(pair)
-        print(f"ZeRO-2 dp {dp}, buckets fastest first: measured {' < '.join(by['measured'])}; predicted "
-              f"{' < '.join(by['predicted'])}; pairs ordered differently: {', '.join(disagree) or 'none'}"
-              f" (ties: {', '.join(ties) or 'none'})")
+        sweep = [x for x in rows if x["stage"] == 2 and x["dp"] == dp and x["per_node"] == 1]
+        print_ranking(f"ZeRO-2 dp {dp}", sweep, tie)
+
+
+def print_ranking(title: str, sweep: list[dict], tie: float) -> None:
+    by = {k: [f"{x['bucket']:.0e}" for x in sorted(sweep, key=lambda x: x[k])] for k in ("measured", "predicted")}
+    disagree, ties = [], []
+    for a in sweep:
+        for b in sweep:
+            if a["measured"] < b["measured"]:
+                pair = f"{a['bucket']:.0e}/{b['bucket']:.0e}"
+                if b["measured"] / a["measured"] - 1 < tie:
+                    ties.append(pair)
+                elif a["predicted"] > b["predicted"]:
+                    disagree.append(pair)
+    print(f"{title}, buckets fastest first: measured {' < '.join(by['measured'])}; predicted "
+          f"{' < '.join(by['predicted'])}; pairs ordered differently: {', '.join(disagree) or 'none'}"
+          f" (ties: {', '.join(ties) or 'none'})")
 
 
 def main() -> None:

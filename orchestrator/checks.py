@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.errors import ConfigError, one_of
+from orchestrator.errors import ConfigError, did_you_mean, one_of
 
 
 def reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
@@ -20,7 +20,8 @@ def reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
     for key, value in node.items_ex(resolve=False):
         path = f"{prefix}.{key}" if prefix else str(key)
         if allowed is not None and key not in allowed:
-            raise ConfigError(path, value, f"'{prefix or 'the config'}' has no such field; its fields are {one_of(allowed)}")
+            raise ConfigError(path, value, f"'{prefix or 'the config'}' has no such field; its fields are "
+                              f"{one_of(allowed)}{did_you_mean(key, allowed)}")
         if isinstance(value, DictConfig) and not value._is_none():
             reject_unknown_keys(value, path)
 
@@ -61,7 +62,7 @@ def _raw(cfg: DictConfig, key: str) -> Any:
 
 def check_choice(value: Any, field: str, allowed: tuple) -> Any:
     if value not in allowed:
-        raise ConfigError(field, value, f"one of {one_of(allowed)}")
+        raise ConfigError(field, value, f"one of {one_of(allowed)}{did_you_mean(value, allowed)}")
     return value
 
 

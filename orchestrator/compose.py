@@ -1,25 +1,35 @@
 """From command-line overrides to composed configs, through Hydra.
 
-This module owns the meeting point with Hydra: where the config tree lives, composing
-`conf/config.yaml` with a trial's overrides (Hydra's Compose API), expanding a multirun
-sweep into its points (Hydra's own BasicSweeper, so `a=1,2 b=x,y`, `range(...)`,
-`glob(...)` and a sweep file's `hydra.sweeper.params` mean exactly what they mean to
-Hydra), and turning Hydra's and OmegaConf's exceptions into one-paragraph ConfigErrors.
+This module owns the meeting point with Hydra's config machinery: where the config tree
+lives (conf/, or what -cp / -cn / -cd name), composing it with a trial's overrides
+(Hydra's Compose API), expanding a multirun sweep into its points (Hydra's own
+BasicSweeper, so `a=1,2 b=x,y`, `range(...)`, `glob(...)` and a sweep file's
+`hydra.sweeper.params` mean exactly what they mean to Hydra), and turning Hydra's and
+OmegaConf's exceptions into one-paragraph ConfigErrors.
+
+Hydra has no public API for two things used here, so both are in this module alone and
+tested (tests/test_hydra_app.py): applying value overrides to a composed config
+(ConfigLoaderImpl._apply_overrides_to_config) and splitting a sweep into its points
+(BasicSweeper.split_arguments).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -27,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import config
-from orchestrator.errors import ConfigError, one_of
+from orchestrator.errors import ConfigError, did_you_mean, one_of
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -44,19 +54,46 @@ def conf_dir() -> Path:
     return installed if (installed / "config.yaml").is_file() else _REPO / "conf"
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where the config tree is read from: Hydra's --config-path, --config-name and
+    --config-dir (more preset folders, searched first)."""
+
+    config_dir: str = ""  # absolute; "" = conf_dir()
+    config_name: str = "config"
+    extra_dirs: tuple[str, ...] = ()
+
+    @property
+    def primary(self) -> str:
+        return self.config_dir or str(conf_dir())
+
+
+_source = Source()
+
+
+def use_source(source: Source) -> None:
+    """The tree every later composition reads (the command line's -cp / -cn / -cd)."""
+    global _source
+    _source = source
+
+
 def presets(group: str) -> list[str]:
     """The preset names of a config group, as `orchestrator --help` lists them."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    dirs = [Path(_source.primary), *map(Path, _source.extra_dirs)]
+    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
 
 
 @dataclass(frozen=True)
 class Composed:
-    """One composed trial: the config, the preset chosen per group, the overrides."""
+    """One composed trial: the config, the preset chosen per group, the overrides, and
+    Hydra's own settings for it (run and sweep directories, launcher, sweeper)."""
 
     cfg: DictConfig
     choices: dict[str, str]
     overrides: tuple[str, ...]
     sweep_params: dict[str, str]
+    hydra_choices: dict[str, str] = field(default_factory=dict)
+    hydra_dirs: dict[str, str] = field(default_factory=dict)  # run, sweep: hydra.run.dir, hydra.sweep.dir resolved
 
 
 def compose_trial(overrides: list[str]) -> Composed:
@@ -72,36 +109,66 @@ def compose_trial(overrides: list[str]) -> Composed:
     except OverrideParseException as exc:
         raise _translate(exc, overrides) from None
     _reject_deletions(parsed)
+    _reject_null_groups(parsed)
     structural = tuple(o.input_line for o in parsed if not _is_value_change(o))
-    base = _compose_with_hydra(str(conf_dir()), structural)
+    base = _compose_with_hydra(_source, structural)
     cfg = copy.deepcopy(base.cfg)
     try:
         ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if _is_value_change(o)], cfg)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _translate(exc, overrides) from None
-    return Composed(cfg=cfg, choices=base.choices, overrides=tuple(overrides), sweep_params=base.sweep_params)
+    return Composed(cfg=cfg, choices=base.choices, overrides=tuple(overrides), sweep_params=base.sweep_params,
+                    hydra_choices=base.hydra_choices, hydra_dirs=base.hydra_dirs)
 
 
-@functools.lru_cache(maxsize=256)
-def _compose_with_hydra(config_dir: str, overrides: tuple[str, ...]) -> Composed:
+@contextlib.contextmanager
+def _session(source: Source) -> Iterator[None]:
+    """Hydra initialised on `source` (GlobalHydra holds its config loader meanwhile)."""
     config.register()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
-            cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as exc:
+        with initialize_config_dir(config_dir=source.primary, version_base=None):
+            yield
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _searchpath(source: Source) -> list[str]:
+    return [f"hydra.searchpath=[{','.join('file://' + d for d in source.extra_dirs)}]"] if source.extra_dirs else []
+
+
+@functools.lru_cache(maxsize=256)
+def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
+    try:
+        with _session(source):
+            cfg = compose(source.config_name, overrides=list(overrides) + _searchpath(source), return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise _translate(exc, list(overrides)) from None
     except yaml.YAMLError as exc:  # a preset file (ours or one on hydra.searchpath) that is not YAML
         mark = getattr(exc, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}" if mark else "a preset file"
         raise ConfigError("preset file", where, f"not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
-    finally:
-        GlobalHydra.instance().clear()
     choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if not g.startswith("hydra/")}
+    hydra_choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if g.startswith("hydra/")}
     params = {str(k): str(v) for k, v in (cfg.hydra.sweeper.get("params") or {}).items()}
+    HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in a directory's name
+    try:
+        dirs = {key: str(OmegaConf.select(cfg, f"hydra.{key}.dir")) for key in ("run", "sweep")}
+    except OmegaConfBaseException as exc:
+        raise _translate(exc, list(overrides)) from None
     with open_dict(cfg):
         del cfg["hydra"]
-    return Composed(cfg=cfg, choices=choices, overrides=overrides, sweep_params=params)
+    return Composed(cfg=cfg, choices=choices, overrides=overrides, sweep_params=params, hydra_choices=hydra_choices,
+                    hydra_dirs=dirs)
+
+
+def _reject_null_groups(parsed: list[Override]) -> None:
+    """`logger=null`: Hydra would drop the group; every group of the schema is needed."""
+    for o in parsed:
+        key = o.key_or_group
+        if o.type == OverrideType.CHANGE and key in config.GROUPS and o.value() is None:
+            raise ConfigError(key, None, f"every config group needs a preset: {one_of(presets(key))}"
+                              + (" (logger.mode=disabled turns W&B off)" if key == "logger" else ""))
 
 
 def _reject_deletions(parsed: list[Override]) -> None:
@@ -124,26 +191,38 @@ def _is_value_change(o: Override) -> bool:
             and "." in key and not key.startswith("hydra."))
 
 
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """The override list of every point of a multirun, in Hydra's order."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    parser = OverridesParser.create()
+def fixed_part(overrides: list[str]) -> list[str]:
+    """The overrides of a multirun that are the same at every point (no sweep syntax)."""
     try:
-        parsed = parser.parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as exc:
         raise _translate(exc, overrides) from None
+    return [o.input_line for o in parsed if not o.is_sweep_override()]
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """The override list of every point of a multirun, in Hydra's (basic sweeper's) order."""
+    fixed = fixed_part(overrides)
     # A sweep file (+sweep=NAME) declares its axes in hydra.sweeper.params. An axis the
     # command line also names is taken from the command line alone (Hydra would sweep
     # the product of both and then let the last win, running duplicate points).
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    named = {o.key_or_group for o in parsed}
+    named = {o.partition("=")[0].lstrip("+~") for o in overrides}
     from_file = [f"{k}={v}" for k, v in compose_trial(fixed).sweep_params.items() if k not in named]
-    try:
-        everything = parser.parse_overrides(from_file + list(overrides))
-    except OverrideParseException as exc:
-        raise _translate(exc, from_file) from None
-    batches = BasicSweeper.split_arguments(everything, max_batch_size=None)
+    with _session(_source):  # glob() lists a group's presets through the config loader
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        try:
+            everything = parser.parse_overrides(from_file + list(overrides))
+            batches = BasicSweeper.split_arguments(everything, max_batch_size=None)
+        except OverrideParseException as exc:
+            raise _translate(exc, from_file + list(overrides)) from None
+        except HydraException as exc:
+            if "INTERVAL_SWEEP" in str(exc):
+                line = next((o for o in overrides if "interval(" in o), "interval(...)")
+                key, _, value = line.partition("=")
+                raise ConfigError(key, value, "interval() is a range to sample from, which the basic sweeper cannot "
+                                  "enumerate; sample it with a sweeper plugin (hydra/sweeper=optuna), or list "
+                                  "values: a,b,c or range(start,stop,step)") from None
+            raise _translate(exc, overrides) from None
     return [list(point) for batch in batches for point in batch]
 
 
@@ -164,15 +243,19 @@ def swept_values(points: list[tuple[str, ...]]) -> list[dict[str, str]]:
 def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
     cause = exc.__cause__ or exc
     text = str(exc)
-    if isinstance(exc, MissingConfigException) and (m := re.search(r"Could not find '([^/']+)/([^']+)'", text)):
+    if isinstance(exc, MissingConfigException) and (m := re.search(r"Could not find '(.+)/([^/']+)'", text)):
         group, option = m.groups()
-        return ConfigError(group, option, f"config group '{group}' has the presets {one_of(exc.options or presets(group))} "
-                           f"(or add conf/{group}/{option}.yaml)")
+        if group == "hydra/launcher":
+            return foreign_launcher(option)
+        options = exc.options or presets(group)
+        return ConfigError(group, option, f"config group '{group}' has the presets {one_of(options)}"
+                           f"{did_you_mean(option, options)} (or add conf/{group}/{option}.yaml)")
+    if "Config group override must be a string" in text:
+        return ConfigError("config group", "null", "every config group needs a preset")
     if m := re.search(r"Key '([^']+)' not in '(\w+)'", str(cause)):
         key = _full_key(cause) or m.group(1)
         value = _value_of(key, overrides)
-        parent = key.rsplit(".", 1)[0] if "." in key else ""
-        return ConfigError(key, value, _unknown_key_help(parent))
+        return _unknown_key_error(key, value)
     if "could not be converted to" in str(cause) or "is not Optional" in str(cause):
         key = _full_key(cause) or "?"
         kind = re.search(r"converted to (\w+)", str(cause))
@@ -192,6 +275,12 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
                            "with special characters: key='a b', key=[\"--flag=x\"]")
     first = text.splitlines()[0] if text else type(exc).__name__
     return ConfigError("config", " ".join(overrides) or "(defaults)", first)
+
+
+def foreign_launcher(name: str) -> ConfigError:
+    return ConfigError("hydra/launcher", name, "trials are launched by the orchestrator's own launcher, which knows "
+                       "their ranks, engines and results; say where they run with cluster=local (torchrun here) or "
+                       "cluster=slurm (submitit, job arrays, requeue)")
 
 
 def _parses(override: str) -> bool:
@@ -220,6 +309,12 @@ def _unknown_key_help(parent: str) -> str:
         return (f"not a config group or field; the groups are {one_of(config.GROUPS + config.FIELD_GROUPS)}")
     fields = fields_of(parent)
     return f"'{parent}' has no such field; its fields are {one_of(fields)}" if fields else "no such field"
+
+
+def _unknown_key_error(key: str, value: str) -> ConfigError:
+    parent, _, name = key.rpartition(".")
+    known = fields_of(parent) if parent else list(config.GROUPS + config.FIELD_GROUPS)
+    return ConfigError(key, value, _unknown_key_help(parent) + did_you_mean(name, known))
 
 
 def fields_of(path: str) -> list[str]:

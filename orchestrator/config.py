@@ -131,6 +131,9 @@ class HardwareConfig:
     memory_bandwidth_gbps: Optional[float] = None  # device memory GB/s; null on cpu: measured
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
+    # Fixed cost of each collective the engine issues, whatever its size (bucket copies,
+    # launch): what makes many small buckets slower than a few large ones.
+    collective_overhead_us: float = 0.0
 
 
 @dataclass
@@ -155,6 +158,9 @@ class RunConfig:
     grad_clip: float = 1.0
     stop_on_nonfinite_loss: bool = True  # a NaN or infinite loss ends the trial as failed (false: flag it, train on)
     force: bool = False  # launch even when the plan predicts it will not fit
+    # What a sampling sweeper (hydra/sweeper=optuna) optimises, read from result.json: a
+    # measured metric, or plan.NAME for the plan's prediction (OBJECTIVES: the choices).
+    objective: str = "tokens_per_sec_per_gpu"
     checkpoint_every: int = 0  # save the training state every N steps (0: only when SLURM warns of the end)
     timeout_min: Optional[float] = None  # end the trial (status timeout) after this long
     data: Optional[str] = None  # binary file of token ids; null: synthetic tokens
@@ -187,10 +193,32 @@ class TrialConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
 
+# run.objective: (where in result.json, the direction a sweeper takes it)
+OBJECTIVES = {
+    "tokens_per_sec_per_gpu": (("metrics", "tokens_per_sec_per_gpu"), "maximize"),
+    "mfu": (("metrics", "mfu"), "maximize"),
+    "tflops_per_gpu": (("metrics", "tflops_per_gpu"), "maximize"),
+    "step_time_s": (("metrics", "step_time_s"), "minimize"),
+    "plan.tokens_per_sec_per_gpu": (("plan", "time", "tokens_per_sec_per_gpu"), "maximize"),
+    "plan.mfu": (("plan", "time", "mfu"), "maximize"),
+    "plan.step_s": (("plan", "time", "step_s"), "minimize"),
+}
+
 GROUPS = ("model", "batch", "recompute", "zero", "numa", "engine", "cluster", "hardware", "logger")
 FIELD_GROUPS = ("parallel", "run")  # plain fields, no presets
 
 
+@dataclass
+class LauncherConfig:
+    """hydra/launcher=orchestrator: the launcher plugin every `run -m` goes through. It has
+    no settings of its own: where and how a trial runs is the `cluster` group."""
+
+    _target_: str = "hydra_plugins.orchestrator_launcher.orchestrator_launcher.OrchestratorLauncher"
+
+
 def register() -> None:
-    """Make the schema known to Hydra as `trial` (conf/config.yaml's first default)."""
-    ConfigStore.instance().store(name="trial", node=TrialConfig)
+    """Make the schema known to Hydra as `trial` (conf/config.yaml's first default), and
+    the launcher plugin's config as hydra/launcher=orchestrator."""
+    store = ConfigStore.instance()
+    store.store(name="trial", node=TrialConfig)
+    store.store(group="hydra/launcher", name="orchestrator", node=LauncherConfig, provider="orchestrator")

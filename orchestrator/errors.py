@@ -8,6 +8,7 @@ Interrupted (exit 130 / 143): Ctrl-C or SIGTERM; what was running is recorded fi
 
 from __future__ import annotations
 
+import difflib
 import signal
 from typing import Any, Iterable
 
@@ -63,6 +64,15 @@ def one_of(values: Iterable[Any]) -> str:
     """'a, b or c' for an error message."""
     items = [str(v) for v in values]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def did_you_mean(value: Any, allowed: Iterable[Any]) -> str:
+    """' (did you mean X?)' for the allowed value nearest to `value` (case first), or ''."""
+    items = [str(v) for v in allowed]
+    text = str(value)
+    same_case = [v for v in items if v.lower() == text.lower()]
+    near = same_case or difflib.get_close_matches(text, items, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near and near[0] != text else ""
 
 
 def _show(value: Any) -> str:

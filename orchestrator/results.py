@@ -14,6 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
+from orchestrator.config import OBJECTIVES
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import disk_full, release
@@ -22,6 +23,16 @@ EXIT_CODES = {"ok": 0, "failed": 1, "oom": 1, "timeout": 1, "preempted": 1, "ref
 PER_STEP_KEYS = ("history", "step_times_s", "losses", "global_batch_sizes")  # dropped when the disk is full
 LOG_TAIL_LINES = 40
 DISK_FULL_BYTES = 1 << 20
+
+
+def objective_value(result: dict, objective: str) -> float | None:
+    """run.objective read from a result: None unless the trial ended ok with that figure."""
+    if result.get("status") != "ok":
+        return None
+    node: object = result
+    for key in OBJECTIVES[objective][0]:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, (int, float)) and not isinstance(node, bool) else None
 
 
 def now() -> str:

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from orchestrator import hardware
 from orchestrator.compose import Composed, compose_trial, presets
-from orchestrator.config import TrialConfig
+from orchestrator.config import OBJECTIVES, TrialConfig
 from orchestrator.checks import (above_zero, at_most, check_choice, positive, reject_unknown_keys,
                                   reject_unresolvable_and_non_finite, time_limit_s, whole_number)
 from orchestrator.errors import ConfigError, one_of
@@ -202,6 +202,7 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.fp16", True, "run.bf16 is on too; choose one precision (set the other false; both false is fp32)")
     if r.lr <= 0:
         raise ConfigError("run.lr", r.lr, "a learning rate > 0")
+    check_choice(r.objective, "run.objective", tuple(OBJECTIVES))
     if r.grad_clip < 0:
         raise ConfigError("run.grad_clip", r.grad_clip, "a norm >= 0 (0 turns clipping off)")
     if r.weight_decay < 0:
@@ -244,6 +245,8 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
         above_zero(getattr(hw, link).bandwidth_gbps, f"hardware.{link}.bandwidth_gbps")
         if getattr(hw, link).latency_us < 0:
             raise ConfigError(f"hardware.{link}.latency_us", getattr(hw, link).latency_us, "a latency >= 0")
+    if hw.collective_overhead_us < 0:
+        raise ConfigError("hardware.collective_overhead_us", hw.collective_overhead_us, "a time >= 0")
 
 
 def _check_logger(cfg: TrialConfig) -> None:

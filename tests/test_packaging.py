@@ -21,11 +21,14 @@ def test_the_wheel_holds_every_package_and_config_of_the_source_tree(tmp_path):
     shipped = {str(Path(n).parent) for n in names if n.endswith("/__init__.py")}
     expected = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "orchestrator").rglob("__init__.py")}
     expected |= {"orchestrator/" + str(p.parent.relative_to(ROOT)) for p in (ROOT / "launchers").rglob("__init__.py")}
+    expected |= {str(p.parent.relative_to(ROOT)) for p in (ROOT / "hydra_plugins").rglob("__init__.py")}
     assert shipped == expected
     modules = {n for n in names if n.endswith(".py")}
-    assert {"orchestrator/launchers/slurm.py", "orchestrator/launchers/slurm_task.py"} <= modules
-    assert {n.split("/")[0] for n in names} == {"orchestrator", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
-                                                + ".dist-info"}  # no generic top-level module
+    assert {"orchestrator/launchers/slurm.py", "orchestrator/launchers/slurm_task.py",
+            "hydra_plugins/orchestrator_launcher/orchestrator_launcher.py"} <= modules
+    assert "hydra_plugins/__init__.py" not in modules  # a namespace that other plugins share
+    dist_info = wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"
+    assert {n.split("/")[0] for n in names} == {"orchestrator", "hydra_plugins", dist_info}  # no generic module
     conf = ROOT / "conf"  # conf/sweep links sweeps/: glob follows it
     configs = {str(p.relative_to(conf)) for p in [*conf.glob("*.yaml"), *conf.glob("*/*.yaml")]}
     assert any(c.startswith("sweep/") for c in configs)

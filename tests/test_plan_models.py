@@ -230,6 +230,22 @@ def test_ring_time_follows_the_latency_bandwidth_model():
     assert comm.ring_time("all_reduce", 1e9, comm.links_for(1, 1, 1, 1, 1, 1)) == 0
 
 
+def test_a_fixed_cost_per_collective_makes_many_small_buckets_slower_than_few_large_ones():
+    # The bandwidth term is the same for any bucketing; only the call count differs.
+    tensors = [1000] * 200
+    cheap, costly = (comm.links_for(2, 2, 100, 5, 1, 20, backend="gloo", call_us=us) for us in (0, 5000))
+    assert comm.ring_time("all_reduce", 1e6, costly) == pytest.approx(comm.ring_time("all_reduce", 1e6, cheap) + 5e-3)
+
+    def step(bucket, links):
+        return comm.step_time(stage=2, tensors=tensors, param_bytes=4, grad_bytes=4, reduce_bucket=bucket,
+                              allgather_bucket=10**6, prefetch_bucket=10**6, overlap_comm=False, grad_accum=1,
+                              fwd_s=0.01, bwd_s=0.02, links=links).step_s
+
+    assert step(1000, costly) - step(10**6, costly) == pytest.approx(199 * 5e-3 + step(1000, cheap) - step(10**6, cheap))
+    assert step(1000, costly) > step(10**6, costly)
+    assert comm.ring_time("all_reduce", 1e6, comm.links_for(1, 1, 1, 1, 1, 1, call_us=5000)) == 0  # no collective
+
+
 def test_gloo_reduce_scatters_with_an_all_reduce_nccl_does_not():
     nccl, gloo = comm.links_for(4, 2, 100, 5, 1, 20), comm.links_for(4, 2, 100, 5, 1, 20, backend="gloo")
     assert comm.ring_time("reduce_scatter", 1e8, gloo) == comm.ring_time("all_reduce", 1e8, gloo)

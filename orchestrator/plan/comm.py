@@ -5,7 +5,12 @@ upper bound, as the note says): an all-reduce takes 2(n-1) steps, a reduce-scatt
 all-gather n-1. The ring moves in lock step, so once it spans nodes every step waits for
 the slowest link: its latency and bytes/n over its bandwidth (the alpha-beta model):
 
-    t = steps * (lat + (bytes / n) / bw),   lat, bw = the inter-node link's if nodes > 1
+    t = call + steps * (lat + (bytes / n) / bw),   lat, bw = the inter-node link's if nodes > 1
+
+`call` is a fixed cost per collective that the engine issues, whatever its size: DeepSpeed
+flattens each bucket, launches the collective and copies the result back
+(hardware.collective_overhead_us). On the 2-core test nodes it is milliseconds, and it
+orders the bucket sizes: many small buckets pay it many times (bench/RESULTS.md).
 
 gloo (the CPU backend) reduce-scatters with an all-reduce's traffic: on the shaped
 test cluster its reduce_scatter_tensor took 1.0-1.1x an all-reduce of the same buffer at
@@ -42,6 +47,7 @@ class Links:
     inter_bw: float
     inter_lat: float
     backend: str = "nccl"  # nccl | gloo: how a reduce-scatter is carried out
+    call: float = 0.0  # seconds of fixed cost per collective the engine issues
 
 
 @dataclass(frozen=True)
@@ -64,13 +70,13 @@ def ring_rounds(op: str, backend: str = "nccl") -> int:
 
 
 def ring_time(op: str, nbytes: float, links: Links) -> float:
-    """Seconds for one ring collective of an `nbytes` buffer."""
+    """Seconds for one ring collective of an `nbytes` buffer, its fixed cost included."""
     n = links.ranks
     if n == 1 or nbytes <= 0:
         return 0.0
     steps = ring_rounds(op, links.backend) * (n - 1)
     lat, bw = (links.inter_lat, links.inter_bw) if links.nodes > 1 else (links.intra_lat, links.intra_bw)
-    return steps * (lat + nbytes / n / bw)
+    return links.call + steps * (lat + nbytes / n / bw)
 
 
 def buckets(total_elements: int, bucket_elements: int) -> list[int]:
@@ -173,9 +179,9 @@ def _interleave(fetch: list[float], reduce: list[float]) -> list[float]:
 
 
 def links_for(ranks: int, nodes: int, intra_gbps: float, intra_us: float, inter_gbps: float, inter_us: float,
-              backend: str = "nccl") -> Links:
+              backend: str = "nccl", call_us: float = 0.0) -> Links:
     return Links(ranks=ranks, nodes=nodes, intra_bw=intra_gbps * 1e9, intra_lat=intra_us * 1e-6,
-                 inter_bw=inter_gbps * 1e9, inter_lat=inter_us * 1e-6, backend=backend)
+                 inter_bw=inter_gbps * 1e9, inter_lat=inter_us * 1e-6, backend=backend, call=call_us * 1e-6)
 
 
 def bytes_per_rank_per_step(collectives: list[Collective]) -> float:

@@ -66,7 +66,7 @@ def make_plan(spec: TrialSpec) -> Plan:
     low = 4 if spec.precision == "fp32" else 2
     links = links_for(spec.world_size, spec.nodes, hw.intra_node.bandwidth_gbps, hw.intra_node.latency_us,
                       hw.inter_node.bandwidth_gbps, hw.inter_node.latency_us,
-                      backend="nccl" if hw.device == "cuda" else "gloo")
+                      backend="nccl" if hw.device == "cuda" else "gloo", call_us=hw.collective_overhead_us)
     z = cfg.zero
     tensors = [p.numel for p in parameter_tensors(cfg.model)]
     t = step_time(stage=z.stage, tensors=tensors, param_bytes=low, grad_bytes=low, reduce_bucket=z.reduce_bucket_size,
@@ -99,7 +99,8 @@ def make_plan(spec: TrialSpec) -> Plan:
             f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})",
             f"compute runs at {hw.compute_efficiency:.0%} of that peak (hardware.compute_efficiency)",
             f"links: {hw.intra_node.bandwidth_gbps:g} GB/s, {hw.intra_node.latency_us:g} us intra-node; "
-            f"{hw.inter_node.bandwidth_gbps:g} GB/s, {hw.inter_node.latency_us:g} us inter-node; ring collectives",
+            f"{hw.inter_node.bandwidth_gbps:g} GB/s, {hw.inter_node.latency_us:g} us inter-node; ring collectives, "
+            f"{hw.collective_overhead_us:g} us fixed cost each (hardware.collective_overhead_us)",
             f"optimizer step: {optimizer_traffic_bytes(1, spec.precision)} bytes moved per parameter updated on the "
             f"device, at {bandwidth_note}",
             "data loading takes no time; times are for the global batch after any warm-up",

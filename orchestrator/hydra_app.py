@@ -1,0 +1,351 @@
+"""`orchestrator run | plan | translate`: the commands that take overrides, as Hydra apps.
+
+Each reads its command line with Hydra's own argument parser, so every Hydra flag means
+what it means in any Hydra app: --help and --hydra-help, --cfg job|hydra|all with
+--resolve and --package, --info, -cp/-cn/-cd, --shell-completion, -m. Those that only
+show something are handed to Hydra's entry (`hydra.main`) as they are.
+
+What the command does is then, per command:
+- run: every point is composed and validated first (a bad point fails the whole sweep in
+  about a second, exit 2, nothing written), the output directory is claimed, and then
+  `hydra.main` runs: Hydra composes, makes the directory (hydra.run.dir, or for -m
+  hydra.sweep.dir/hydra.sweep.subdir) with its .hydra/, and calls `run_task`; for -m,
+  Hydra's sweeper (basic, or a plugin such as Optuna) hands the points to our launcher
+  plugin (hydra_plugins/orchestrator_launcher), which runs them here or submits them to
+  SLURM.
+- plan and translate launch nothing and make no output directory, so they compose every
+  point with Hydra (compose.py: the same tree, overrides and sweep grammar) and print or
+  write, without Hydra's run machinery. A sampling sweeper means nothing to them.
+
+Our own flags (--out, --overwrite, --json) are taken off the command line before Hydra
+reads it; `run --out DIR` is hydra.run.dir=DIR (hydra.sweep.dir=DIR with -m).
+
+Hydra has no public API for its argument parser; `hydra_arguments` is its one use here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from orchestrator.compose import (Source, compose_trial, expand_sweep, fixed_part, foreign_launcher, swept_values,
+                                  use_source)
+from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
+from orchestrator.errors import ConfigError, PlanRefused
+from orchestrator.plan.planner import make_plan
+from orchestrator.report import collect
+from orchestrator.config import OBJECTIVES
+from orchestrator.results import objective_value
+from orchestrator.spec import TrialSpec, build_spec
+from orchestrator.tracking import sync_hint
+from orchestrator.translate import write_trial_files
+from orchestrator.trial import check_runnable_here, run_trial, submit_trials, wait_for
+from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, claim, writable_dir
+
+COMMANDS = ("run", "plan", "translate")
+OWN_FLAGS = {"run": {"--out": True, "--overwrite": False}, "plan": {"--json": False}, "translate": {"--out": True}}
+OUR_LAUNCHER = "orchestrator"
+
+
+@dataclass
+class Invocation:
+    """One command line: our own flags, and what its trials returned (read for the exit code)."""
+
+    command: str
+    flags: dict[str, str | bool] = field(default_factory=dict)
+    group: str | None = None  # the W&B group of a sweep: its directory's name
+    base: Path | None = None
+    results: list[dict] = field(default_factory=list)
+    trial_dirs: list[Path] = field(default_factory=list)
+    submitted: int = 0
+
+
+_current = Invocation("run")
+
+
+def main(command: str, argv: list[str]) -> int:
+    global _current
+    _current = Invocation(command)
+    rest = _take_own_flags(_current, argv)
+    args = hydra_arguments(rest)
+    use_source(Source(config_dir=str(Path(args.config_path).resolve()) if args.config_path else "",
+                      config_name=args.config_name or "config",
+                      extra_dirs=(str(Path(args.config_dir).resolve()),) if args.config_dir else ()))
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+        if args.overrides and not args.shell_completion:
+            compose_trial(fixed_part(args.overrides))  # a bad override: exit 2 with our paragraph, not Hydra's 1
+        _hydra(command, rest, _unused_task)
+        return 0
+    if command == "plan":
+        return plan(args.overrides, args.multirun, bool(_current.flags.get("--json")))
+    if command == "translate":
+        return translate(args.overrides, args.multirun, _current.flags.get("--out"))
+    return run(args.overrides, args.multirun, rest)
+
+
+def hydra_arguments(argv: list[str]):
+    """Hydra's own command-line parser (hydra.main's; not public API)."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(argv)
+
+
+def _take_own_flags(invocation: Invocation, argv: list[str]) -> list[str]:
+    own, rest, i = OWN_FLAGS[invocation.command], [], 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in own and own[name]:  # takes a value: --out DIR or --out=DIR
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ConfigError(name, "(nothing)", "a directory: --out DIR")
+                value, i = argv[i + 1], i + 1
+            invocation.flags[name] = value
+        elif name in own and not eq:
+            invocation.flags[name] = True
+        else:
+            rest.append(argv[i])
+        i += 1
+    if invocation.command == "translate" and "--out" not in invocation.flags and _wants_work(rest):
+        raise ConfigError("--out", "(missing)", "translate writes its files into a directory: --out DIR")
+    return rest
+
+
+def _wants_work(argv: list[str]) -> bool:
+    shows = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
+    return not any(a.partition("=")[0] in shows for a in argv)
+
+
+def _hydra(command: str, argv: list[str], task) -> None:
+    """Hand the command line to Hydra's entry, `hydra.main`, as a Hydra app would be run."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
+    from orchestrator.compose import _source  # the tree the command line chose
+
+    # Installed from the wheel Hydra finds the plugin itself; an editable install hides the
+    # hydra_plugins namespace from its scan, so it is registered by hand (public API).
+    Plugins.instance().register(OrchestratorLauncher)
+
+    saved = sys.argv
+    sys.argv = [f"orchestrator {command}", *argv, f"hydra.job.name={command}"]
+    try:
+        hydra.main(config_path=_source.primary, config_name=_source.config_name, version_base="1.3")(task)()
+    finally:
+        sys.argv = saved
+
+
+def _unused_task(cfg: DictConfig) -> None:
+    raise AssertionError("Hydra only shows here (--cfg, --info, --help); it runs nothing")
+
+
+# --- plan and translate -------------------------------------------------------------------
+
+
+def specs_from(overrides: list[str], multirun: bool) -> list[TrialSpec]:
+    """Every trial the command line asks for, composed and validated (ConfigError if not)."""
+    sweep_files = [o for o in overrides if o.lstrip("+").partition("=")[0] == "sweep"]
+    if sweep_files and not multirun:  # its axes would be silently ignored
+        raise ConfigError("+sweep", sweep_files[0].partition("=")[2], f"a sweep file runs with -m: add -m")
+    points = expand_sweep(overrides) if multirun else [overrides]
+    specs = []
+    for i, point in enumerate(points):
+        try:
+            specs.append(build_spec(point))
+        except ConfigError as exc:
+            if len(points) > 1:
+                exc.args = (f"sweep point {i + 1} of {len(points)} ({' '.join(point)}): {exc}",)
+            raise
+    return specs
+
+
+def plan(overrides: list[str], multirun: bool, as_json: bool) -> int:
+    points = [(spec, make_plan(spec)) for spec in specs_from(overrides, multirun)]
+    if as_json:
+        data = ([{"overrides": list(spec.overrides), "plan": p.as_dict()} for spec, p in points]
+                if multirun else points[0][1].as_dict())
+        print(json.dumps(data, indent=2))
+    elif len(points) == 1 and not multirun:
+        show_plan(*points[0], console())
+    else:
+        show_sweep(points, console())
+    refused = [spec for spec, p in points if not p.fits]
+    if refused:
+        print(f"orchestrator plan: {len(refused)} of {len(points)} trial(s) do not fit in device memory "
+              "(run.force=true launches anyway)", file=sys.stderr)
+        return PlanRefused.exit_code
+    return 0
+
+
+def translate(overrides: list[str], multirun: bool, out_dir) -> int:
+    specs = specs_from(overrides, multirun)
+    out = writable_dir(Path(str(out_dir)), "--out")
+    for i, spec in enumerate(specs):
+        trial_dir = out / point_name(i, spec) if multirun else out
+        files = write_trial_files(spec, trial_dir, plan=make_plan(spec).as_dict())
+        print(f"{trial_label(spec)}\n  wrote {', '.join(p.name for p in files.written)} in {files.directory}")
+        for w in files.warnings:
+            print(f"  warning: {w}", file=sys.stderr)
+    return 0
+
+
+def point_name(index: int, spec: TrialSpec) -> str:
+    """translate -m: a point's directory, its index then its overrides made file-name safe."""
+    slug = re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(spec.overrides))[:120]
+    return f"{index}_{slug}" if slug else f"{index}"
+
+
+# --- run ------------------------------------------------------------------------------------
+
+
+def run(overrides: list[str], multirun: bool, argv: list[str]) -> int:
+    settings = compose_trial(fixed_part(overrides))
+    launcher = settings.hydra_choices.get("hydra/launcher")
+    if launcher != OUR_LAUNCHER:
+        raise foreign_launcher(str(launcher))
+    sampler = multirun and settings.hydra_choices.get("hydra/sweeper", "basic") != "basic"
+    # A sampling sweeper (Optuna) chooses its points as it goes: only what they share can
+    # be checked now; a sampled point that is invalid is reported to it as a failed trial.
+    specs = [build_spec(fixed_part(overrides))] if sampler else specs_from(overrides, multirun)
+    for spec in specs:
+        check_runnable_here(spec)
+    key = "sweep" if multirun else "run"
+    named = [o for o in overrides if o.partition("=")[0] == f"hydra.{key}.dir"]
+    out = _current.flags.get("--out")
+    target = str(out) if out else settings.hydra_dirs[key]
+    base = claim(Path(target), "--out" if out else f"hydra.{key}.dir",
+                 overwrite=bool(_current.flags.get("--overwrite")), unique=not (out or named),
+                 marker=SWEEP_CLAIM if multirun else CLAIM)
+    _current.base = base
+    _current.group = base.name if (out or named) else "_".join(base.parts[-2:])  # multirun/DATE/TIME -> DATE_TIME
+    argv = [a for a in argv if a not in named] + [f"hydra.{key}.dir='{base.resolve()}'"]
+    if sampler and not any(o.startswith("hydra.sweeper.direction=") for o in overrides):
+        argv.append(f"hydra.sweeper.direction={OBJECTIVES[specs[0].cfg.run.objective][1]}")
+    _hydra("run", argv, run_task)
+    out_console = console()
+    if _current.submitted:
+        if not all(spec.cfg.cluster.wait for spec in specs):
+            out_console.print(f"follow with: orchestrator status {base}   |   orchestrator wait {base}")
+            return 0
+        _current.results = wait_for(base, out_console)
+        show_report(collect(base)[0], out_console)
+    if hint := sync_hint(_current.trial_dirs):
+        out_console.print(f"[dim]{hint}[/dim]")
+    return sweep_outcome(_current.results, base, out_console)
+
+
+def run_task(cfg: DictConfig) -> "Outcome":
+    """`orchestrator run` without -m: Hydra calls this in the claimed hydra.run.dir."""
+    spec = build_spec(list(HydraConfig.get().overrides.task))
+    trial_dir = Path(HydraConfig.get().runtime.output_dir)
+    _current.trial_dirs.append(trial_dir)
+    if spec.cfg.cluster.name == "slurm":
+        batch = Batch([tuple(spec.overrides)], 0, trial_dir, [(spec, trial_dir, None)])
+        batch.submit()
+        return Outcome(None, spec.cfg.run.objective)
+    result = run_trial(spec, trial_dir, console())
+    _current.results.append(result)
+    return Outcome(result, spec.cfg.run.objective)
+
+
+def sweep_outcome(results: list[dict], base: Path, out) -> int:
+    if len(results) > 1:
+        failed = [r for r in results if r["status"] != "ok"]
+        out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not ({', '.join(r['status'] for r in failed)})"
+                  f" in {base}" if failed else f"sweep: all {len(results)} ok in {base}")
+    codes = {r["exit_code"] for r in results} or {0}
+    return 1 if codes - {0, 3} else max(codes)  # a failure outranks a refusal
+
+
+class Outcome:
+    """What a trial returns to Hydra. As a float it is the sweep's objective (Optuna reads
+    float(return_value)); a trial that did not end ok has none, so the sampler records a
+    failed trial rather than a number."""
+
+    def __init__(self, result: dict | None, objective: str):
+        self.result, self.objective = result, objective
+
+    def __float__(self) -> float:
+        value = objective_value(self.result, self.objective) if self.result else None
+        if value is None:
+            raise TypeError(str(self))
+        return float(value)
+
+    def __str__(self) -> str:
+        r = self.result or {}
+        if r.get("status") != "ok":
+            return f"trial {r.get('status', 'submitted')}: {((r.get('error') or {}).get('message') or '')[:200]}"
+        return f"{self.objective}={objective_value(r, self.objective)}"
+
+
+# --- the launcher plugin's side -------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """A batch of sweep points the launcher plugin was handed, run the orchestrator's way."""
+
+    overrides: list[tuple[str, ...]]
+    first: int
+    base: Path
+    to_submit: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, job_overrides: Sequence[Sequence[str]], first: int, base: Path) -> "Batch":
+        return cls([tuple(o) for o in job_overrides], first, base)
+
+    @property
+    def job_id(self) -> str:
+        return self.base.name
+
+    def info(self, i: int) -> dict:
+        """The W&B group, name and swept values of point i."""
+        swept = swept_values(self.overrides)[i]
+        name = ",".join(f"{k}={v}" for k, v in swept.items()) or " ".join(self.overrides[i]) or "default"
+        return {"group": _current.group, "name": name[:120], "index": self.first + i, "swept": swept}
+
+    @staticmethod
+    def on_slurm(cfg: DictConfig) -> bool:
+        return cfg.cluster.name == "slurm"
+
+    def _claim(self) -> tuple[TrialSpec, Path]:
+        spec = build_spec(list(HydraConfig.get().overrides.task))  # a sampled point may be invalid: a failed trial
+        try:
+            trial_dir = claim(Path(HydraConfig.get().runtime.output_dir), "hydra.sweep.subdir")
+        except ConfigError as exc:  # another run holds it: stop, as before anything ran
+            print(f"orchestrator run: {exc}", file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
+        _current.trial_dirs.append(trial_dir)
+        return spec, trial_dir
+
+    def run(self, i: int, cfg: DictConfig) -> Outcome:
+        """A local point, run to its end (the task Hydra's run_job calls)."""
+        spec, trial_dir = self._claim()
+        result = run_trial(spec, trial_dir, console(), self.info(i))
+        _current.results.append(result)
+        return Outcome(result, spec.cfg.run.objective)
+
+    def prepare(self, i: int, cfg: DictConfig) -> Outcome:
+        """A SLURM point: its directory now, its submission with the others (submit)."""
+        spec, trial_dir = self._claim()
+        self.to_submit.append((spec, trial_dir, self.info(i)))
+        return Outcome(None, spec.cfg.run.objective)
+
+    def submit(self) -> None:
+        if self.to_submit:
+            refused = submit_trials(self.to_submit, self.base / "slurm-logs", console())
+            _current.results.extend(refused)
+            _current.submitted += len(self.to_submit) - len(refused)
+
+
+def as_config_error(exc: Exception, overrides: list[str]) -> ConfigError:
+    from orchestrator.compose import _translate
+
+    return exc if isinstance(exc, ConfigError) else _translate(exc, overrides)
