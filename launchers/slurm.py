@@ -43,13 +43,18 @@ def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
               "timeout_min": timeout_minutes(c.time), "slurm_signal_delay_s": c.signal_delay_s,
               "slurm_setup": secret_exports(c.setup)[0],  # secrets go through sbatch's environment
               "slurm_srun_args": [*bind.srun_args, *c.srun_args],
-              "slurm_additional_parameters": dict(bind.sbatch_options)}
+              "slurm_additional_parameters": {**c.additional_parameters, **bind.sbatch_options}}
     if spec.cfg.hardware.device == "cuda":
         params["gpus_per_node"] = spec.gpus_per_node
-    for name in ("partition", "account", "qos", "constraint"):
+    if c.mem_gb is not None:
+        params["mem_gb"] = c.mem_gb
+    for name in OPTIONAL_SBATCH:
         if getattr(c, name):
             params[f"slurm_{name}"] = getattr(c, name)
     return params
+
+
+OPTIONAL_SBATCH = ("partition", "account", "qos", "constraint", "mem_per_gpu", "exclude", "gres", "comment")
 
 
 def sbatch_options(spec: TrialSpec, bind: Binding) -> list[str]:
@@ -58,8 +63,14 @@ def sbatch_options(spec: TrialSpec, bind: Binding) -> list[str]:
             f"--time={c.time}"]
     if spec.cfg.hardware.device == "cuda":
         opts.append(f"--gpus-per-node={spec.gpus_per_node}")
-    opts += [f"--{name}={getattr(c, name)}" for name in ("partition", "account", "qos", "constraint") if getattr(c, name)]
-    return opts + [f"--{k}={v}" for k, v in bind.sbatch_options.items()]
+    if c.mem_gb is not None:
+        opts.append(f"--mem={int(c.mem_gb * 1024)}M")
+    opts += [f"--{name.replace('_', '-')}={getattr(c, name)}" for name in OPTIONAL_SBATCH if getattr(c, name)]
+    # As the orchestrator submits it: SLURM warns the ranks (SIGUSR2) signal_delay_s before
+    # the limit so that they checkpoint, and a preempted job is requeued, its log appended.
+    opts += [f"--signal=USR2@{c.signal_delay_s}", "--requeue", "--open-mode=append"]
+    extra = {**c.additional_parameters, **bind.sbatch_options}
+    return opts + [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()]
 
 
 def srun_options(spec: TrialSpec, bind: Binding) -> list[str]:

@@ -106,6 +106,17 @@ class ClusterConfig:
     wait: bool = False  # block until the job ends (default: submit and return)
     signal_delay_s: int = 90  # SLURM signals this long before the time limit: checkpoint, requeue
     max_requeues: int = 3  # after this many time limits a trial ends as timeout
+    # Memory per node in GB (sbatch --mem), or per GPU (--mem-per-gpu, e.g. "40G"): CPU
+    # offload keeps optimizer states in host memory, which the default may not grant.
+    mem_gb: Optional[float] = None
+    mem_per_gpu: Optional[str] = None
+    exclude: Optional[str] = None  # nodes not to run on (--exclude=node[1-3])
+    gres: Optional[str] = None  # generic resources (--gres=gpu:8), where the site wants them spelled out
+    comment: Optional[str] = None  # --comment, shown by squeue / sacct
+    additional_parameters: dict[str, Any] = field(default_factory=dict)  # any sbatch option: {reservation: x}
+    # hydra-submitit-launcher's names for time and max_requeues, accepted as aliases.
+    timeout_min: Optional[int] = None  # minutes; sets time
+    max_num_timeout: Optional[int] = None  # sets max_requeues
 
 
 @dataclass

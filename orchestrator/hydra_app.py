@@ -43,7 +43,7 @@ from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.planner import make_plan
 from orchestrator.report import collect
 from orchestrator.config import OBJECTIVES
-from orchestrator.results import objective_value
+from orchestrator.results import now, objective_value, write_result
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
@@ -72,6 +72,13 @@ _current = Invocation("run")
 
 
 def main(command: str, argv: list[str]) -> int:
+    try:
+        return _main(command, argv)
+    finally:
+        use_source(Source())  # the next command in this process reads conf/ again
+
+
+def _main(command: str, argv: list[str]) -> int:
     global _current
     _current = Invocation(command)
     rest = _take_own_flags(_current, argv)
@@ -135,11 +142,19 @@ def _hydra(command: str, argv: list[str], task) -> None:
     Plugins.instance().register(OrchestratorLauncher)
 
     saved = sys.argv
-    sys.argv = [f"orchestrator {command}", *argv, f"hydra.job.name={command}"]
+    sys.argv = [f"orchestrator {command}", *with_overrides(argv, [f"hydra.job.name={command}"])]
     try:
         hydra.main(config_path=_source.primary, config_name=_source.config_name, version_base="1.3")(task)()
     finally:
         sys.argv = saved
+
+
+def with_overrides(argv: list[str], extra: list[str]) -> list[str]:
+    """argv with `extra` overrides added to its own: argparse (Hydra's parser) takes the
+    overrides as one run of words, so they go right after the last one, or first."""
+    overrides = hydra_arguments(argv).overrides
+    at = max((i for i, a in enumerate(argv) if a in overrides), default=-1) + 1
+    return argv[:at] + extra + argv[at:]
 
 
 def _unused_task(cfg: DictConfig) -> None:
@@ -225,9 +240,10 @@ def run(overrides: list[str], multirun: bool, argv: list[str]) -> int:
                  marker=SWEEP_CLAIM if multirun else CLAIM)
     _current.base = base
     _current.group = base.name if (out or named) else "_".join(base.parts[-2:])  # multirun/DATE/TIME -> DATE_TIME
-    argv = [a for a in argv if a not in named] + [f"hydra.{key}.dir='{base.resolve()}'"]
+    extra = [f"hydra.{key}.dir='{base.resolve()}'"]
     if sampler and not any(o.startswith("hydra.sweeper.direction=") for o in overrides):
-        argv.append(f"hydra.sweeper.direction={OBJECTIVES[specs[0].cfg.run.objective][1]}")
+        extra.append(f"hydra.sweeper.direction={OBJECTIVES[specs[0].cfg.run.objective][1]}")
+    argv = with_overrides([a for a in argv if a not in named], extra)
     _hydra("run", argv, run_task)
     out_console = console()
     if _current.submitted:
@@ -315,19 +331,27 @@ class Batch:
     def on_slurm(cfg: DictConfig) -> bool:
         return cfg.cluster.name == "slurm"
 
-    def _claim(self) -> tuple[TrialSpec, Path]:
-        spec = build_spec(list(HydraConfig.get().overrides.task))  # a sampled point may be invalid: a failed trial
+    def _claim(self) -> tuple[TrialSpec | None, Path]:
         try:
             trial_dir = claim(Path(HydraConfig.get().runtime.output_dir), "hydra.sweep.subdir")
         except ConfigError as exc:  # another run holds it: stop, as before anything ran
             print(f"orchestrator run: {exc}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
         _current.trial_dirs.append(trial_dir)
-        return spec, trial_dir
+        try:
+            return build_spec(list(HydraConfig.get().overrides.task)), trial_dir
+        except ConfigError as exc:  # only a sampled point can be invalid here: recorded, and a failed trial
+            result = write_result(trial_dir, None, None, "refused", now(), {
+                "type": "ConfigError", "message": str(exc), "rank": None, "log_tail": ""}, exit_code=exc.exit_code)
+            console().print(f"[red]invalid point[/red] {trial_dir.name}: {exc}")
+            _current.results.append(result)
+            return None, trial_dir
 
     def run(self, i: int, cfg: DictConfig) -> Outcome:
         """A local point, run to its end (the task Hydra's run_job calls)."""
         spec, trial_dir = self._claim()
+        if spec is None:
+            return Outcome(_current.results[-1], "tokens_per_sec_per_gpu")
         result = run_trial(spec, trial_dir, console(), self.info(i))
         _current.results.append(result)
         return Outcome(result, spec.cfg.run.objective)
@@ -335,6 +359,8 @@ class Batch:
     def prepare(self, i: int, cfg: DictConfig) -> Outcome:
         """A SLURM point: its directory now, its submission with the others (submit)."""
         spec, trial_dir = self._claim()
+        if spec is None:
+            return Outcome(_current.results[-1], "tokens_per_sec_per_gpu")
         self.to_submit.append((spec, trial_dir, self.info(i)))
         return Outcome(None, spec.cfg.run.objective)
 

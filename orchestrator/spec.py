@@ -168,6 +168,7 @@ def _check_choices(cfg: TrialConfig) -> None:
     if cfg.engine.backend == "fsdp" and cfg.zero.stage == 1:
         raise ConfigError("zero.stage", 1, "FSDP shards nothing, grads and optimizer, or everything: zero.stage 0, 2 or 3")
     check_choice(cfg.cluster.name, "cluster.name", CLUSTERS)
+    _apply_submitit_aliases(cfg)
     positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
     positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
     positive(cfg.cluster.sockets_per_node, "cluster.sockets_per_node")
@@ -188,6 +189,29 @@ def _check_choices(cfg: TrialConfig) -> None:
         raise ConfigError("cluster.signal_delay_s", cfg.cluster.signal_delay_s,
                           f"at most half of cluster.time={cfg.cluster.time} ({limit} s), so that every allocation "
                           f"trains before SLURM warns of its end; the nearest valid value is {limit // 2}")
+
+
+def _apply_submitit_aliases(cfg: TrialConfig) -> None:
+    """cluster.timeout_min and cluster.max_num_timeout (hydra-submitit-launcher's names)
+    set cluster.time and cluster.max_requeues, which everything else reads."""
+    c = cfg.cluster
+    if c.timeout_min is not None:
+        c.time = str(positive(c.timeout_min, "cluster.timeout_min"))  # SLURM's MM
+    if c.max_num_timeout is not None:
+        if c.max_num_timeout < 0:
+            raise ConfigError("cluster.max_num_timeout", c.max_num_timeout, "a whole number >= 0")
+        c.max_requeues = c.max_num_timeout
+    if c.mem_gb is not None:
+        above_zero(c.mem_gb, "cluster.mem_gb")
+    if c.mem_gb is not None and c.mem_per_gpu is not None:
+        raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "unset (null) when cluster.mem_gb is set: SLURM "
+                          "takes one of --mem and --mem-per-gpu")
+    if c.mem_per_gpu is not None and not re.fullmatch(r"\d+[KMGT]?", str(c.mem_per_gpu)):
+        raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "a SLURM size: a number with K, M, G or T (40G)")
+    for key in c.additional_parameters:
+        if not re.fullmatch(r"[a-z][a-z0-9_\-]*", str(key)):
+            raise ConfigError(f"cluster.additional_parameters.{key}", c.additional_parameters[key],
+                              "an sbatch long option name (reservation, mail_type, ...)")
 
 
 def _check_run(cfg: TrialConfig) -> str:

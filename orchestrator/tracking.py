@@ -5,10 +5,13 @@ network, not even at exit; the run directory is TRIAL_DIR/wandb and `wandb sync`
 it later. online needs WANDB_API_KEY (checked before launch); disabled writes nothing.
 
 The run carries what a user filters and groups on: group = the sweep (logger.group or
-the multirun directory's name), a short name from the swept overrides, tags, the config
-as plain data with flat names (model, zero.stage, parallel.dp, ...), the history of every
-step under train/, and a summary with the measured metrics of result.json, the predicted
-ones under plan/ and the status. Nothing from the environment goes in: no key, token or password can reach it.
+the multirun directory's name), a short name from the swept overrides, tags, and the
+resolved config once, nested as the config groups are (W&B shows and filters on it as
+zero.stage, parallel.dp, ...), with the preset chosen per group under choices/ and the
+derived numbers (world size, precision, batch) under derived/. The history of every
+step is under train/, against train/tokens_seen as its x-axis (define_metric). The
+summary holds the measured figures under perf/, the plan's predictions under plan/, and
+the status. Nothing from the environment goes in: no key, token or password can reach it.
 
 One trial is one run also across a SLURM requeue: the run id is kept in the trial directory
 (wandb_run.json) and the requeued rank 0 resumes that run (resume="allow"); offline, each
@@ -28,29 +31,28 @@ from orchestrator.spec import TrialSpec
 
 RUN_FILE = "wandb_run.json"  # the trial's run id, so that a requeued job resumes its run
 
-HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_sec_per_gpu", "global_batch_size", "lr")
+HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_sec_per_gpu", "global_batch_size", "lr", "tokens_seen")
 SUMMARY_KEYS = ("tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "hfu", "step_time_s",
                 "tokens", "loss_first", "loss_last", "peak_tflops")
 
 
-def flat_config(spec: TrialSpec) -> dict:
-    """The names a user filters on in the W&B table, then the whole trial as plain data."""
-    c = spec.cfg
-    return {"model": spec.choices.get("model"), "zero.stage": c.zero.stage, "parallel.dp": spec.dp,
-            "zero.reduce_bucket_size": c.zero.reduce_bucket_size, "recompute": c.recompute.mode,
-            "engine": c.engine.name, "engine.backend": c.engine.backend, "cluster": c.cluster.name,
-            "hardware": c.hardware.name, "precision": spec.precision, "numa": c.numa.mode,
-            "batch.micro_batch_size": spec.micro_batch_size, "batch.global_batch_size": spec.global_batch_size,
-            "trial": spec.resolved()}
+def run_config(spec: TrialSpec) -> dict:
+    """The resolved trial, nested as its config groups, once; the presets chosen; and the
+    numbers derived from it that a user compares runs on."""
+    return {**spec.resolved(), "choices": dict(spec.choices),
+            "derived": {"world_size": spec.world_size, "nodes": spec.nodes, "precision": spec.precision,
+                        "micro_batch_size": spec.micro_batch_size, "grad_accum_steps": spec.grad_accum_steps,
+                        "global_batch_size": spec.global_batch_size, "tokens_per_step": spec.tokens_per_step}}
 
 
 def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
+    """Measured under perf/, predicted under plan/: the same figure never shares a name."""
     out: dict = {"status": status}
     if metrics:
-        out.update({k: metrics[k] for k in SUMMARY_KEYS if metrics.get(k) is not None})
-        out.update({f"memory/{k}": v for k, v in metrics["memory"].items() if isinstance(v, (int, float))})
+        out.update({f"perf/{k}": metrics[k] for k in SUMMARY_KEYS if metrics.get(k) is not None})
+        out.update({f"perf/memory/{k}": v for k, v in metrics["memory"].items() if isinstance(v, (int, float))})
         if steps := metrics.get("nonfinite_loss_steps"):
-            out.update({"nonfinite_loss_steps": len(steps), "nonfinite_loss_first_step": steps[0] + 1})
+            out.update({"perf/nonfinite_loss_steps": len(steps), "perf/nonfinite_loss_first_step": steps[0] + 1})
     if plan:
         out.update({"plan/parameters": plan["parameters"], "plan/fits": plan["memory"]["fits"],
                     "plan/memory_total": plan["memory"]["total"], "plan/activations": plan["memory"]["activations"]})
@@ -75,7 +77,10 @@ class Tracker:
             project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
             group=logger.group or sweep.get("group"), job_type="trial", name=sweep.get("name"),
             tags=[*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name],
-            config=flat_config(spec), settings=wandb.Settings(console="off"))
+            config=run_config(spec), settings=wandb.Settings(console="off"))
+        # The step history against tokens seen, so runs with different batch sizes line up.
+        self.run.define_metric("train/tokens_seen")
+        self.run.define_metric("train/*", step_metric="train/tokens_seen")
 
     def log_step(self, record: dict) -> None:
         if self.run is not None:

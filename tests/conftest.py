@@ -20,10 +20,10 @@ def _no_wandb_credentials(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("WANDB_MODE", "offline")
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
     """`python -m orchestrator ARGS` in a fresh process, as a user would type it."""
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 @contextmanager

@@ -14,6 +14,7 @@ before exiting non-zero, which makes torchrun end the other ranks.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import math
@@ -138,6 +139,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
 
     run = spec.cfg.run
     sizes = batch_sizes_per_step(spec.schedule, run.steps, spec.cfg.model.seq_len)
+    seen = list(itertools.accumulate(size * spec.cfg.model.seq_len for size in sizes))  # tokens after each step
     checkpointing = bool(run.checkpoint_every) or spec.cfg.cluster.name == "slurm"
     state = checkpoint.resume(engine, trial_dir, rank) if checkpointing else None
     history = state["history"] if state else []
@@ -183,7 +185,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             history.append({"step": step, "loss": loss_value, "step_time_s": seconds,
                             "global_batch_size": ran, "engine_global_batch_size": engine.engine_global_batch(),
                             "tokens_per_sec_per_gpu": ran * spec.cfg.model.seq_len / seconds / world,
-                            "lr": engine.learning_rate(), "timed": step >= run.warmup_steps,
+                            "tokens_seen": seen[step], "lr": engine.learning_rate(), "timed": step >= run.warmup_steps,
                             "started_at": started_at})  # wall clock: step to step includes the bookkeeping
             if console:
                 console.write(PROGRESS + json.dumps({**history[-1], "steps": run.steps}) + "\n")

@@ -1,0 +1,156 @@
+"""run, plan and translate as Hydra apps: Hydra's flags, its output layout, its sweep
+grammar, its sweeper plugins (a real Optuna study), and errors that exit 2 with a
+did-you-mean. Real Hydra throughout; the trials are real (CPU, gloo)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from orchestrator.compose import expand_sweep
+
+from conftest import run_cli
+
+FAST = ["run.steps=1", "run.warmup_steps=0", "logger.mode=disabled", "parallel.dp=1"]
+
+
+# --- Hydra's flags: each flag and the output it must give ----------------------------------
+
+FLAGS = [
+    (["plan", "--cfg", "job"], ["zero:", "reduce_bucket_size:", "parallel:"], ["hydra:"]),
+    (["plan", "--cfg", "hydra"], ["hydra:", "OrchestratorLauncher", "sweep:"], ["reduce_bucket_size:"]),
+    (["plan", "--cfg", "all", "model=gpt2-350m"], ["hydra:", "hidden: 1024"], []),
+    (["plan", "--cfg", "job", "--package", "zero"], ["stage: 0", "reduce_bucket_size:"], ["parallel:"]),
+    (["run", "--cfg", "job", "--resolve", "model=llama3-8b"], ["arch: llama", "hidden: 4096"], []),
+    (["plan", "--info"], ["Config search path", "orchestrator"], []),
+    (["plan", "--info", "defaults"], ["model/tiny", "hydra/launcher/orchestrator"], []),
+    (["run", "--help"], ["--out", "--multirun", "OVERRIDE", "model: ", "gpt2-350m", "Exit codes"], []),
+    (["plan", "--hydra-help"], ["--shell-completion", "--config-dir"], []),
+    (["run", "--shell-completion", "install=bash"], ["complete", "hydra_bash_completion"], []),
+]
+
+
+@pytest.mark.parametrize("argv,present,absent", FLAGS, ids=[" ".join(f[0]) for f in FLAGS])
+def test_a_hydra_flag_gives_hydras_output(argv, present, absent, capsys):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for text in present:
+        assert text in out, text
+    for text in absent:
+        assert text not in out, text
+
+
+def test_config_name_and_config_dir_choose_the_tree(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text("arch: gpt2\nn_layers: 3\nhidden: 96\nheads: 4\nkv_heads: 4\n"
+                                                  "ffn_hidden: 384\nvocab: 512\nseq_len: 64\nmax_positions: 64\n"
+                                                  "tie_embeddings: true\n")
+    assert main(["plan", "--json", "-cd", str(tmp_path), "model=mine"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["parameters"] == 512 * 96 + 64 * 96 + 3 * (12 * 96 * 96 + 13 * 96) + 2 * 96
+    assert main(["plan", "--cfg", "job", "-cd", str(tmp_path), "model=mine"]) == 0
+    assert "hidden: 96" in capsys.readouterr().out
+    assert main(["plan", "-cn", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_glob_range_and_choice_expand_as_in_hydra():
+    assert [p for p in expand_sweep(["zero=glob(*)"])] == [[f"zero=stage{s}"] for s in range(4)]
+    assert expand_sweep(["zero=glob(include=[stage1,stage2])"]) == [["zero=stage1"], ["zero=stage2"]]
+    assert expand_sweep(["zero=glob(*,exclude=stage0)"]) == [[f"zero=stage{s}"] for s in (1, 2, 3)]
+    assert expand_sweep(["parallel.dp=range(1,4)"]) == [["parallel.dp=1"], ["parallel.dp=2"], ["parallel.dp=3"]]
+    assert expand_sweep(["parallel.dp=choice(1,2)", "zero=stage1,stage2"]) == [
+        ["parallel.dp=1", "zero=stage1"], ["parallel.dp=1", "zero=stage2"],
+        ["parallel.dp=2", "zero=stage1"], ["parallel.dp=2", "zero=stage2"]]
+
+
+def test_plan_sweeps_a_glob(capsys):
+    assert main(["plan", "-m", "--json", "zero=glob(*)"]) == 0
+    points = json.loads(capsys.readouterr().out)
+    assert sorted(p["overrides"][0] for p in points) == [f"zero=stage{s}" for s in range(4)]
+
+
+ERRORS = [
+    (["plan", "-m", "zero.reduce_bucket_size=interval(1e5,1e6)"], "hydra/sweeper=optuna"),
+    (["plan", "logger=null"], "logger.mode=disabled"),
+    (["plan", "~run.lr"], "nothing can be deleted"),
+    (["run", "hydra/launcher=submitit_slurm"], "cluster=slurm"),
+    (["run", "-m", "hydra/launcher=basic", "parallel.dp=1,2"], "cluster=local"),
+    (["plan", "model=gpt2-1.3B"], "did you mean gpt2-1.3b?"),
+    (["plan", "zero.reduce_bucket=1"], "did you mean reduce_bucket_size?"),
+    (["plan", "numa.mode=sockte"], "did you mean socket?"),
+    (["plna"], "did you mean plan?"),
+    (["plan", "--cfg", "job", "model=gpt2-1.3B"], "did you mean gpt2-1.3b?"),
+    (["run", "-m", "parallel.dp=1,0", *FAST[:3]], "sweep point 2 of 2"),
+]
+
+
+@pytest.mark.parametrize("argv,says", ERRORS, ids=[" ".join(e[0]) for e in ERRORS])
+def test_bad_input_exits_2_with_one_paragraph(argv, says, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+# --- output layout --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_run_dir_and_sweep_dir_follow_hydra_with_hydra_subdirs(tmp_path):
+    one = tmp_path / "single"
+    proc = run_cli("run", *FAST, f"hydra.run.dir={one}", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (one / "result.json").is_file() and (one / ".hydra" / "config.yaml").is_file()
+    assert yaml.safe_load((one / ".hydra" / "overrides.yaml").read_text()) == FAST
+    assert json.loads((one / "result.json").read_text())["overrides"] == FAST
+
+    sweep = tmp_path / "sweep"
+    proc = run_cli("run", "-m", *FAST[:3], "parallel.dp=1,2", f"hydra.sweep.dir={sweep}",
+                   "hydra.sweep.subdir=dp${parallel.dp}", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["dp1", "dp2"]
+    for dp in (1, 2):
+        point = sweep / f"dp{dp}"
+        assert json.loads((point / "result.json").read_text())["config"]["parallel"]["dp"] == dp
+        assert yaml.safe_load((point / ".hydra" / "config.yaml").read_text())["parallel"]["dp"] == dp
+    assert (sweep / "multirun.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_default_layout_is_outputs_date_time_and_multirun_date_time_n(tmp_path):
+    proc = run_cli("run", "-m", *FAST[:3], "parallel.dp=1,2", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (day,) = (tmp_path / "multirun").iterdir()
+    (time_dir,) = day.iterdir()
+    points = sorted(p.name for p in time_dir.iterdir() if p.is_dir())
+    assert [p.split("_")[0] for p in points] == ["0", "1"] and "parallel.dp=1" in points[0]
+    assert all((time_dir / p / ".hydra" / "hydra.yaml").is_file() for p in points)
+
+
+# --- a sweeper plugin: a real Optuna study --------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_optuna_study_maximises_measured_tokens_per_second(tmp_path):
+    """Four trials sampled by Hydra's Optuna sweeper. micro batch 8 with dp 2 cannot make
+    the global batch of 8: that point is refused, recorded, and a failed Optuna trial."""
+    sweep = tmp_path / "study"
+    proc = run_cli("run", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=1",
+                   "hydra.sweeper.sampler.seed=3", "batch.micro_batch_size=choice(1,2,4,8)",
+                   "zero.reduce_bucket_size=choice(100000,1000000)", "run.steps=2", "run.warmup_steps=1",
+                   "logger.mode=disabled", "--out", str(sweep), timeout=900)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/result.json"))]
+    assert len(results) == 4
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    ok = [r for r in results if r["status"] == "ok"]
+    assert best["best_value"] == pytest.approx(max(r["metrics"]["tokens_per_sec_per_gpu"] for r in ok))
+    hydra_cfg = yaml.safe_load((sweep / "multirun.yaml").read_text())["hydra"]
+    assert hydra_cfg["sweeper"]["direction"] == "maximize"  # the objective's own direction, by default
+    for r in results:
+        if r["config"] and r["config"]["batch"]["micro_batch_size"] == 8 or r["status"] == "refused":
+            assert r["status"] == "refused" and "micro_batch_size" in r["error"]["message"]
