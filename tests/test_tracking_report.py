@@ -12,8 +12,8 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 SECRET = "sentinel-api-key-0123456789abcdef0123456789"
-FILTER_KEYS = {"model", "zero.stage", "parallel.dp", "zero.reduce_bucket_size", "recompute", "engine", "cluster",
-               "hardware"}
+CONFIG_GROUPS = {"model", "batch", "recompute", "zero", "numa", "engine", "cluster", "hardware", "parallel", "run",
+                 "choices", "derived"}
 
 
 def wandb_summary(trial_dir: Path) -> dict:
@@ -26,6 +26,7 @@ def wandb_summary(trial_dir: Path) -> dict:
     summary = json.loads(out)
     summary["history_records"] = sum('"type":"history"' in r for r in records)
     summary["run_record"] = next(json.loads(r)["run"] for r in records if '"type":"run"' in r)
+    summary["metric_records"] = [json.loads(r)["metric"] for r in records if '"type":"metric"' in r]
     return summary
 
 
@@ -48,12 +49,20 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
         result = json.loads((trial / "result.json").read_text())
         w = wandb_summary(trial)
         assert w["exit_code"] == 0 and w["state"] == "finished"
-        assert FILTER_KEYS <= set(w["config"]) and w["config"]["parallel.dp"] == result["config"]["parallel"]["dp"]
-        assert w["config"]["trial"]["zero"]["reduce_bucket_size"] == result["config"]["zero"]["reduce_bucket_size"]
+        # The resolved config once, nested as the groups are (W&B filters on zero.stage, ...).
+        assert set(w["config"]) - {"_wandb"} == CONFIG_GROUPS
+        assert w["config"]["parallel"]["dp"] == result["config"]["parallel"]["dp"]
+        assert w["config"]["zero"]["reduce_bucket_size"] == result["config"]["zero"]["reduce_bucket_size"]
+        assert w["config"]["choices"]["model"] == "tiny" and w["config"]["derived"]["world_size"] == result["config"]["parallel"]["dp"]
         assert w["history_records"] == result["metrics"]["steps"] == 4
         for key in ("tokens_per_sec_per_gpu", "mfu", "hfu", "step_time_s", "loss_last", "tokens"):
-            assert w["summary"][key] == pytest.approx(result["metrics"][key]), key
+            assert w["summary"][f"perf/{key}"] == pytest.approx(result["metrics"][key]), key
+            assert key not in w["summary"]  # measured figures only under perf/
         assert w["summary"]["plan/mfu"] == pytest.approx(result["plan"]["time"]["mfu"])
+        # The step history is plotted against tokens seen.
+        assert any(m.get("glob_name") == "train/*" and m.get("step_metric") == "train/tokens_seen"
+                   for m in w["metric_records"]), w["metric_records"]
+        assert w["summary"]["train/tokens_seen"] == result["metrics"]["tokens"]
         assert w["summary"]["status"] == result["status"] == "ok"
         assert w["run_record"]["job_type"] == "trial"
         assert "parallel.dp=" in w["run_record"]["display_name"]  # named by the swept values
