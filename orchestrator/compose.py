@@ -151,11 +151,14 @@ def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
     choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if not g.startswith("hydra/")}
     hydra_choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if g.startswith("hydra/")}
     params = {str(k): str(v) for k, v in (cfg.hydra.sweeper.get("params") or {}).items()}
+    running = HydraConfig.instance().cfg  # a job Hydra runs now (this may be its task composing)
     HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in a directory's name
     try:
         dirs = {key: str(OmegaConf.select(cfg, f"hydra.{key}.dir")) for key in ("run", "sweep")}
     except OmegaConfBaseException as exc:
         raise _translate(exc, list(overrides)) from None
+    finally:
+        HydraConfig.instance().cfg = running
     with open_dict(cfg):
         del cfg["hydra"]
     return Composed(cfg=cfg, choices=choices, overrides=overrides, sweep_params=params, hydra_choices=hydra_choices,
