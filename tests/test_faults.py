@@ -71,7 +71,7 @@ def test_an_interrupted_sweep_records_the_point_and_closes_its_wandb_run(tmp_pat
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 128 + sig, out
     assert f"interrupted by {signal.Signals(sig).name}" in out and "Traceback" not in out
-    point = next(tmp_path.glob("000_*"))
+    point = next(tmp_path.glob("0_*"))
     r = strict(point / "result.json")
     assert r["status"] == "interrupted" and r["exit_code"] == 128 + sig
     assert r["error"]["signal"] == signal.Signals(sig).name and r["error"]["last_step"] >= 2
@@ -79,7 +79,7 @@ def test_an_interrupted_sweep_records_the_point_and_closes_its_wandb_run(tmp_pat
     (run_file,) = point.glob("wandb/offline-run-*/run-*.wandb")
     assert run_file.stat().st_size > 1_000  # the history is there (not 7 bytes), and the run was closed:
     assert "finishing run" in (point / "wandb" / "debug.log").read_text()
-    assert not list(tmp_path.glob("001_*"))  # the sweep stopped where it was told to
+    assert not list(tmp_path.glob("1_*"))  # the sweep stopped where it was told to
 
 
 def test_a_killed_orchestrator_takes_its_ranks_along_and_status_says_interrupted(tmp_path):

@@ -12,7 +12,7 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 SECRET = "sentinel-api-key-0123456789abcdef0123456789"
-CONFIG_GROUPS = {"model", "batch", "recompute", "zero", "numa", "engine", "cluster", "hardware", "parallel", "run",
+CONFIG_GROUPS = {"model", "batch", "recompute", "zero", "numa", "engine", "cluster", "hardware", "logger", "parallel", "run",
                  "choices", "derived"}
 
 
@@ -62,7 +62,8 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
         # The step history is plotted against tokens seen.
         assert any(m.get("glob_name") == "train/*" and m.get("step_metric") == "train/tokens_seen"
                    for m in w["metric_records"]), w["metric_records"]
-        assert w["summary"]["train/tokens_seen"] == result["metrics"]["tokens"]
+        every_step = sum(h["global_batch_size"] for h in result["metrics"]["history"])  # untimed steps too
+        assert w["summary"]["train/tokens_seen"] == every_step * result["config"]["model"]["seq_len"]
         assert w["summary"]["status"] == result["status"] == "ok"
         assert w["run_record"]["job_type"] == "trial"
         assert "parallel.dp=" in w["run_record"]["display_name"]  # named by the swept values
