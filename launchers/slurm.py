@@ -27,7 +27,7 @@ from orchestrator.launchers.binding import Binding, trial_binding
 from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
 from orchestrator.launchers.slurm_task import SlurmTask
 from orchestrator.redact import secret_exports
-from orchestrator.results import now
+from orchestrator.results import Status, error_record, now
 from orchestrator.checks import time_limit_s
 from orchestrator.spec import TrialSpec
 
@@ -194,10 +194,11 @@ def _environment(extra: dict[str, str]):
 
 RUNNING = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
            "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
-ENDED = {"TIMEOUT": ("timeout", "the SLURM time limit ended it"), "CANCELLED": ("failed", "cancelled (scancel)"),
-         "NODE_FAIL": ("failed", "a node failed"), "PREEMPTED": ("preempted", "preempted by SLURM"),
-         "OUT_OF_MEMORY": ("oom", "SLURM killed it for exceeding its memory"),
-         "BOOT_FAIL": ("failed", "the node failed to boot"), "DEADLINE": ("timeout", "past its deadline")}
+ENDED = {"TIMEOUT": (Status.TIMEOUT, "the SLURM time limit ended it"),
+         "CANCELLED": (Status.FAILED, "cancelled (scancel)"), "NODE_FAIL": (Status.FAILED, "a node failed"),
+         "PREEMPTED": (Status.PREEMPTED, "preempted by SLURM"),
+         "OUT_OF_MEMORY": (Status.OOM, "SLURM killed it for exceeding its memory"),
+         "BOOT_FAIL": (Status.FAILED, "the node failed to boot"), "DEADLINE": (Status.TIMEOUT, "past its deadline")}
 
 
 # Pending reasons that no amount of waiting clears: the job asks for what the partition or
@@ -271,19 +272,17 @@ def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
     cause, completed = _submitit_cause(job), _completed(trial_dir, spec.cfg.run.steps)
     if never:  # end it now: `wait` would otherwise wait for ever
         subprocess.run(["scancel", job["job_id"]], capture_output=True, timeout=60)
-        status, error = "failed", {"type": "SlurmNeverStarts", "rank": None, "log_tail": "",
-                                   "message": f"SLURM can never start it: {NEVER_STARTS[reason]} (pending reason "
-                                              f"{reason}); cancelled"}
+        status, error = Status.FAILED, error_record(
+            "SlurmNeverStarts", f"SLURM can never start it: {NEVER_STARTS[reason]} (pending reason {reason}); cancelled")
     elif completed:
         # Every step ran and rank 0 wrote the figures: whatever the job's end looked like
         # (a last warning with no requeue left fails submitit's task 0), the trial is done.
-        status, error = "ok", None
+        status, error = Status.OK, None
     elif state == "COMPLETED":
         status, error = outcome_status(trial_dir, 0, timed_out=False)
     elif state in ENDED:
         status, what = ENDED[state]
-        error = {"type": f"Slurm{state.title().replace('_', '')}", "message": f"{what} (sacct: {state} {reason})",
-                 "rank": None, "log_tail": ""}
+        error = error_record(f"Slurm{state.title().replace('_', '')}", f"{what} (sacct: {state} {reason})")
     else:  # FAILED and anything else: the ranks' own records say why
         status, error = outcome_status(trial_dir, 1, timed_out=False)
         if error and error["type"] == "ProcessExit" and error["rank"] is None:

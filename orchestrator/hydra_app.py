@@ -43,7 +43,7 @@ from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.planner import make_plan
 from orchestrator.report import collect
 from orchestrator.config import OBJECTIVES
-from orchestrator.results import now, objective_value, write_result
+from orchestrator.results import Status, error_record, now, objective_value, write_result
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
@@ -341,8 +341,8 @@ class Batch:
         try:
             return build_spec(list(HydraConfig.get().overrides.task)), trial_dir
         except ConfigError as exc:  # only a sampled point can be invalid here: recorded, and a failed trial
-            result = write_result(trial_dir, None, None, "refused", now(), {
-                "type": "ConfigError", "message": str(exc), "rank": None, "log_tail": ""}, exit_code=exc.exit_code)
+            result = write_result(trial_dir, None, None, Status.REFUSED, now(), error_record("ConfigError", str(exc)),
+                                  exit_code=exc.exit_code)
             console().print(f"[red]invalid point[/red] {trial_dir.name}: {exc}")
             _current.results.append(result)
             return None, trial_dir

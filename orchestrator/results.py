@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
+from enum import Enum
 from pathlib import Path
 
 from orchestrator.config import OBJECTIVES
@@ -19,7 +20,29 @@ from orchestrator.files import atomic_write_json, read_json
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import disk_full, release
 
-EXIT_CODES = {"ok": 0, "failed": 1, "oom": 1, "timeout": 1, "preempted": 1, "refused": 3, "interrupted": 130}
+class Status(str, Enum):
+    """How a trial ended, as result.json's `status` says it (a str: it compares and
+    serialises as its value)."""
+
+    OK = "ok"
+    FAILED = "failed"  # a rank raised or died; error names it
+    OOM = "oom"  # a rank ran out of (device) memory
+    TIMEOUT = "timeout"  # past run.timeout_min, or out of SLURM requeues
+    PREEMPTED = "preempted"  # SLURM took the nodes back, and no requeue followed
+    REFUSED = "refused"  # never launched: the plan (exit 3) or the config (exit 2) said no
+    INTERRUPTED = "interrupted"  # Ctrl-C, SIGTERM, or the orchestrator was killed
+
+    def __str__(self) -> str:
+        return self.value
+
+
+EXIT_CODES = {Status.OK: 0, Status.FAILED: 1, Status.OOM: 1, Status.TIMEOUT: 1, Status.PREEMPTED: 1,
+              Status.REFUSED: 3, Status.INTERRUPTED: 130}
+
+
+def error_record(type_: str, message: str, rank: int | None = None, log: Path | None = None, **extra) -> dict:
+    """result.json's `error`: {type, message, rank, log_tail} (+ host, signal, ...), built here only."""
+    return {"type": type_, "message": message, "rank": rank, "log_tail": log_tail(log) if log else "", **extra}
 PER_STEP_KEYS = ("history", "step_times_s", "losses", "global_batch_sizes")  # dropped when the disk is full
 LOG_TAIL_LINES = 40
 DISK_FULL_BYTES = 1 << 20
@@ -47,7 +70,7 @@ def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, sta
     The space reserved at the start (trial_dir.reserve) is given back first; if the file
     system is still too full, the result is written without its per-step lists."""
     measured = read_json(trial_dir / "metrics.json") or {}
-    result = {"status": status, "exit_code": EXIT_CODES[status] if exit_code is None else exit_code,
+    result = {"status": Status(status).value, "exit_code": EXIT_CODES[Status(status)] if exit_code is None else exit_code,
               "config": spec.resolved() if spec else None, "overrides": list(spec.overrides) if spec else [],
               "choices": spec.choices if spec else {}, "plan": plan,
               "metrics": measured.get("metrics"), "env": measured.get("env"), "error": error,
@@ -67,11 +90,11 @@ def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, sta
 def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[str, dict | None]:
     """(status, error) from how the launch ended and what the ranks left behind."""
     if timed_out:
-        return "timeout", {"type": "Timeout", "message": "the trial ran past run.timeout_min", "rank": None,
-                           "log_tail": log_tail(trial_dir / "logs" / "launcher.log")}
+        return Status.TIMEOUT, error_record("Timeout", "the trial ran past run.timeout_min",
+                                            log=trial_dir / "logs" / "launcher.log")
     errors = {e["rank"]: e for e in (read_json(p) for p in (trial_dir / "errors").glob("rank*.json")) if e}
     if returncode == 0 and not errors and (trial_dir / "metrics.json").is_file():
-        return "ok", None
+        return Status.OK, None
     # Which rank caused it: a rank that died without a Python error (os._exit, a signal
     # other than the launcher's SIGTERM, the OOM killer) if there is one, else the first
     # Python error by time. The ranks ended after it often fail too (a closed connection).
@@ -86,16 +109,15 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[s
         rank = next(iter(exits), None)
     if rank in errors:
         first = errors[rank]
-        return ("oom" if first["oom"] else "failed"), {
-            "type": first["type"], "message": first["message"], "rank": rank, "host": first.get("host"),
-            "log_tail": log_tail(trial_dir / "logs" / f"rank{rank}.log")}
+        return (Status.OOM if first["oom"] else Status.FAILED), error_record(
+            first["type"], first["message"], rank, trial_dir / "logs" / f"rank{rank}.log", host=first.get("host"))
     log = trial_dir / "logs" / (f"rank{rank}.log" if rank is not None else "launcher.log")
     code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"
     message = f"rank {rank if rank is not None else '?'} exited without a Python error ({code})"
     if (free := shutil.disk_usage(trial_dir).free) < DISK_FULL_BYTES:  # it could not even write its error
-        return "failed", {"type": "DiskFull", "rank": rank, "log_tail": log_tail(log),
-                          "message": f"{message}; the file system holding {trial_dir} is full ({free:,} bytes free)"}
-    return "failed", {"type": "ProcessExit", "rank": rank, "log_tail": log_tail(log), "message": message}
+        return Status.FAILED, error_record(
+            "DiskFull", f"{message}; the file system holding {trial_dir} is full ({free:,} bytes free)", rank, log)
+    return Status.FAILED, error_record("ProcessExit", message, rank, log)
 
 
 def _exit_codes(log: Path) -> dict[int, int]:

@@ -23,7 +23,7 @@ from orchestrator.display import show_plan, show_progress, show_result
 from orchestrator.plan import advice
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.files import read_json
-from orchestrator.results import log_tail, now, outcome_status, write_result
+from orchestrator.results import Status, error_record, now, outcome_status, write_result
 from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import CLAIM, claimant_gone, reserve, trials_below
 from orchestrator.translate import TrialFiles, write_trial_files
@@ -62,8 +62,8 @@ def prepare(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,
     if message := refusal(spec, plan, nodes):
         show_plan(spec, plan, out)
         out.print(f"[red]refused:[/red] {message}")
-        refused = write_result(trial_dir, spec, plan.as_dict(), "refused", started,
-                               {"type": "PlanRefused", "message": message, "rank": None, "log_tail": ""})
+        refused = write_result(trial_dir, spec, plan.as_dict(), Status.REFUSED, started,
+                               error_record("PlanRefused", message))
         return refused, None, plan.as_dict()
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
     for warning in files.warnings:
@@ -86,9 +86,9 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None
         outcome = run_local(files.command, trial_dir, timeout, lambda p: (last.update(p), show_progress(p, out)))
     except Interrupted as exc:
         done = f"after step {last['step'] + 1} of {spec.cfg.run.steps}" if last else "before its first step"
-        error = {"type": "Interrupted", "signal": str(exc), "last_step": last.get("step"), "rank": None,
-                 "message": f"interrupted by {exc} {done}", "log_tail": log_tail(trial_dir / "logs" / "launcher.log")}
-        show_result(write_result(trial_dir, spec, plan, "interrupted", started, error, exit_code=exc.exit_code),
+        error = error_record("Interrupted", f"interrupted by {exc} {done}", log=trial_dir / "logs" / "launcher.log",
+                             signal=str(exc), last_step=last.get("step"))
+        show_result(write_result(trial_dir, spec, plan, Status.INTERRUPTED, started, error, exit_code=exc.exit_code),
                     trial_dir, out)
         raise
     status, error = outcome_status(trial_dir, outcome.returncode, outcome.timed_out)
@@ -149,9 +149,8 @@ def _local_state(trial_dir: Path) -> tuple[str, dict | None]:
     plan = read_json(trial_dir / "plan.json")
     message = (f"the orchestrator that ran it (pid {claimed['pid']} on {claimed['host']}) ended without recording "
                "a result: it was killed, or its machine went down")
-    result = write_result(trial_dir, spec, plan, "interrupted", claimed["started_at"], {
-        "type": "Interrupted", "signal": None, "rank": None, "message": message,
-        "log_tail": log_tail(trial_dir / "logs" / "launcher.log")})
+    result = write_result(trial_dir, spec, plan, Status.INTERRUPTED, claimed["started_at"], error_record(
+        "Interrupted", message, log=trial_dir / "logs" / "launcher.log", signal=None))
     return "interrupted", result
 
 

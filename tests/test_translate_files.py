@@ -133,3 +133,29 @@ def test_translate_sweep_writes_one_directory_per_point(tmp_path):
     assert len(dirs) == 4 and all((tmp_path / d / "ds_config.json").is_file() for d in dirs)
     stages = {json.loads((tmp_path / d / "ds_config.json").read_text())["zero_optimization"]["stage"] for d in dirs}
     assert stages == {1, 2}
+
+
+def test_slurm_resource_fields_and_submitit_names_reach_sbatch_and_submitit(tmp_path):
+    spec = build_spec(["cluster=slurm", "hardware=h100-sxm", "cluster.mem_gb=500", "cluster.exclude='node[1-2]'",
+                       "cluster.gres=gpu:8", "cluster.comment=sweep-a", "+cluster.additional_parameters.reservation=big",
+                       "cluster.timeout_min=30", "cluster.max_num_timeout=5", "cluster.signal_delay_s=60"])
+    assert spec.cfg.cluster.time == "30" and spec.cfg.cluster.max_requeues == 5  # hydra-submitit-launcher's names
+    write_trial_files(spec, tmp_path)
+    launch = json.loads((tmp_path / "launch.json").read_text())
+    assert {"--time=30", "--mem=512000M", "--exclude=node[1-2]", "--gres=gpu:8", "--comment=sweep-a",
+            "--reservation=big", "--signal=USR2@60", "--requeue"} <= set(launch["sbatch"])
+    submitit = launch["submitit"]
+    assert submitit["mem_gb"] == 500 and submitit["timeout_min"] == 30 and submitit["slurm_exclude"] == "node[1-2]"
+    assert submitit["slurm_additional_parameters"]["reservation"] == "big"
+    assert "#SBATCH --signal=USR2@60" in (tmp_path / "launch.sh").read_text()
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (["cluster.mem_gb=10", "cluster.mem_per_gpu=40G"], "cluster.mem_per_gpu"),
+    (["cluster.mem_per_gpu=lots"], "cluster.mem_per_gpu"),
+    (["cluster.timeout_min=0"], "cluster.timeout_min"),
+    (["+cluster.additional_parameters.Bad-Name=1"], "cluster.additional_parameters.Bad-Name"),
+])
+def test_bad_slurm_fields_are_refused(overrides, field, capsys):
+    assert main(["plan", "cluster=slurm", "hardware=h100-sxm", *overrides]) == 2
+    assert capsys.readouterr().err.split(": ", 1)[1].startswith(f"{field}=")

@@ -6,6 +6,9 @@
 #SBATCH --time=01:00:00
 #SBATCH --gpus-per-node=8
 #SBATCH --partition=gpu
+#SBATCH --signal=USR2@90
+#SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --gres-flags=enforce-binding
 #SBATCH --ntasks-per-socket=4
 # Written by orchestrator translate: `sbatch launch.sh` runs one task per GPU.
