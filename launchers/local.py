@@ -22,6 +22,7 @@ from orchestrator.launchers.binding import Binding
 from orchestrator import hardware
 from orchestrator.spec import TrialSpec
 from orchestrator.workload.train import PROGRESS
+from orchestrator.trial_dir import TrialPaths
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
 
@@ -46,7 +47,7 @@ def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
     env = rank_environment(spec, hardware.threads_per_rank(spec.world_size))
     if spec.cfg.engine.name == "accelerate":
         argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                str(trial_dir / "accelerate_config.yaml"), *bind.accelerate_args, "--module", WORKLOAD_MODULE,
+                str(TrialPaths(trial_dir).accelerate_config), *bind.accelerate_args, "--module", WORKLOAD_MODULE,
                 str(trial_dir)]
     else:
         # --standalone: a c10d rendezvous on localhost at a free port, picked by torchrun.
@@ -72,7 +73,7 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
               on_progress: Callable[[dict], None]) -> Outcome:
     """Run the ranks and wait. A rank's crash ends torchrun (max restarts 0), which ends
     the other ranks; a timeout ends the whole process group."""
-    log = trial_dir / "logs" / "launcher.log"
+    log = TrialPaths(trial_dir).launcher_log
     log.parent.mkdir(parents=True, exist_ok=True)
     clear_stale_build_locks()
     start = time.monotonic()

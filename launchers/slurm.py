@@ -30,6 +30,7 @@ from orchestrator.redact import secret_exports
 from orchestrator.results import Status, error_record, now
 from orchestrator.checks import time_limit_s
 from orchestrator.spec import TrialSpec
+from orchestrator.trial_dir import TrialPaths
 
 
 def timeout_minutes(time: str) -> int:
@@ -145,7 +146,6 @@ def partition_refusal(spec: TrialSpec, nodes: list[NodeShape]) -> str | None:
 
 # --- submission (login node) ------------------------------------------------------------
 
-JOB_FILE = "slurm.json"
 
 
 def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
@@ -173,7 +173,7 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
             else:
                 jobs = [executor.submit(tasks[0])]
         for (spec, trial_dir), job in zip(members, jobs):
-            atomic_write_json(trial_dir / JOB_FILE, {"job_id": job.job_id, "logs": str(job.paths.folder),
+            atomic_write_json(TrialPaths(trial_dir).slurm_job, {"job_id": job.job_id, "logs": str(job.paths.folder),
                                                      "array": len(members) > 1, "submitted_at": now()})
             job_ids.append(job.job_id)
     return job_ids
@@ -231,7 +231,7 @@ def job_state(job_id: str) -> tuple[str, str]:
 
 def _completed(trial_dir: Path, steps: int) -> bool:
     """Rank 0 wrote metrics.json, which it does only after the last of `steps`."""
-    metrics = (read_json(trial_dir / "metrics.json") or {}).get("metrics") or {}
+    metrics = (read_json(TrialPaths(trial_dir).metrics) or {}).get("metrics") or {}
     return len(metrics.get("history") or []) >= steps
 
 
@@ -263,12 +263,12 @@ def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
     from orchestrator.results import outcome_status, write_result
     from orchestrator.spec import load_spec
 
-    job = json.loads((trial_dir / JOB_FILE).read_text())
+    job = json.loads(TrialPaths(trial_dir).slurm_job.read_text())
     never = state == "PENDING" and reason in NEVER_STARTS
     if (state in RUNNING and not never) or state == "UNKNOWN":
         return None
     spec = load_spec(trial_dir)
-    plan = json.loads((trial_dir / "plan.json").read_text()) if (trial_dir / "plan.json").is_file() else None
+    plan = read_json(TrialPaths(trial_dir).plan)
     cause, completed = _submitit_cause(job), _completed(trial_dir, spec.cfg.run.steps)
     if never:  # end it now: `wait` would otherwise wait for ever
         subprocess.run(["scancel", job["job_id"]], capture_output=True, timeout=60)

@@ -22,6 +22,7 @@ import submitit
 
 from orchestrator.files import atomic_write_json
 from orchestrator.launchers.local import WORKLOAD_MODULE, clear_stale_build_locks
+from orchestrator.trial_dir import TrialPaths
 
 
 def task_environment() -> dict[str, str]:
@@ -50,7 +51,7 @@ class SlurmTask(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict:
         rank = int(task_environment()["RANK"])
-        errors = Path(self.trial_dir) / "errors"
+        errors = TrialPaths(Path(self.trial_dir)).errors
         if (errors / f"rank{rank}.json").exists():  # from an attempt before a requeue
             (errors / "earlier").mkdir(parents=True, exist_ok=True)
             (errors / f"rank{rank}.json").replace(errors / "earlier" / f"rank{rank}.{time.time():.0f}.json")

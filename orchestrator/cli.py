@@ -21,7 +21,7 @@ from orchestrator.errors import ConfigError, Interrupted, PlanRefused, did_you_m
 from orchestrator.files import read_json
 from orchestrator.report import collect, write_report
 from orchestrator.trial import collect_state, wait_for
-from orchestrator.trial_dir import trials_below
+from orchestrator.trial_dir import TrialPaths, trials_below
 
 FIELDS_ONLY = "(fields, no presets)"
 HYDRA_COMMANDS = {
@@ -66,7 +66,7 @@ def status_command(args: argparse.Namespace) -> int:
     rows = []
     for trial_dir in dirs:
         state, result = collect_state(trial_dir)
-        job = (read_json(trial_dir / "slurm.json") or {}).get("job_id", "")
+        job = (read_json(TrialPaths(trial_dir).slurm_job) or {}).get("job_id", "")
         error = (result or {}).get("error") or {}
         if state == "unreadable":
             print(f"orchestrator status: warning: skipped {error['message']}", file=sys.stderr)

@@ -18,7 +18,7 @@ from pathlib import Path
 from orchestrator.config import OBJECTIVES
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.spec import TrialSpec
-from orchestrator.trial_dir import disk_full, release
+from orchestrator.trial_dir import TrialPaths, disk_full, release
 
 class Status(str, Enum):
     """How a trial ended, as result.json's `status` says it (a str: it compares and
@@ -69,7 +69,8 @@ def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, sta
 
     The space reserved at the start (trial_dir.reserve) is given back first; if the file
     system is still too full, the result is written without its per-step lists."""
-    measured = read_json(trial_dir / "metrics.json") or {}
+    paths = TrialPaths(trial_dir)
+    measured = read_json(paths.metrics) or {}
     result = {"status": Status(status).value, "exit_code": EXIT_CODES[Status(status)] if exit_code is None else exit_code,
               "config": spec.resolved() if spec else None, "overrides": list(spec.overrides) if spec else [],
               "choices": spec.choices if spec else {}, "plan": plan,
@@ -77,28 +78,28 @@ def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, sta
               "started_at": started_at, "finished_at": now(), **extra}
     release(trial_dir)
     try:
-        atomic_write_json(trial_dir / "result.json", result)
+        atomic_write_json(paths.result, result)
     except OSError as exc:
         if not disk_full(exc):
             raise
         result["metrics"] = {k: v for k, v in (result["metrics"] or {}).items() if k not in PER_STEP_KEYS} or None
         result["disk_full"] = "the file system was full: written without the per-step lists (metrics.json has them, if written)"
-        atomic_write_json(trial_dir / "result.json", result)
+        atomic_write_json(paths.result, result)
     return result
 
 
 def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[str, dict | None]:
     """(status, error) from how the launch ended and what the ranks left behind."""
+    paths = TrialPaths(trial_dir)
     if timed_out:
-        return Status.TIMEOUT, error_record("Timeout", "the trial ran past run.timeout_min",
-                                            log=trial_dir / "logs" / "launcher.log")
-    errors = {e["rank"]: e for e in (read_json(p) for p in (trial_dir / "errors").glob("rank*.json")) if e}
-    if returncode == 0 and not errors and (trial_dir / "metrics.json").is_file():
+        return Status.TIMEOUT, error_record("Timeout", "the trial ran past run.timeout_min", log=paths.launcher_log)
+    errors = {e["rank"]: e for e in (read_json(p) for p in paths.errors.glob("rank*.json")) if e}
+    if returncode == 0 and not errors and paths.metrics.is_file():
         return Status.OK, None
     # Which rank caused it: a rank that died without a Python error (os._exit, a signal
     # other than the launcher's SIGTERM, the OOM killer) if there is one, else the first
     # Python error by time. The ranks ended after it often fail too (a closed connection).
-    exits = _exit_codes(trial_dir / "logs" / "launcher.log")
+    exits = _exit_codes(paths.launcher_log)
     silent = [r for r, code in exits.items() if r not in errors and code not in (1, -15)]
     silent += [r for r, e in errors.items() if e.get("silent")]  # recorded by a SLURM task for its rank
     if silent:
@@ -110,8 +111,8 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[s
     if rank in errors:
         first = errors[rank]
         return (Status.OOM if first["oom"] else Status.FAILED), error_record(
-            first["type"], first["message"], rank, trial_dir / "logs" / f"rank{rank}.log", host=first.get("host"))
-    log = trial_dir / "logs" / (f"rank{rank}.log" if rank is not None else "launcher.log")
+            first["type"], first["message"], rank, paths.rank_log(rank), host=first.get("host"))
+    log = paths.rank_log(rank)
     code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"
     message = f"rank {rank if rank is not None else '?'} exited without a Python error ({code})"
     if (free := shutil.disk_usage(trial_dir).free) < DISK_FULL_BYTES:  # it could not even write its error

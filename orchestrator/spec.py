@@ -29,6 +29,7 @@ from orchestrator.errors import ConfigError, one_of
 from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
+from orchestrator.trial_dir import TrialPaths
 
 ARCHS = ("gpt2", "llama")
 ATTENTION = ("sdpa", "eager")
@@ -86,8 +87,9 @@ def load_spec(trial_dir: Path) -> TrialSpec:
     Built from the resolved config, not re-composed, so a rank on another host gets the
     very trial that was planned (hardware=auto already resolved on the submitting host).
     """
-    meta = json.loads((trial_dir / "trial.json").read_text())
-    cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.load(trial_dir / "config.yaml"))
+    paths = TrialPaths(trial_dir)
+    meta = json.loads(paths.meta.read_text())
+    cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.load(paths.config))
     return spec_from(Composed(cfg=cfg, choices=meta["choices"], overrides=tuple(meta["overrides"]), sweep_params={}))
 
 

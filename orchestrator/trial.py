@@ -25,7 +25,7 @@ from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.files import read_json
 from orchestrator.results import Status, error_record, now, outcome_status, write_result
 from orchestrator.spec import TrialSpec, load_spec
-from orchestrator.trial_dir import CLAIM, claimant_gone, reserve, trials_below
+from orchestrator.trial_dir import TrialPaths, claimant_gone, reserve, trials_below
 from orchestrator.translate import TrialFiles, write_trial_files
 
 
@@ -86,7 +86,7 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None
         outcome = run_local(files.command, trial_dir, timeout, lambda p: (last.update(p), show_progress(p, out)))
     except Interrupted as exc:
         done = f"after step {last['step'] + 1} of {spec.cfg.run.steps}" if last else "before its first step"
-        error = error_record("Interrupted", f"interrupted by {exc} {done}", log=trial_dir / "logs" / "launcher.log",
+        error = error_record("Interrupted", f"interrupted by {exc} {done}", log=TrialPaths(trial_dir).launcher_log,
                              signal=str(exc), last_step=last.get("step"))
         show_result(write_result(trial_dir, spec, plan, Status.INTERRUPTED, started, error, exit_code=exc.exit_code),
                     trial_dir, out)
@@ -117,12 +117,13 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
     """(state, result): a result's status once there is one, else the SLURM job's state,
     else whether the local run that claimed it still runs. A file that cannot be read
     gives the state "unreadable" and a result that names it (nothing is written)."""
-    path = trial_dir / "result.json"
+    paths = TrialPaths(trial_dir)
+    path = paths.result
     try:
         if path.is_file():
             result = json.loads(path.read_text())
             return result["status"], result
-        path = trial_dir / slurm.JOB_FILE
+        path = paths.slurm_job
         if not path.is_file():
             return _local_state(trial_dir)
         job = json.loads(path.read_text())["job_id"]
@@ -138,19 +139,20 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
 
 
 def _local_state(trial_dir: Path) -> tuple[str, dict | None]:
-    claimed = read_json(trial_dir / CLAIM)
+    claimed = read_json(TrialPaths(trial_dir).claim)
     if claimed is None:
         return "not submitted", None
     if not claimant_gone(claimed):
         return f"running (pid {claimed['pid']} on {claimed['host']})", None
     # The orchestrator that ran it is gone without writing a result (SIGKILL, a crash, a
     # reboot): record that, so that `wait` ends and the sweep's report has the point.
-    spec = load_spec(trial_dir) if (trial_dir / "trial.json").is_file() else None
-    plan = read_json(trial_dir / "plan.json")
+    paths = TrialPaths(trial_dir)
+    spec = load_spec(trial_dir) if paths.meta.is_file() else None
+    plan = read_json(paths.plan)
     message = (f"the orchestrator that ran it (pid {claimed['pid']} on {claimed['host']}) ended without recording "
                "a result: it was killed, or its machine went down")
     result = write_result(trial_dir, spec, plan, Status.INTERRUPTED, claimed["started_at"], error_record(
-        "Interrupted", message, log=trial_dir / "logs" / "launcher.log", signal=None))
+        "Interrupted", message, log=paths.launcher_log, signal=None))
     return "interrupted", result
 
 

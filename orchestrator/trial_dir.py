@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
@@ -30,8 +31,53 @@ from orchestrator.errors import ConfigError
 CLAIM = "claim.json"
 SWEEP_CLAIM = "sweep.json"  # a sweep's own directory: the trials are its sub-directories
 RESERVE = "result.reserve"
-HOLDS_A_TRIAL = ("trial.json", "result.json", "slurm.json", CLAIM)
 RESERVE_BYTES_PER_STEP = 600  # result.json carries the history twice over (metrics and steps)
+
+
+@dataclass(frozen=True)
+class TrialPaths:
+    """Every file of a trial directory, named here and nowhere else (as submitit's JobPaths).
+
+    Written before launch (translate): config.yaml, trial.json, plan.json, ds_config.json,
+    accelerate_config.yaml, launch.json, launch.sh, EXPLAIN.md; by Hydra: .hydra/; while it
+    runs: claim.json, logs/, errors/, checkpoints/, metrics.json (rank 0), slurm.json,
+    wandb_run.json; at its end: result.json."""
+
+    root: Path
+
+    def __truediv__(self, name: str) -> Path:
+        return self.root / name
+
+    config = property(lambda self: self.root / "config.yaml")  # the resolved trial
+    meta = property(lambda self: self.root / "trial.json")  # overrides, choices, sweep point
+    plan = property(lambda self: self.root / "plan.json")
+    ds_config = property(lambda self: self.root / "ds_config.json")
+    accelerate_config = property(lambda self: self.root / "accelerate_config.yaml")
+    launch_json = property(lambda self: self.root / "launch.json")
+    launch_sh = property(lambda self: self.root / "launch.sh")
+    claim = property(lambda self: self.root / CLAIM)
+    metrics = property(lambda self: self.root / "metrics.json")
+    slurm_job = property(lambda self: self.root / "slurm.json")
+    wandb_run = property(lambda self: self.root / "wandb_run.json")
+    result = property(lambda self: self.root / "result.json")
+    logs = property(lambda self: self.root / "logs")
+    launcher_log = property(lambda self: self.root / "logs" / "launcher.log")
+    errors = property(lambda self: self.root / "errors")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+
+    def rank_log(self, rank: int | None) -> Path:
+        return self.launcher_log if rank is None else self.logs / f"rank{rank}.log"
+
+    def rank_error(self, rank: int) -> Path:
+        return self.errors / f"rank{rank}.json"
+
+    def holds_trial(self) -> bool:
+        """Any of the files only a trial writes (.hydra/ alone is not a trial)."""
+        return self.root.is_dir() and any(p.exists() for p in (self.meta, self.result, self.slurm_job, self.claim))
+
+
+HOLDS_A_TRIAL = tuple(p.name for p in (TrialPaths(Path()).meta, TrialPaths(Path()).result,
+                                       TrialPaths(Path()).slurm_job, TrialPaths(Path()).claim))
 
 
 class TrialDirHeld(ConfigError):
@@ -39,7 +85,7 @@ class TrialDirHeld(ConfigError):
 
 
 def holds_trial(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in HOLDS_A_TRIAL)
+    return TrialPaths(path).holds_trial()
 
 
 def trials_below(path: Path) -> list[Path]:

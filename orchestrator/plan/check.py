@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from orchestrator.trial_dir import TrialPaths
 
 # The targets: |predicted / measured - 1| at most this.
 STATIC_TOLERANCE = 0.03
@@ -41,7 +42,7 @@ def compare(trial_dir: Path) -> dict:
     from orchestrator.plan.planner import make_plan
     from orchestrator.spec import load_spec
 
-    result = json.loads((trial_dir / "result.json").read_text())
+    result = json.loads(TrialPaths(trial_dir).result.read_text())
     spec = load_spec(trial_dir)
     plan = make_plan(spec)
     cfg = spec.cfg

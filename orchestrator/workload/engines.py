@@ -17,6 +17,7 @@ import torch
 
 from orchestrator.spec import TrialSpec
 from orchestrator.workload.model import apply_recompute, build_model
+from orchestrator.trial_dir import TrialPaths
 
 
 class DeepSpeedEngine:
@@ -24,7 +25,7 @@ class DeepSpeedEngine:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
-        self.config = json.loads((trial_dir / "ds_config.json").read_text())
+        self.config = json.loads(TrialPaths(trial_dir).ds_config.read_text())
         # ZeRO-3 builds the model partitioned (no rank holds it whole); the other stages
         # build it whole on the host and deepspeed.initialize moves it to the device.
         zero3 = self.config if self.config["zero_optimization"]["stage"] == 3 else None

@@ -28,6 +28,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from orchestrator.errors import Interrupted
+from orchestrator.trial_dir import TrialPaths
 
 PROGRESS = "ORCH|"
 
@@ -41,7 +42,7 @@ def main() -> None:
     trial_dir = Path(sys.argv[1]).resolve()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     console = os.fdopen(os.dup(1), "w", buffering=1)  # the launcher's pipe, before the redirect
-    _redirect_output(trial_dir / "logs" / f"rank{rank}.log")
+    _redirect_output(TrialPaths(trial_dir).rank_log(rank))
     try:
         train(trial_dir, rank, world, console if rank == 0 else None)
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then ends the rank
@@ -82,8 +83,9 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     from orchestrator.workload.engines import make_engine
 
     spec = load_spec(trial_dir)
-    meta = json.loads((trial_dir / "trial.json").read_text())
-    plan = json.loads((trial_dir / "plan.json").read_text()) if (trial_dir / "plan.json").is_file() else None
+    paths = TrialPaths(trial_dir)
+    meta = json.loads(paths.meta.read_text())
+    plan = json.loads(paths.plan.read_text()) if paths.plan.is_file() else None
     cuda = spec.cfg.hardware.device == "cuda"
     if cuda:
         from orchestrator.workload.placement import cuda_device_index
@@ -118,7 +120,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         env = {"versions": _versions(), "hosts": sorted({r["host"] for r in everyone}), "world_size": world,
                "ranks": everyone, "affinity": {str(r["rank"]): r["affinity"] for r in everyone},
                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "threads_per_rank": torch.get_num_threads()}
-        atomic_write_json(trial_dir / "metrics.json", {"metrics": metrics, "env": env})
+        atomic_write_json(TrialPaths(trial_dir).metrics, {"metrics": metrics, "env": env})
         if tracker:
             tracker.finish(metrics, plan, "ok")
     except BaseException as exc:
@@ -310,7 +312,7 @@ def _record_failure(trial_dir: Path, rank: int, exc: BaseException) -> None:
 
     try:
         traceback.print_exc()
-        atomic_write_json(trial_dir / "errors" / f"rank{rank}.json", {
+        atomic_write_json(TrialPaths(trial_dir).rank_error(rank), {
             "type": type(exc).__name__, "message": str(exc)[:2000], "rank": rank, "oom": is_out_of_memory(exc),
             "traceback": traceback.format_exc()[-8000:], "time": time.time(), "host": socket.gethostname(),
             **({"signal": str(exc)} if isinstance(exc, Interrupted) else {})})
