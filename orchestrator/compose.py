@@ -93,7 +93,7 @@ class Composed:
     overrides: tuple[str, ...]
     sweep_params: dict[str, str]
     hydra_choices: dict[str, str] = field(default_factory=dict)
-    hydra_dirs: dict[str, str] = field(default_factory=dict)  # run, sweep: hydra.run.dir, hydra.sweep.dir resolved
+    hydra_dirs: dict = field(default_factory=dict)  # run, sweep: hydra.run.dir / sweep.dir resolved; output_subdir
 
 
 def compose_trial(overrides: list[str]) -> Composed:
@@ -155,6 +155,7 @@ def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
     HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in a directory's name
     try:
         dirs = {key: str(OmegaConf.select(cfg, f"hydra.{key}.dir")) for key in ("run", "sweep")}
+        dirs["output_subdir"] = cfg.hydra.output_subdir  # .hydra, or None: Hydra writes none
     except OmegaConfBaseException as exc:
         raise _translate(exc, list(overrides)) from None
     finally:

@@ -34,13 +34,15 @@ from typing import Sequence
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.compose import (Source, compose_trial, expand_sweep, fixed_part, foreign_launcher, swept_values,
                                   use_source)
 from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
+from orchestrator.files import atomic_write_text
 from orchestrator.plan.planner import make_plan
+from orchestrator.redact import redact
 from orchestrator.report import collect
 from orchestrator.config import OBJECTIVES
 from orchestrator.results import Status, error_record, now, objective_value, write_result
@@ -65,6 +67,7 @@ class Invocation:
     base: Path | None = None
     results: list[dict] = field(default_factory=list)
     trial_dirs: list[Path] = field(default_factory=list)
+    hydra_subdir: str | None = ".hydra"  # hydra.output_subdir: written by us, redacted (write_hydra_files)
     submitted: int = 0
 
 
@@ -240,7 +243,10 @@ def run(overrides: list[str], multirun: bool, argv: list[str]) -> int:
                  marker=SWEEP_CLAIM if multirun else CLAIM)
     _current.base = base
     _current.group = base.name if (out or named) else "_".join(base.parts[-2:])  # multirun/DATE/TIME -> DATE_TIME
-    extra = [f"hydra.{key}.dir='{base.resolve()}'"]
+    # Hydra would write .hydra/ with the overrides as typed, secrets included; the trial
+    # writes it instead, redacted (write_hydra_files), under the name Hydra would use.
+    _current.hydra_subdir = settings.hydra_dirs.get("output_subdir")
+    extra = [f"hydra.{key}.dir='{base.resolve()}'", "hydra.output_subdir=null"]
     if sampler and not any(o.startswith("hydra.sweeper.direction=") for o in overrides):
         extra.append(f"hydra.sweeper.direction={OBJECTIVES[specs[0].cfg.run.objective][1]}")
     argv = with_overrides([a for a in argv if a not in named], extra)
@@ -262,6 +268,7 @@ def run_task(cfg: DictConfig) -> "Outcome":
     spec = build_spec(list(HydraConfig.get().overrides.task))
     trial_dir = Path(HydraConfig.get().runtime.output_dir)
     _current.trial_dirs.append(trial_dir)
+    write_hydra_files(trial_dir, cfg)
     if spec.cfg.cluster.name == "slurm":
         batch = Batch([tuple(spec.overrides)], 0, trial_dir, [(spec, trial_dir, None)])
         batch.submit()
@@ -269,6 +276,21 @@ def run_task(cfg: DictConfig) -> "Outcome":
     result = run_trial(spec, trial_dir, console())
     _current.results.append(result)
     return Outcome(result, spec.cfg.run.objective)
+
+
+def write_hydra_files(trial_dir: Path, cfg: DictConfig) -> None:
+    """The trial's .hydra/ (config.yaml, hydra.yaml, overrides.yaml, as Hydra writes them),
+    with every secret masked (redact.py): Hydra's own copy would hold the values typed."""
+    if _current.hydra_subdir is None:
+        return
+    hydra_cfg = OmegaConf.to_container(HydraConfig.get(), resolve=False)
+    hydra_cfg["output_subdir"] = _current.hydra_subdir
+    files = {"config.yaml": OmegaConf.to_container(cfg, resolve=False), "hydra.yaml": {"hydra": hydra_cfg},
+             "overrides.yaml": list(HydraConfig.get().overrides.task)}
+    folder = trial_dir / _current.hydra_subdir
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        atomic_write_text(folder / name, OmegaConf.to_yaml(OmegaConf.create(redact(data))))
 
 
 def sweep_outcome(results: list[dict], base: Path, out) -> int:
@@ -331,13 +353,14 @@ class Batch:
     def on_slurm(cfg: DictConfig) -> bool:
         return cfg.cluster.name == "slurm"
 
-    def _claim(self) -> tuple[TrialSpec | None, Path]:
+    def _claim(self, cfg: DictConfig) -> tuple[TrialSpec | None, Path]:
         try:
             trial_dir = claim(Path(HydraConfig.get().runtime.output_dir), "hydra.sweep.subdir")
         except ConfigError as exc:  # another run holds it: stop, as before anything ran
             print(f"orchestrator run: {exc}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
         _current.trial_dirs.append(trial_dir)
+        write_hydra_files(trial_dir, cfg)
         try:
             return build_spec(list(HydraConfig.get().overrides.task)), trial_dir
         except ConfigError as exc:  # only a sampled point can be invalid here: recorded, and a failed trial
@@ -349,7 +372,7 @@ class Batch:
 
     def run(self, i: int, cfg: DictConfig) -> Outcome:
         """A local point, run to its end (the task Hydra's run_job calls)."""
-        spec, trial_dir = self._claim()
+        spec, trial_dir = self._claim(cfg)
         if spec is None:
             return Outcome(_current.results[-1], "tokens_per_sec_per_gpu")
         result = run_trial(spec, trial_dir, console(), self.info(i))
@@ -358,7 +381,7 @@ class Batch:
 
     def prepare(self, i: int, cfg: DictConfig) -> Outcome:
         """A SLURM point: its directory now, its submission with the others (submit)."""
-        spec, trial_dir = self._claim()
+        spec, trial_dir = self._claim(cfg)
         if spec is None:
             return Outcome(_current.results[-1], "tokens_per_sec_per_gpu")
         self.to_submit.append((spec, trial_dir, self.info(i)))

@@ -137,7 +137,9 @@ def test_a_time_limit_checkpoints_requeues_and_finishes(slurm_cluster, tmp_path)
     ended = sorted(json.loads(p.read_text())["time"] for p in (tmp_path / "errors" / "earlier").glob("rank0.*.json"))
     saved = r["metrics"]["resumed_from_saved_at"]
     assert ended and len(saved) == r["metrics"]["restarts"]
-    for end in ended:
+    # An allocation that ended before any save never reached its first step (on a busy
+    # machine DeepSpeed's start-up can outlast the warning): it had nothing to save.
+    for end in [e for e in ended if e >= min(saved)]:
         complete = max(t for t in saved if t <= end)
         assert end - complete < 8, (complete, end)
 
