@@ -293,6 +293,15 @@ def write_hydra_files(trial_dir: Path, cfg: DictConfig) -> None:
         atomic_write_text(folder / name, OmegaConf.to_yaml(OmegaConf.create(redact(data))))
 
 
+def redact_sweep_record(sweep_dir: Path) -> None:
+    """Hydra's basic sweeper saves the sweep's config as multirun.yaml, secrets as typed:
+    rewritten masked before any point runs."""
+    path = sweep_dir / "multirun.yaml"
+    if path.is_file():
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(redact(data))))
+
+
 def sweep_outcome(results: list[dict], base: Path, out) -> int:
     if len(results) > 1:
         failed = [r for r in results if r["status"] != "ok"]

@@ -158,3 +158,16 @@ def test_an_optuna_study_maximises_measured_tokens_per_second(tmp_path):
     for r in refused:
         assert r["status"] == "refused" and r["exit_code"] == 2 and "batch" in r["error"]["message"]
     assert (proc.stdout + proc.stderr).count("Failed experiment") == len(refused)  # Optuna: failed, not a number
+
+
+@pytest.mark.slow
+def test_a_secret_in_a_sweep_reaches_no_file_and_no_directory_name(tmp_path):
+    secret = "s3cr3t-hydra"
+    proc = run_cli("run", "-m", *FAST[:3], "parallel.dp=1,2", f"cluster.setup=['export HF_TOKEN={secret}']",
+                   "--out", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert secret not in proc.stdout + proc.stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert (tmp_path / "multirun.yaml") in files and len([p for p in files if p.name == "overrides.yaml"]) == 2
+    assert [p for p in files if secret.encode() in p.read_bytes()] == []
+    assert not any(secret in str(p) or "HF_TOKEN" in str(p) for p in tmp_path.rglob("*"))

@@ -48,8 +48,8 @@ class OrchestratorLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
         sweep = hydra_app.Batch.of(job_overrides, initial_job_idx, Path(str(self.config.hydra.sweep.dir)))
+        hydra_app.redact_sweep_record(sweep.base)  # the basic sweeper's multirun.yaml, before any point runs
         returns: list[JobReturn | None] = []
-        prepared = []
         for i, overrides in enumerate(job_overrides):
             try:
                 point_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -62,7 +62,6 @@ class OrchestratorLauncher(Launcher):
             task = functools.partial(sweep.prepare if sweep.on_slurm(point_cfg) else sweep.run, i)
             returns.append(run_job(hydra_context=self.hydra_context, task_function=task, config=point_cfg,
                                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
-            prepared.append(i)
         sweep.submit()  # the SLURM points, as one array; nothing if all ran here
         return [r for r in returns if r is not None]
 
