@@ -24,12 +24,12 @@ from orchestrator.trial import collect_state, wait_for
 from orchestrator.trial_dir import TrialPaths, trials_below
 
 FIELDS_ONLY = "(fields, no presets)"
-HYDRA_COMMANDS = {
+HYDRA_COMMANDS = {  # hydra_app.COMMANDS, summed up for `orchestrator --help`
     "run": "Run one trial (or a sweep with -m) and record result.json; `run --help` for overrides and Hydra flags.",
     "plan": "Predict memory, FLOPs, communication and step time; launch nothing (--json).",
     "translate": "Write the engine configs and launch commands without running (--out DIR).",
 }
-COMMANDS = (*HYDRA_COMMANDS, "status", "wait", "report")
+COMMANDS = (*hydra_app.COMMANDS, "status", "wait", "report")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,7 +107,7 @@ def compose_trial(overrides: list[str]) -> Composed:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as exc:
-        raise _translate(exc, overrides) from None
+        raise config_error(exc, overrides) from None
     _reject_deletions(parsed)
     _reject_null_groups(parsed)
     structural = tuple(o.input_line for o in parsed if not _is_value_change(o))
@@ -116,7 +116,7 @@ def compose_trial(overrides: list[str]) -> Composed:
     try:
         ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if _is_value_change(o)], cfg)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise _translate(exc, overrides) from None
+        raise config_error(exc, overrides) from None
     return Composed(cfg=cfg, choices=base.choices, overrides=tuple(overrides), sweep_params=base.sweep_params,
                     hydra_choices=base.hydra_choices, hydra_dirs=base.hydra_dirs)
 
@@ -143,7 +143,7 @@ def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
         with _session(source):
             cfg = compose(source.config_name, overrides=list(overrides) + _searchpath(source), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise _translate(exc, list(overrides)) from None
+        raise config_error(exc, list(overrides)) from None
     except yaml.YAMLError as exc:  # a preset file (ours or one on hydra.searchpath) that is not YAML
         mark = getattr(exc, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}" if mark else "a preset file"
@@ -157,7 +157,7 @@ def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
         dirs = {key: str(OmegaConf.select(cfg, f"hydra.{key}.dir")) for key in ("run", "sweep")}
         dirs["output_subdir"] = cfg.hydra.output_subdir  # .hydra, or None: Hydra writes none
     except OmegaConfBaseException as exc:
-        raise _translate(exc, list(overrides)) from None
+        raise config_error(exc, list(overrides)) from None
     finally:
         HydraConfig.instance().cfg = running
     with open_dict(cfg):
@@ -200,7 +200,7 @@ def fixed_part(overrides: list[str]) -> list[str]:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as exc:
-        raise _translate(exc, overrides) from None
+        raise config_error(exc, overrides) from None
     return [o.input_line for o in parsed if not o.is_sweep_override()]
 
 
@@ -218,7 +218,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
             everything = parser.parse_overrides(from_file + list(overrides))
             batches = BasicSweeper.split_arguments(everything, max_batch_size=None)
         except OverrideParseException as exc:
-            raise _translate(exc, from_file + list(overrides)) from None
+            raise config_error(exc, from_file + list(overrides)) from None
         except HydraException as exc:
             if "INTERVAL_SWEEP" in str(exc):
                 line = next((o for o in overrides if "interval(" in o), "interval(...)")
@@ -226,7 +226,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
                 raise ConfigError(key, value, "interval() is a range to sample from, which the basic sweeper cannot "
                                   "enumerate; sample it with a sweeper plugin (hydra/sweeper=optuna), or list "
                                   "values: a,b,c or range(start,stop,step)") from None
-            raise _translate(exc, overrides) from None
+            raise config_error(exc, overrides) from None
     return [list(point) for batch in batches for point in batch]
 
 
@@ -244,7 +244,8 @@ def swept_values(points: list[tuple[str, ...]]) -> list[dict[str, str]]:
 # --- Hydra's exceptions, said in one paragraph ------------------------------------------
 
 
-def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
+def config_error(exc: Exception, overrides: list[str]) -> ConfigError:
+    """Hydra's or OmegaConf's exception, said as one ConfigError paragraph (exit 2)."""
     cause = exc.__cause__ or exc
     text = str(exc)
     if isinstance(exc, MissingConfigException) and (m := re.search(r"Could not find '(.+)/([^/']+)'", text)):

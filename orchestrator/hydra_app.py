@@ -52,8 +52,8 @@ from orchestrator.translate import write_trial_files
 from orchestrator.trial import check_runnable_here, run_trial, submit_trials, wait_for
 from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, claim, writable_dir
 
-COMMANDS = ("run", "plan", "translate")
 OWN_FLAGS = {"run": {"--out": True, "--overwrite": False}, "plan": {"--json": False}, "translate": {"--out": True}}
+COMMANDS = tuple(OWN_FLAGS)
 OUR_LAUNCHER = "orchestrator"
 
 
@@ -64,7 +64,6 @@ class Invocation:
     command: str
     flags: dict[str, str | bool] = field(default_factory=dict)
     group: str | None = None  # the W&B group of a sweep: its directory's name
-    base: Path | None = None
     results: list[dict] = field(default_factory=list)
     trial_dirs: list[Path] = field(default_factory=list)
     hydra_subdir: str | None = ".hydra"  # hydra.output_subdir: written by us, redacted (write_hydra_files)
@@ -97,6 +96,8 @@ def _main(command: str, argv: list[str]) -> int:
     if command == "plan":
         return plan(args.overrides, args.multirun, bool(_current.flags.get("--json")))
     if command == "translate":
+        if "--out" not in _current.flags:
+            raise ConfigError("--out", "(missing)", "translate writes its files into a directory: --out DIR")
         return translate(args.overrides, args.multirun, _current.flags.get("--out"))
     return run(args.overrides, args.multirun, rest)
 
@@ -123,14 +124,7 @@ def _take_own_flags(invocation: Invocation, argv: list[str]) -> list[str]:
         else:
             rest.append(argv[i])
         i += 1
-    if invocation.command == "translate" and "--out" not in invocation.flags and _wants_work(rest):
-        raise ConfigError("--out", "(missing)", "translate writes its files into a directory: --out DIR")
     return rest
-
-
-def _wants_work(argv: list[str]) -> bool:
-    shows = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
-    return not any(a.partition("=")[0] in shows for a in argv)
 
 
 def _hydra(command: str, argv: list[str], task) -> None:
@@ -241,7 +235,6 @@ def run(overrides: list[str], multirun: bool, argv: list[str]) -> int:
     base = claim(Path(target), "--out" if out else f"hydra.{key}.dir",
                  overwrite=bool(_current.flags.get("--overwrite")), unique=not (out or named),
                  marker=SWEEP_CLAIM if multirun else CLAIM)
-    _current.base = base
     _current.group = base.name if (out or named) else "_".join(base.parts[-2:])  # multirun/DATE/TIME -> DATE_TIME
     # Hydra would write .hydra/ with the overrides as typed, secrets included; the trial
     # writes it instead, redacted (write_hydra_files), under the name Hydra would use.
@@ -343,6 +336,10 @@ class Batch:
     first: int
     base: Path
     to_submit: list = field(default_factory=list)
+    swept: list[dict[str, str]] = field(default_factory=list)  # per point: the values that differ
+
+    def __post_init__(self) -> None:
+        self.swept = swept_values(self.overrides)
 
     @classmethod
     def of(cls, job_overrides: Sequence[Sequence[str]], first: int, base: Path) -> "Batch":
@@ -354,7 +351,7 @@ class Batch:
 
     def info(self, i: int) -> dict:
         """The W&B group, name and swept values of point i."""
-        swept = swept_values(self.overrides)[i]
+        swept = self.swept[i]
         name = ",".join(f"{k}={v}" for k, v in swept.items()) or " ".join(self.overrides[i]) or "default"
         return {"group": _current.group, "name": name[:120], "index": self.first + i, "swept": swept}
 
@@ -402,8 +399,3 @@ class Batch:
             _current.results.extend(refused)
             _current.submitted += len(self.to_submit) - len(refused)
 
-
-def as_config_error(exc: Exception, overrides: list[str]) -> ConfigError:
-    from orchestrator.compose import _translate
-
-    return exc if isinstance(exc, ConfigError) else _translate(exc, overrides)

@@ -71,13 +71,15 @@ class TrialPaths:
     def rank_error(self, rank: int) -> Path:
         return self.errors / f"rank{rank}.json"
 
+    def markers(self) -> tuple[Path, ...]:
+        """The files only a trial writes (.hydra/ alone is not a trial)."""
+        return self.meta, self.result, self.slurm_job, self.claim
+
     def holds_trial(self) -> bool:
-        """Any of the files only a trial writes (.hydra/ alone is not a trial)."""
-        return self.root.is_dir() and any(p.exists() for p in (self.meta, self.result, self.slurm_job, self.claim))
+        return self.root.is_dir() and any(p.exists() for p in self.markers())
 
 
-HOLDS_A_TRIAL = tuple(p.name for p in (TrialPaths(Path()).meta, TrialPaths(Path()).result,
-                                       TrialPaths(Path()).slurm_job, TrialPaths(Path()).claim))
+HOLDS_A_TRIAL = tuple(p.name for p in TrialPaths(Path()).markers())
 
 
 class TrialDirHeld(ConfigError):

@@ -27,6 +27,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 from orchestrator import config
+from orchestrator.compose import config_error
 from orchestrator.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,13 @@ class OrchestratorLauncher(Launcher):
         setup_globals()
         sweep = hydra_app.Batch.of(job_overrides, initial_job_idx, Path(str(self.config.hydra.sweep.dir)))
         hydra_app.redact_sweep_record(sweep.base)  # the basic sweeper's multirun.yaml, before any point runs
-        returns: list[JobReturn | None] = []
+        returns: list[JobReturn] = []
         for i, overrides in enumerate(job_overrides):
             try:
                 point_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             except Exception as exc:  # a sampled point Hydra cannot compose: a failed trial, not a crash
-                returns.append(_failed(overrides, hydra_app.as_config_error(exc, list(overrides))))
+                error = exc if isinstance(exc, ConfigError) else config_error(exc, list(overrides))
+                returns.append(_failed(overrides, error))
                 continue
             with open_dict(point_cfg):
                 point_cfg.hydra.job.id = f"{sweep.job_id}_{initial_job_idx + i}"
@@ -63,7 +65,7 @@ class OrchestratorLauncher(Launcher):
             returns.append(run_job(hydra_context=self.hydra_context, task_function=task, config=point_cfg,
                                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
         sweep.submit()  # the SLURM points, as one array; nothing if all ran here
-        return [r for r in returns if r is not None]
+        return returns
 
 
 def _failed(overrides: Sequence[str], exc: ConfigError) -> JobReturn:
