@@ -261,6 +261,9 @@ def config_error(exc: Exception, overrides: list[str]) -> ConfigError:
         key = _full_key(cause) or m.group(1)
         value = _value_of(key, overrides)
         return _unknown_key_error(key, value)
+    if m := re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", str(cause)):
+        allowed = m.group(2).split(", ")  # a StrEnum field of config.py
+        return ConfigError(_full_key(cause) or "?", m.group(1), f"one of {one_of(allowed)}{did_you_mean(m.group(1), allowed)}")
     if "could not be converted to" in str(cause) or "is not Optional" in str(cause):
         key = _full_key(cause) or "?"
         kind = re.search(r"converted to (\w+)", str(cause))

@@ -3,8 +3,10 @@
 This module owns the *shape* of the declarative surface. `conf/` holds the presets
 (YAML files merged into these dataclasses), Hydra composes them with the user's
 overrides, and OmegaConf rejects unknown keys and wrong types on the way. What a
-value may be (ranges, choices, cross-field rules) is checked in `spec.py`, which also
-derives the numbers a trial needs.
+value may be (ranges, cross-field rules) is checked in `spec.py`, which also derives the
+numbers a trial needs. A field with a fixed set of values is a `StrEnum` declared just
+above its dataclass: OmegaConf refuses any other value on composition, and the value still
+compares equal to its string (`cfg.recompute.mode == "full"`).
 
 Units: bucket sizes and parameter thresholds in elements (as DeepSpeed counts them),
 batch sizes in sequences, memory in GiB, bandwidth in GB/s, latency in microseconds.
@@ -13,14 +15,33 @@ batch sizes in sequences, memory in GiB, bandwidth in GB/s, latency in microseco
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
 
+def _choices(name: str, values: list[str]) -> type[StrEnum]:
+    """A StrEnum whose names are its values: OmegaConf matches a typed string by name, and
+    some values ('core-complex', 'plan.mfu') are no Python identifier."""
+    return StrEnum(name, [(v, v) for v in values])
+
+
+class Arch(StrEnum):
+    """The transformer family the workload builds (transformers' GPT2LMHeadModel / LlamaForCausalLM)."""
+    gpt2 = "gpt2"
+    llama = "llama"
+
+
+class Attention(StrEnum):
+    """sdpa: torch's fused scaled_dot_product_attention; eager: the s x s matrix materialised."""
+    sdpa = "sdpa"
+    eager = "eager"
+
+
 @dataclass
 class ModelConfig:
-    arch: str = "gpt2"  # gpt2 | llama
+    arch: Arch = Arch.gpt2
     n_layers: int = 2
     hidden: int = 64
     heads: int = 4
@@ -29,7 +50,7 @@ class ModelConfig:
     vocab: int = 512
     seq_len: int = 128
     max_positions: int = 128  # position embeddings (gpt2) / max_position_embeddings (llama)
-    attention: str = "sdpa"  # sdpa | eager
+    attention: Attention = Attention.sdpa
     dropout: float = 0.0  # every dropout of the model (GPT-2: residual, embedding, attention)
     tie_embeddings: bool = True
     rope_theta: float = 10000.0  # llama only
@@ -51,9 +72,23 @@ class BatchConfig:
     warmup: Optional[WarmupConfig] = None
 
 
+class RecomputeMode(StrEnum):
+    """none: keep every activation; selective: keep the matmul and attention-kernel outputs,
+    recompute the rest (torchtitan's op-level SAC); full: keep each layer's input only."""
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
 @dataclass
 class RecomputeConfig:
-    mode: str = "none"  # none | selective | full
+    mode: RecomputeMode = RecomputeMode.none
+
+
+class Offload(StrEnum):
+    """Where ZeRO keeps optimizer states or parameters: on the device, or in host memory."""
+    none = "none"
+    cpu = "cpu"
 
 
 @dataclass
@@ -69,8 +104,8 @@ class ZeroConfig:
     prefetch_bucket_size: Any = 5e7
     max_live_parameters: Any = 1e9
     param_persistence_threshold: Any = 1e5
-    offload_optimizer: str = "none"  # none | cpu
-    offload_param: str = "none"  # none | cpu
+    offload_optimizer: Offload = Offload.none
+    offload_param: Offload = Offload.none  # stage 3 only
     pin_memory: bool = True
 
 
@@ -79,20 +114,42 @@ class ParallelConfig:
     dp: int = 2  # data-parallel degree = world size (no tensor/pipeline parallelism yet)
 
 
+# torchrun's --numa-binding names; none: no binding.
+NumaMode = _choices("NumaMode", ["none", "node", "socket", "exclusive", "core-complex"])
+
+
 @dataclass
 class NumaConfig:
-    mode: str = "none"  # none | node | socket | exclusive | core-complex (torchrun's names)
+    mode: NumaMode = NumaMode["none"]
+
+
+class EngineName(StrEnum):
+    """What drives training: DeepSpeed directly, or Hugging Face Accelerate."""
+    deepspeed = "deepspeed"
+    accelerate = "accelerate"
+
+
+class Backend(StrEnum):
+    """engine=accelerate only: its DeepSpeed plugin, or torch FSDP."""
+    deepspeed = "deepspeed"
+    fsdp = "fsdp"
 
 
 @dataclass
 class EngineConfig:
-    name: str = "deepspeed"  # deepspeed | accelerate
-    backend: str = "deepspeed"  # accelerate only: deepspeed | fsdp
+    name: EngineName = EngineName.deepspeed
+    backend: Backend = Backend.deepspeed
+
+
+class ClusterName(StrEnum):
+    """local: torchrun (or accelerate launch) on this host; slurm: submitit on a SLURM cluster."""
+    local = "local"
+    slurm = "slurm"
 
 
 @dataclass
 class ClusterConfig:
-    name: str = "local"  # local | slurm
+    name: ClusterName = ClusterName.local
     gpus_per_node: int = 8
     cpus_per_task: int = 8
     sockets_per_node: int = 2  # for numa.mode=socket: --ntasks-per-socket = gpus_per_node / sockets
@@ -132,10 +189,16 @@ class LinkConfig:
     latency_us: float = 50.0  # per ring hop
 
 
+class Device(StrEnum):
+    """The torch device a rank trains on."""
+    cpu = "cpu"
+    cuda = "cuda"
+
+
 @dataclass
 class HardwareConfig:
     name: str = "auto"  # auto | a preset name | your own name (then give peak_tflops)
-    device: str = "cpu"  # cpu | cuda
+    device: Device = Device.cpu
     peak_tflops: PeakTflops = field(default_factory=PeakTflops)  # dense; null on cpu: measured
     memory_gib: Optional[float] = None  # null on cpu: the host's RAM
     compute_efficiency: float = 0.5  # plan assumption: share of peak the matmuls reach
@@ -147,13 +210,45 @@ class HardwareConfig:
     collective_overhead_us: float = 0.0
 
 
+class LoggerMode(StrEnum):
+    """W&B's mode: offline writes run files to sync later; online needs an API key."""
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
 @dataclass
 class LoggerConfig:
-    mode: str = "offline"  # offline | online | disabled
+    mode: LoggerMode = LoggerMode.offline
     project: str = "orchestrator"
     entity: Optional[str] = None
     group: Optional[str] = None  # null: the sweep's directory name
     tags: list[str] = field(default_factory=list)
+
+
+# run.objective: (where in result.json, the direction a sweeper takes it)
+OBJECTIVES = {
+    "tokens_per_sec_per_gpu": (("metrics", "tokens_per_sec_per_gpu"), "maximize"),
+    "mfu": (("metrics", "mfu"), "maximize"),
+    "tflops_per_gpu": (("metrics", "tflops_per_gpu"), "maximize"),
+    "step_time_s": (("metrics", "step_time_s"), "minimize"),
+    "plan.tokens_per_sec_per_gpu": (("plan", "time", "tokens_per_sec_per_gpu"), "maximize"),
+    "plan.mfu": (("plan", "time", "mfu"), "maximize"),
+    "plan.step_s": (("plan", "time", "step_s"), "minimize"),
+}
+
+Objective = _choices("Objective", list(OBJECTIVES))
+
+
+class DataDtype(StrEnum):
+    """The token ids' integer type in run.data."""
+    uint16 = "uint16"
+    uint32 = "uint32"
+
+
+# How run.fail_at_step makes a rank fail: raise an error, exit(1), or run out of memory
+# ('raise' is a Python keyword, hence the functional form).
+FailMode = _choices("FailMode", ["raise", "exit", "oom"])
 
 
 @dataclass
@@ -171,11 +266,11 @@ class RunConfig:
     force: bool = False  # launch even when the plan predicts it will not fit
     # What a sampling sweeper (hydra/sweeper=optuna) optimises, read from result.json: a
     # measured metric, or plan.NAME for the plan's prediction (OBJECTIVES: the choices).
-    objective: str = "tokens_per_sec_per_gpu"
+    objective: Objective = Objective["tokens_per_sec_per_gpu"]
     checkpoint_every: int = 0  # save the training state every N steps (0: only when SLURM warns of the end)
     timeout_min: Optional[float] = None  # end the trial (status timeout) after this long
     data: Optional[str] = None  # binary file of token ids; null: synthetic tokens
-    data_dtype: str = "uint16"  # uint16 | uint32, the ids' type in run.data
+    data_dtype: DataDtype = DataDtype.uint16
     # Tuning knobs (003_0448ac9f835ea7a3.txt), each applied for real and recorded.
     compile: bool = False  # torch.compile the model
     gc_collect_every: int = 0  # 0: Python's automatic gc; N: gc disabled, collected every N steps
@@ -186,7 +281,7 @@ class RunConfig:
     # Debug: make rank `fail_rank` fail at step `fail_at_step` (raise | exit | oom), to test failure handling.
     fail_at_step: Optional[int] = None
     fail_rank: int = 0
-    fail_mode: str = "raise"
+    fail_mode: FailMode = FailMode["raise"]
 
 
 @dataclass
@@ -203,17 +298,6 @@ class TrialConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
-
-# run.objective: (where in result.json, the direction a sweeper takes it)
-OBJECTIVES = {
-    "tokens_per_sec_per_gpu": (("metrics", "tokens_per_sec_per_gpu"), "maximize"),
-    "mfu": (("metrics", "mfu"), "maximize"),
-    "tflops_per_gpu": (("metrics", "tflops_per_gpu"), "maximize"),
-    "step_time_s": (("metrics", "step_time_s"), "minimize"),
-    "plan.tokens_per_sec_per_gpu": (("plan", "time", "tokens_per_sec_per_gpu"), "maximize"),
-    "plan.mfu": (("plan", "time", "mfu"), "maximize"),
-    "plan.step_s": (("plan", "time", "step_s"), "minimize"),
-}
 
 GROUPS = ("model", "batch", "recompute", "zero", "numa", "engine", "cluster", "hardware", "logger")
 FIELD_GROUPS = ("parallel", "run")  # plain fields, no presets

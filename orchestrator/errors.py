@@ -71,7 +71,8 @@ def did_you_mean(value: Any, allowed: Iterable[Any]) -> str:
     items = [str(v) for v in allowed]
     text = str(value)
     same_case = [v for v in items if v.lower() == text.lower()]
-    near = same_case or difflib.get_close_matches(text, items, n=1, cutoff=0.6)
+    lowered = {v.lower(): v for v in items}  # case is the likeliest slip, so it weighs nothing
+    near = same_case or [lowered[v] for v in difflib.get_close_matches(text.lower(), list(lowered), n=1, cutoff=0.6)]
     return f" (did you mean {near[0]}?)" if near and near[0] != text else ""
 
 

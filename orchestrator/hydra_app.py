@@ -278,7 +278,7 @@ def write_hydra_files(trial_dir: Path, cfg: DictConfig) -> None:
         return
     hydra_cfg = OmegaConf.to_container(HydraConfig.get(), resolve=False)
     hydra_cfg["output_subdir"] = _current.hydra_subdir
-    files = {"config.yaml": OmegaConf.to_container(cfg, resolve=False), "hydra.yaml": {"hydra": hydra_cfg},
+    files = {"config.yaml": OmegaConf.to_container(cfg, resolve=False, enum_to_str=True), "hydra.yaml": {"hydra": hydra_cfg},
              "overrides.yaml": list(HydraConfig.get().overrides.task)}
     folder = trial_dir / _current.hydra_subdir
     folder.mkdir(parents=True, exist_ok=True)

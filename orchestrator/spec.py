@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from orchestrator import hardware
 from orchestrator.compose import Composed, compose_trial, presets
-from orchestrator.config import OBJECTIVES, TrialConfig
+from orchestrator.config import TrialConfig
 from orchestrator.checks import (above_zero, at_most, check_choice, positive, reject_unknown_keys,
                                   reject_unresolvable_and_non_finite, time_limit_s, whole_number)
 from orchestrator.errors import ConfigError, one_of
@@ -31,17 +31,6 @@ from orchestrator.token_file import check_token_file
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.trial_dir import TrialPaths
 
-ARCHS = ("gpt2", "llama")
-ATTENTION = ("sdpa", "eager")
-RECOMPUTE = ("none", "selective", "full")
-NUMA = ("none", "node", "socket", "exclusive", "core-complex")
-ENGINES = ("deepspeed", "accelerate")
-BACKENDS = ("deepspeed", "fsdp")
-CLUSTERS = ("local", "slurm")
-DEVICES = ("cpu", "cuda")
-OFFLOAD = ("none", "cpu")
-LOGGER_MODES = ("offline", "online", "disabled")
-BYTES_PER = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Bounds far past any real run that keep the plan and the ranks from building lists of
 # that length (a per-layer tensor list, a per-step batch list).
 MAX_LAYERS = 10_000
@@ -70,7 +59,7 @@ class TrialSpec:
     def resolved(self) -> dict[str, Any]:
         """The whole config as plain data, secrets masked (redact.py): what result.json,
         config.yaml and W&B get. The SLURM submission reads the real values from cfg."""
-        return redact(OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True))
+        return redact(OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True, enum_to_str=True))
 
 
 def build_spec(overrides: list[str] | tuple[str, ...] = ()) -> TrialSpec:
@@ -121,8 +110,6 @@ def spec_from(composed: Composed) -> TrialSpec:
 
 def _check_model(cfg: TrialConfig) -> None:
     m = cfg.model
-    check_choice(m.arch, "model.arch", ARCHS)
-    check_choice(m.attention, "model.attention", ATTENTION)
     for name in ("n_layers", "hidden", "heads", "vocab", "max_positions"):
         positive(getattr(m, name), f"model.{name}")
     at_most(m.n_layers, "model.n_layers", MAX_LAYERS)
@@ -152,8 +139,6 @@ def _check_zero(cfg: TrialConfig) -> None:
     for name in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
         setattr(z, name, whole_number(getattr(z, name), f"zero.{name}", minimum=1))
     z.param_persistence_threshold = whole_number(z.param_persistence_threshold, "zero.param_persistence_threshold", minimum=0)
-    check_choice(z.offload_optimizer, "zero.offload_optimizer", OFFLOAD)
-    check_choice(z.offload_param, "zero.offload_param", OFFLOAD)
     if z.offload_optimizer != "none" and z.stage == 0:
         raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "needs zero.stage 1, 2 or 3 (stage 0 keeps the optimizer on the device)")
     if z.offload_param != "none" and z.stage < 3:
@@ -161,15 +146,10 @@ def _check_zero(cfg: TrialConfig) -> None:
 
 
 def _check_choices(cfg: TrialConfig) -> None:
-    check_choice(cfg.recompute.mode, "recompute.mode", RECOMPUTE)
-    check_choice(cfg.numa.mode, "numa.mode", NUMA)
-    check_choice(cfg.engine.name, "engine.name", ENGINES)
-    check_choice(cfg.engine.backend, "engine.backend", BACKENDS)
     if cfg.engine.backend == "fsdp" and cfg.engine.name != "accelerate":
         raise ConfigError("engine.backend", "fsdp", "FSDP runs through engine=accelerate")
     if cfg.engine.backend == "fsdp" and cfg.zero.stage == 1:
         raise ConfigError("zero.stage", 1, "FSDP shards nothing, grads and optimizer, or everything: zero.stage 0, 2 or 3")
-    check_choice(cfg.cluster.name, "cluster.name", CLUSTERS)
     _apply_submitit_aliases(cfg)
     positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
     positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
@@ -228,13 +208,10 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.fp16", True, "run.bf16 is on too; choose one precision (set the other false; both false is fp32)")
     if r.lr <= 0:
         raise ConfigError("run.lr", r.lr, "a learning rate > 0")
-    check_choice(r.objective, "run.objective", tuple(OBJECTIVES))
     if r.grad_clip < 0:
         raise ConfigError("run.grad_clip", r.grad_clip, "a norm >= 0 (0 turns clipping off)")
     if r.weight_decay < 0:
         raise ConfigError("run.weight_decay", r.weight_decay, "a decay >= 0 (0 turns it off)")
-    check_choice(r.data_dtype, "run.data_dtype", ("uint16", "uint32"))
-    check_choice(r.fail_mode, "run.fail_mode", ("raise", "exit", "oom"))
     for name in ("gc_collect_every", "dataloader_workers", "checkpoint_every"):
         if getattr(r, name) < 0:
             raise ConfigError(f"run.{name}", getattr(r, name), "a whole number >= 0")
@@ -249,7 +226,6 @@ def _check_run(cfg: TrialConfig) -> str:
 
 def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
     hw = cfg.hardware
-    check_choice(hw.device, "hardware.device", DEVICES)
     if hw.device == "cpu":
         if precision == "fp16":
             raise ConfigError("run.fp16", True, "DeepSpeed's CPU accelerator has no fp16; use run.bf16=true or fp32")
@@ -276,7 +252,6 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
 
 
 def _check_logger(cfg: TrialConfig) -> None:
-    check_choice(cfg.logger.mode, "logger.mode", LOGGER_MODES)
     for tag in cfg.logger.tags:
         if not 1 <= len(tag) <= MAX_TAG:
             raise ConfigError("logger.tags", repr(tag), f"each tag 1 to {MAX_TAG} characters long (W&B's limit)")

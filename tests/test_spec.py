@@ -141,3 +141,33 @@ def test_a_users_own_preset_directory_joins_the_search_path(tmp_path):
         "seq_len: 64\nmax_positions: 64\ntie_embeddings: true\n")
     spec = build_spec([f"hydra.searchpath=[file://{tmp_path}]", "model=mine"])
     assert spec.choices["model"] == "mine" and spec.cfg.model.n_layers == 3
+
+
+
+CHOICE_FIELDS = ["model.arch", "model.attention", "recompute.mode", "zero.offload_optimizer", "zero.offload_param",
+                 "numa.mode", "engine.name", "engine.backend", "cluster.name", "hardware.device", "logger.mode",
+                 "run.objective", "run.data_dtype", "run.fail_mode"]
+
+
+@pytest.mark.parametrize("key", CHOICE_FIELDS)
+def test_choice_fields_are_typed_and_refuse_a_value_outside_their_enum(key):
+    """Each choice field is a StrEnum next to its dataclass: its members are the allowed
+    values, every member is accepted as a value, and anything else is refused naming them all."""
+    import enum
+    import typing
+
+    from orchestrator import config
+    group, name = key.split(".")
+    kind = typing.get_type_hints(typing.get_type_hints(config.TrialConfig)[group])[name]
+    assert isinstance(kind, type) and issubclass(kind, enum.StrEnum), f"{key} is typed {kind}"
+    members = [m.value for m in kind]
+    for value in members:
+        try:
+            spec = build_spec([f"{key}={value}"])
+            assert getattr(getattr(spec.cfg, group), name) == value
+        except ConfigError as exc:  # a cross-field rule (engine.backend=fsdp needs accelerate), not the choice
+            assert "is not allowed: one of" not in str(exc), str(exc)
+    with pytest.raises(ConfigError) as err:
+        build_spec([f"{key}={members[-1].upper()}X"])
+    assert err.value.field == key and all(m in str(err.value) for m in members)
+    assert f"did you mean {members[-1]}?" in str(err.value)
