@@ -165,7 +165,7 @@ def specs_from(overrides: list[str], multirun: bool) -> list[TrialSpec]:
     """Every trial the command line asks for, composed and validated (ConfigError if not)."""
     sweep_files = [o for o in overrides if o.lstrip("+").partition("=")[0] == "sweep"]
     if sweep_files and not multirun:  # its axes would be silently ignored
-        raise ConfigError("+sweep", sweep_files[0].partition("=")[2], f"a sweep file runs with -m: add -m")
+        raise ConfigError("+sweep", sweep_files[0].partition("=")[2], "a sweep file runs with -m: add -m")
     points = expand_sweep(overrides) if multirun else [overrides]
     specs = []
     for i, point in enumerate(points):

@@ -3,7 +3,6 @@ grammar, its sweeper plugins (a real Optuna study), and errors that exit 2 with 
 did-you-mean. Real Hydra throughout; the trials are real (CPU, gloo)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
