@@ -26,27 +26,30 @@ def reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
             reject_unknown_keys(value, path)
 
 
-def reject_unresolvable_and_non_finite(cfg: DictConfig) -> None:
-    """Interpolations that cannot resolve (`${oc.env:NOPE}`, `${model.nope}`, a value that
-    refers to itself) and NaN or infinity anywhere: no field of a trial means either."""
+def typed_config(cfg: DictConfig) -> Any:
+    """The composed tree as its dataclasses, interpolations resolved; an interpolation
+    that cannot resolve (`${oc.env:NOPE}`, `${model.nope}`, a value that refers to itself)
+    and NaN or infinity anywhere are refused: no field of a trial means either."""
     try:
-        data = OmegaConf.to_container(cfg, resolve=True)
+        typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(key, _raw(cfg, key), f"its interpolation cannot be resolved "
                           f"({str(exc).splitlines()[0]})") from None
 
     def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{path}.{k}" if path else str(k))
-        elif isinstance(node, list):
+        items = ([(f.name, getattr(node, f.name)) for f in fields(node)] if is_dataclass(node)
+                 else node.items() if isinstance(node, dict) else [])
+        for k, v in items:
+            walk(v, f"{path}.{k}" if path else str(k))
+        if isinstance(node, list):
             for i, v in enumerate(node):
                 walk(v, f"{path}[{i}]")
         elif isinstance(node, float) and not math.isfinite(node):
             raise ConfigError(path, node, "a finite number (NaN and infinity mean nothing here)")
 
-    walk(data, "")
+    walk(typed, "")
+    return typed
 
 
 def _raw(cfg: DictConfig, key: str) -> Any:

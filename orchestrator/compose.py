@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import os
 import re
@@ -99,26 +100,71 @@ class Composed:
 def compose_trial(overrides: list[str]) -> Composed:
     """Compose conf/config.yaml with `overrides`; raise ConfigError on any bad input.
 
+    The config returned is the caller's own copy. Where it is only read, `composing` saves
+    the copy (a third of the time of planning a point)."""
+    with composing(overrides) as composed:
+        return dataclasses.replace(composed, cfg=copy.deepcopy(composed.cfg))
+
+
+@contextlib.contextmanager
+def composing(overrides: list[str] | tuple[str, ...]) -> Iterator[Composed]:
+    """The composed config of `overrides`, to read inside the `with` block only.
+
     Composition is Hydra's. Group choices and appends (model=..., +sweep=...) go through
     Hydra's compose, cached per distinct set; plain value changes (zero.stage=2) are then
-    applied with Hydra's own override applier, so a 1,000-point sweep over values
-    composes once instead of 1,000 times.
+    applied with Hydra's own override applier onto that cached config, and undone when the
+    block ends, so a 1,000-point sweep over values composes once instead of 1,000 times.
     """
+    overrides = list(overrides)
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        parsed = [_parse(o) for o in overrides]
     except OverrideParseException as exc:
         raise config_error(exc, overrides) from None
     _reject_deletions(parsed)
     _reject_null_groups(parsed)
     structural = tuple(o.input_line for o in parsed if not _is_value_change(o))
     base = _compose_with_hydra(_source, structural)
-    cfg = copy.deepcopy(base.cfg)
+    changes = [o for o in parsed if _is_value_change(o)]
+    saved = [_saved(base.cfg, o.key_or_group) for o in changes]
     try:
-        ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if _is_value_change(o)], cfg)
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise config_error(exc, overrides) from None
-    return Composed(cfg=cfg, choices=base.choices, overrides=tuple(overrides), sweep_params=base.sweep_params,
-                    hydra_choices=base.hydra_choices, hydra_dirs=base.hydra_dirs)
+        try:
+            ConfigLoaderImpl._apply_overrides_to_config(changes, base.cfg)
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise config_error(exc, overrides) from None
+        yield dataclasses.replace(base, overrides=tuple(overrides))
+    finally:
+        for key, node in reversed(saved):
+            _restore(base.cfg, key, node)
+
+
+_ABSENT = object()
+
+
+def _saved(cfg: DictConfig, key: str) -> tuple[str, object]:
+    """A copy of the node at dotted `key` as it is now (_ABSENT where there is none)."""
+    parent_key, _, name = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, throw_on_missing=False) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or name not in parent:
+        return key, _ABSENT
+    return key, copy.deepcopy(parent._get_node(name))
+
+
+def _restore(cfg: DictConfig, key: str, node: object) -> None:
+    parent_key, _, name = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, throw_on_missing=False) if parent_key else cfg
+    if not isinstance(parent, DictConfig):
+        return
+    with open_dict(parent):
+        if node is _ABSENT:
+            parent.pop(name, None)
+        else:
+            parent[name] = node
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(override: str) -> Override:
+    """One override parsed by Hydra's grammar, cached: a sweep repeats each value many times."""
+    return OverridesParser.create().parse_overrides([override])[0]
 
 
 @contextlib.contextmanager

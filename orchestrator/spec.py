@@ -21,10 +21,10 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from orchestrator import hardware
-from orchestrator.compose import Composed, compose_trial, presets
+from orchestrator.compose import Composed, compose_trial, composing, presets
 from orchestrator.config import TrialConfig
 from orchestrator.checks import (above_zero, at_most, check_choice, positive, reject_unknown_keys,
-                                  reject_unresolvable_and_non_finite, time_limit_s, whole_number)
+                                  time_limit_s, typed_config, whole_number)
 from orchestrator.errors import ConfigError, one_of
 from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
@@ -64,10 +64,11 @@ class TrialSpec:
 
 def build_spec(overrides: list[str] | tuple[str, ...] = ()) -> TrialSpec:
     """Compose, resolve hardware=auto, validate and derive; ConfigError on bad input."""
-    composed = compose_trial(list(overrides))
-    if composed.cfg.hardware.name == "auto":
-        composed = _resolve_auto_hardware(composed)
-    return spec_from(composed)
+    with composing(list(overrides)) as composed:
+        if composed.cfg.hardware.name != "auto":
+            return spec_from(composed)
+        auto = _resolve_auto_hardware(composed)
+    return spec_from(auto)
 
 
 def load_spec(trial_dir: Path) -> TrialSpec:
@@ -84,8 +85,7 @@ def load_spec(trial_dir: Path) -> TrialSpec:
 
 def spec_from(composed: Composed) -> TrialSpec:
     reject_unknown_keys(composed.cfg)
-    reject_unresolvable_and_non_finite(composed.cfg)
-    cfg: TrialConfig = OmegaConf.to_object(composed.cfg)
+    cfg: TrialConfig = typed_config(composed.cfg)
     _check_model(cfg)
     _check_zero(cfg)
     _check_choices(cfg)

@@ -1,5 +1,6 @@
 """Shared test helpers. Tests run against the checkout's conf/ and the installed package."""
 
+import logging
 import os
 import shutil
 import subprocess
@@ -18,6 +19,23 @@ def _no_wandb_credentials(monkeypatch, tmp_path_factory):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path_factory.mktemp("home") / ".netrc"))
     monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """A test that runs `main([...])` in-process lets Hydra configure logging (process-wide,
+    as it must for a real command); the handlers it leaves write to that test's captured
+    stream, closed once the test ends. Each test starts from the logging it found."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    saved = {lg: (lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers}
+    yield
+    for lg in [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]:
+        level, handlers, propagate, disabled = saved.get(lg, (logging.NOTSET, [], True, False))
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate, lg.disabled = propagate, disabled
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
