@@ -1,7 +1,7 @@
-"""The `orchestrator` command: run, plan, translate, status, wait and report.
+"""The `orchestrator` command: run, plan, translate, status, wait, report and calibrate.
 
 run, plan and translate take Hydra overrides and Hydra's flags: they are Hydra apps
-(hydra_app.py). status, wait and report take a directory (argparse, here).
+(hydra_app.py). status, wait, report and calibrate take directories (argparse, here).
 
 Exit codes: 0 ok; 1 a trial ran and failed; 2 invalid config; 3 the plan refuses.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from orchestrator import hydra_app
 from orchestrator.compose import presets
 from orchestrator.config import GROUPS
-from orchestrator.display import console, show_report, show_states
+from orchestrator.display import console, show_calibration, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, PlanRefused, did_you_mean, one_of
 from orchestrator.files import read_json
 from orchestrator.report import collect, write_report
@@ -29,7 +29,7 @@ HYDRA_COMMANDS = {  # hydra_app.COMMANDS, summed up for `orchestrator --help`
     "plan": "Predict memory, FLOPs, communication and step time; launch nothing (--json).",
     "translate": "Write the engine configs and launch commands without running (--out DIR).",
 }
-COMMANDS = (*hydra_app.COMMANDS, "status", "wait", "report")
+COMMANDS = (*hydra_app.COMMANDS, "status", "wait", "report", "calibrate")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +106,14 @@ def report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def calibrate_command(args: argparse.Namespace) -> int:
+    from orchestrator.calibrate import calibrate  # the planner and its fit: not needed by other commands
+
+    for c in calibrate([Path(d) for d in args.dirs]):
+        show_calibration(c, console())
+    return 0
+
+
 # --- argument parsing -----------------------------------------------------------------
 
 
@@ -133,6 +141,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--json", action="store_true", help="print the collected rows as JSON")
     report.set_defaults(handler=report_command)
+    calib = sub.add_parser("calibrate", help="Fit a hardware preset's step-time parameters to the trials below DIR.",
+                           description="Fit the step-time parameters of each hardware kind found among the ok "
+                                       "trials below DIR to their measured step times, and write the preset as "
+                                       "NAME-calibrated in the user's config directory (hardware=auto prefers it).")
+    calib.add_argument("dirs", metavar="DIR", nargs="+")
+    calib.set_defaults(handler=calibrate_command)
     return parser
 
 
@@ -153,6 +167,7 @@ examples:
   orchestrator translate model=llama3-8b zero=stage3 hardware=h100-sxm --out cfgs/
   orchestrator run -m +sweep=dp_bucket_local
   orchestrator report multirun/
+  orchestrator calibrate multirun/                   fit the plan's step-time model to what ran
 
 exit codes: 0 ok, 1 a trial failed, 2 invalid config, 3 the plan refuses (run.force=true launches anyway)
 """

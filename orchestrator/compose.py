@@ -55,6 +55,15 @@ def conf_dir() -> Path:
     return installed if (installed / "config.yaml").is_file() else _REPO / "conf"
 
 
+def user_conf_dir() -> Path:
+    """The user's own presets ($ORCHESTRATOR_USER_CONF, or ~/.config/orchestrator/conf):
+    searched before the shipped ones, and where `orchestrator calibrate` writes."""
+    if env := os.environ.get("ORCHESTRATOR_USER_CONF"):
+        return Path(env).resolve()
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "orchestrator" / "conf"
+
+
 @dataclass(frozen=True)
 class Source:
     """Where the config tree is read from: Hydra's --config-path, --config-name and
@@ -62,20 +71,27 @@ class Source:
 
     config_dir: str = ""  # absolute; "" = conf_dir()
     config_name: str = "config"
-    extra_dirs: tuple[str, ...] = ()
+    extra_dirs: tuple[str, ...] = ()  # -cd's, then the user's own (user_conf_dir) where it exists
 
     @property
     def primary(self) -> str:
         return self.config_dir or str(conf_dir())
 
 
-_source = Source()
+def with_user_presets(source: Source) -> Source:
+    user = user_conf_dir()
+    if not user.is_dir() or str(user) in source.extra_dirs:
+        return source
+    return dataclasses.replace(source, extra_dirs=(*source.extra_dirs, str(user)))
+
+
+_source = with_user_presets(Source())
 
 
 def use_source(source: Source) -> None:
     """The tree every later composition reads (the command line's -cp / -cn / -cd)."""
     global _source
-    _source = source
+    _source = with_user_presets(source)
 
 
 def presets(group: str) -> list[str]:

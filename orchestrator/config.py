@@ -56,6 +56,20 @@ class ModelConfig:
     rope_theta: float = 10000.0  # llama only
     norm_eps: float = 1e-5
 
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_width(self) -> int:
+        """Width of K and V: kv_heads x head size (= hidden without grouped-query attention)."""
+        return (self.kv_heads or self.heads) * self.head_dim
+
+    @property
+    def ffn(self) -> int:
+        """The MLP's inner width (ffn_hidden, or 4 x hidden where it is null)."""
+        return self.ffn_hidden or 4 * self.hidden
+
 
 @dataclass
 class WarmupConfig:
@@ -201,8 +215,15 @@ class HardwareConfig:
     device: Device = Device.cpu
     peak_tflops: PeakTflops = field(default_factory=PeakTflops)  # dense; null on cpu: measured
     memory_gib: Optional[float] = None  # null on cpu: the host's RAM
-    compute_efficiency: float = 0.5  # plan assumption: share of peak the matmuls reach
+    # The step-time model's parameters (plan/compute.py); each preset says where its come from.
+    compute_efficiency: float = 0.5  # share of the peak a large GEMM reaches
+    gemm_half_dim: float = 64.0  # a GEMM whose smallest dimension is this reaches half of compute_efficiency
+    attention_efficiency: float = 0.4  # fused attention's forward, share of the peak
+    attention_backward_efficiency: float = 0.3  # its backward (which recomputes QK^T)
     memory_bandwidth_gbps: Optional[float] = None  # device memory GB/s; null on cpu: measured
+    memory_efficiency: float = 0.7  # share of the bandwidth memory-bound kernels reach
+    op_overhead_us: float = 5.0  # fixed cost per kernel: launch on a GPU, dispatch and hooks on a CPU
+    calibrated_on: Optional[str] = None  # set by `orchestrator calibrate`: what the parameters were fitted to
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     # Fixed cost of each collective the engine issues, whatever its size (bucket copies,

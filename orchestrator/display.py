@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.compose import swept_values
-from orchestrator.plan.advice import fitting_changes
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import Plan
 from orchestrator.report import COLUMNS
@@ -62,6 +61,7 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
             ("activations", m.activations, f"micro batch {spec.micro_batch_size}, recompute {spec.cfg.recompute.mode}, "
                                            f"{spec.cfg.model.attention} attention"),
             ("recomputed block", m.recompute, "rebuilt one block at a time during backward"),
+            ("loss backward", m.loss_backward, "fp32 gradients of nll_loss and log_softmax, at backward's start"),
             ("buffers", m.buffers, "reduce buckets" + (", gathered parameters" if z.stage == 3 else "")),
             ("optimizer step", m.optimizer_step, "fp32 gradient copy inside step()" +
              ("" if m.peak_phase == "optimizer step" else "; not alive at the peak")),
@@ -77,19 +77,26 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
                 "[dim]model states and kept buffers, as after step()[/dim]")
     out.print(mem)
 
+    mb = t.micro_batch
     tt = Table(title="Time per optimizer step, predicted", title_justify="left")
     tt.add_column("")
     tt.add_column("value", justify="right")
-    tt.add_row("compute", f"{t['compute_s']:.4g} s")
-    tt.add_row("communication", f"{t['comm_s']:.4g} s ({t['exposed_comm_s']:.4g} s exposed)")
-    tt.add_row("optimizer step", f"{t['optimizer_s']:.4g} s")
-    tt.add_row("step", f"{t['step_s']:.4g} s")
-    tt.add_row("tokens/s/GPU", f"{t['tokens_per_sec_per_gpu']:,.0f}")
-    tt.add_row("MFU / HFU", f"{t['mfu']:.1%} / {t['hfu']:.1%}")
-    tt.add_row("model FLOPs/token", f"{plan.flops.model_per_token:.4g} (attention: {plan.flops.attention_flops})")
+    tt.add_column("note")
+    tt.add_row("compute", f"{t.compute_s:.4g} s", f"{spec.grad_accum_steps} micro batch(es) of {mb.total_s:.4g} s:")
+    for name, value, note in [("  GEMMs", mb.gemm_s, "shape-aware roofline"),
+                              ("  attention", mb.attention_s, f"{spec.cfg.model.attention}, its own rate"),
+                              ("  memory-bound", mb.memory_bound_s, "norms, activations, adds, loss"),
+                              ("  fixed per kernel", mb.overhead_s, f"{mb.kernels} kernels")]:
+        tt.add_row(name, f"{value:.4g} s", f"{value / mb.total_s:.0%} of a micro batch; {note}")
+    tt.add_row("communication", f"{t.comm_s:.4g} s", f"{t.exposed_comm_s:.4g} s exposed")
+    tt.add_row("optimizer step", f"{t.optimizer_s:.4g} s", "memory-bound")
+    tt.add_row("step", f"{t.step_s:.4g} s", "")
+    tt.add_row("tokens/s/GPU", f"{t.tokens_per_sec_per_gpu:,.0f}", "")
+    tt.add_row("MFU / HFU", f"{t.mfu:.1%} / {t.hfu:.1%}", "")
+    tt.add_row("model FLOPs/token", f"{plan.flops.model_per_token:.4g}", f"attention: {plan.flops.attention_flops}")
     out.print(tt)
-    for c in plan.comm["collectives"]:
-        out.print(f"  {c['op']} x{c['calls']} ({c['phase']}): {c['bytes_per_rank'] / 1e9:.3g} GB per rank, {c['time_s']:.3g} s")
+    for c in plan.comm.collectives:
+        out.print(f"  {c.op} x{c.calls} ({c.phase}): {c.bytes_per_rank / 1e9:.3g} GB per rank, {c.time_s:.3g} s")
     for w in plan.warnings:
         out.print(f"[yellow]warning:[/yellow] {w}")
     out.print("[dim]assumptions: " + "; ".join(plan.assumptions) + "[/dim]")
@@ -107,13 +114,13 @@ def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
     for (spec, plan), values in zip(points, swept):
         t = plan.time
         table.add_row(*[values.get(k, " ".join(spec.overrides)) for k in keys], gib(plan.memory.total),
-                      "yes" if plan.fits else "[red]no[/red]", f"{t['step_s']:.4g}", f"{t['exposed_comm_s']:.3g}",
-                      f"{t['tokens_per_sec_per_gpu']:,.0f}", f"{t['mfu']:.1%}")
+                      "yes" if plan.fits else "[red]no[/red]", f"{t.step_s:.4g}", f"{t.exposed_comm_s:.3g}",
+                      f"{t.tokens_per_sec_per_gpu:,.0f}", f"{t.mfu:.1%}")
     out.print(table)
     for (spec, plan), values in zip(points, swept):
         if not plan.fits:  # the point's own way out, as a single plan would print it
             label = " ".join(f"{k}={v}" for k, v in values.items()) or " ".join(spec.overrides)
-            out.print(f"[red]{label}[/red] does not fit; {fitting_changes(spec, plan)}")
+            out.print(f"[red]{label}[/red] does not fit; {plan.fitting_changes}")
     out.print("[dim]assumptions: " + "; ".join(points[0][1].assumptions) + "[/dim]")
 
 
@@ -186,3 +193,17 @@ def show_states(rows: list[tuple[str, str, str, str]], out: Console) -> None:
         colour = {"ok": "green", "failed": "red", "oom": "red", "timeout": "red"}.get(row[2])
         table.add_row(row[0], row[1], f"[{colour}]{row[2]}[/{colour}]" if colour else row[2], row[3])
     out.print(table)
+
+
+def show_calibration(c, out: Console) -> None:
+    """`orchestrator calibrate`: the fitted parameters and predicted / measured step time per trial."""
+    within = lambda ratios: sum(abs(r - 1) <= 0.25 for r in ratios)  # noqa: E731
+    table = Table(title=f"{c.hardware}: step time predicted / measured, {len(c.trials)} trials", title_justify="left")
+    for name in ("trial", "measured s", "before", "after"):
+        table.add_column(name, justify="right" if name != "trial" else "left")
+    for t, before, after in zip(c.trials, c.before, c.after):
+        table.add_row(" ".join(t.spec.overrides)[:70], f"{t.step_s:.4g}", f"{before:.2f}", f"{after:.2f}")
+    out.print(table)
+    out.print(f"within +-25 %: {within(c.before)} of {len(c.trials)} before, {within(c.after)} after")
+    out.print("fitted: " + ", ".join(f"hardware.{k}={v:.3g}" for k, v in c.params.items()))
+    out.print(f"wrote {c.preset_path} (hardware=auto now picks it; or choose hardware={c.preset_path.stem})")

@@ -241,8 +241,13 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
         above_zero(hw.memory_gib, "hardware.memory_gib")
     if hw.memory_bandwidth_gbps is not None:
         above_zero(hw.memory_bandwidth_gbps, "hardware.memory_bandwidth_gbps")
-    if not 0 < hw.compute_efficiency <= 1:
-        raise ConfigError("hardware.compute_efficiency", hw.compute_efficiency, "a share of the peak in (0, 1]")
+    for share in ("compute_efficiency", "attention_efficiency", "attention_backward_efficiency", "memory_efficiency"):
+        if not 0 < getattr(hw, share) <= 1:
+            raise ConfigError(f"hardware.{share}", getattr(hw, share), "a share in (0, 1]")
+    if hw.gemm_half_dim < 0:
+        raise ConfigError("hardware.gemm_half_dim", hw.gemm_half_dim, "a matrix dimension >= 0 (0: no saturation)")
+    if hw.op_overhead_us < 0:
+        raise ConfigError("hardware.op_overhead_us", hw.op_overhead_us, "a time >= 0")
     for link in ("intra_node", "inter_node"):
         above_zero(getattr(hw, link).bandwidth_gbps, f"hardware.{link}.bandwidth_gbps")
         if getattr(hw, link).latency_us < 0:
@@ -319,6 +324,8 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
     if preset is None:
         raise ConfigError("hardware", f"auto (found '{gpu}')", "no preset for this GPU: describe it with hardware.name=NAME "
                           "hardware.device=cuda hardware.peak_tflops.bf16=TFLOPS hardware.memory_gib=GIB")
+    if f"{preset}-calibrated" in presets_known:  # written by `orchestrator calibrate`
+        preset = f"{preset}-calibrated"
     kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
     resolved = compose_trial(kept + [f"hardware={preset}"])
     return dataclasses.replace(resolved, overrides=composed.overrides)  # what the user typed

@@ -20,7 +20,6 @@ from orchestrator.launchers.local import run_local
 from orchestrator import hardware
 from orchestrator.errors import ConfigError, Interrupted
 from orchestrator.display import show_plan, show_progress, show_result
-from orchestrator.plan import advice
 from orchestrator.plan.planner import Plan, make_plan
 from orchestrator.files import read_json
 from orchestrator.results import Status, error_record, now, outcome_status, write_result
@@ -35,7 +34,7 @@ def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = N
         return None
     if not plan.fits:
         return (f"does not fit: predicted {plan.memory.total / 2**30:.2f} GiB per rank > "
-                f"{plan.memory.capacity / 2**30:.2f} GiB capacity; {advice.fitting_changes(spec, plan)}; "
+                f"{plan.memory.capacity / 2**30:.2f} GiB capacity; {plan.fitting_changes}; "
                 "run.force=true launches anyway")
     if nodes is not None and (why := slurm.partition_refusal(spec, nodes)):
         return f"SLURM could never start it: {why}; run.force=true submits anyway"

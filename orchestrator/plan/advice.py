@@ -29,7 +29,7 @@ def vocab_multiple_of_64(spec: TrialSpec, plan: Plan) -> str | None:
 
 def head_size_power_of_two(spec: TrialSpec, plan: Plan) -> str | None:
     m = spec.cfg.model
-    head = m.hidden // m.heads
+    head = m.head_dim
     if head % 64:
         return (f"head size hidden/heads = {m.hidden}/{m.heads} = {head} is not a multiple of 64: "
                 "attention kernels and matmuls run slower off power-of-two multiples")
@@ -52,7 +52,7 @@ def micro_batch_not_maxed(spec: TrialSpec, plan: Plan) -> str | None:
 
 
 def what_would_fit(spec: TrialSpec, plan: Plan) -> str | None:
-    return None if plan.fits else f"does not fit; {fitting_changes(spec, plan)}"
+    return None if plan.fits else f"does not fit; {plan.fitting_changes}"
 
 
 def fitting_changes(spec: TrialSpec, plan: Plan) -> str:

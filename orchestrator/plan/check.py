@@ -52,8 +52,8 @@ def compare(trial_dir: Path) -> dict:
     # On a GPU the allocator's peak is comparable with the plan's total less the CUDA
     # context and NCCL, which max_memory_allocated does not see; a CPU's max RSS is not.
     on_gpu = "CUDA" in str(measured.get("peak_source"))
-    predicted = {"static": plan.memory.static, "activations": plan.memory.activations, "step_s": plan.time["step_s"],
-                 "peak": plan.memory.total - plan.memory.runtime, "mfu": plan.time["mfu"]}
+    predicted = {"static": plan.memory.static, "activations": plan.memory.activations, "step_s": plan.time.step_s,
+                 "peak": plan.memory.total - plan.memory.runtime, "mfu": plan.time.mfu}
     got = {"static": measured.get("static_bytes"), "activations": measured.get("activation_bytes"),
            "step_s": (result.get("metrics") or {}).get("step_time_s"),
            "peak": measured.get("peak_bytes") if on_gpu else None, "mfu": (result.get("metrics") or {}).get("mfu")}

@@ -7,6 +7,10 @@ the slowest link: its latency and bytes/n over its bandwidth (the alpha-beta mod
 
     t = call + steps * (lat + (bytes / n) / bw),   lat, bw = the inter-node link's if nodes > 1
 
+Across nodes NCCL runs one ring per channel, each crossing at a different GPU, so a node's
+g GPUs' NICs share the inter-node hops: bw there is g x the per-GPU link (or the intra-node
+link, if slower). With one rank per node (the CPU test cluster) that is the link itself.
+
 `call` is a fixed cost per collective that the engine issues, whatever its size: DeepSpeed
 flattens each bucket, launches the collective and copies the result back
 (hardware.collective_overhead_us). On the 2-core test nodes it is milliseconds, and it
@@ -75,8 +79,14 @@ def ring_time(op: str, nbytes: float, links: Links) -> float:
     if n == 1 or nbytes <= 0:
         return 0.0
     steps = ring_rounds(op, links.backend) * (n - 1)
-    lat, bw = (links.inter_lat, links.inter_bw) if links.nodes > 1 else (links.intra_lat, links.intra_bw)
-    return links.call + steps * (lat + nbytes / n / bw)
+    chunk = nbytes / n
+    if links.nodes == 1:
+        return links.call + steps * (links.intra_lat + chunk / links.intra_bw)
+    # NCCL runs one ring per channel, each crossing between nodes at a different GPU, so
+    # the ring's inter-node traffic is spread over all of a node's NICs (one per GPU).
+    per_node = n / links.nodes
+    hop = max(chunk / links.intra_bw, chunk / (links.inter_bw * per_node))
+    return links.call + steps * (links.inter_lat + hop)
 
 
 def buckets(total_elements: int, bucket_elements: int) -> list[int]:

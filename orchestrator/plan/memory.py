@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from orchestrator.config import ModelConfig
-from orchestrator.plan.params import module_sizes, parameter_tensors
+from orchestrator.plan.params import element_bytes, module_sizes, parameter_tensors
 
 GIB = 2**30
 # What a CUDA rank holds besides tensors: the CUDA context and preloaded kernels
@@ -61,6 +61,7 @@ class Memory:
     optimizer: int  # fp32 master weights + Adam moments, on the device
     activations: int  # saved for backward by one micro batch
     recompute: int  # the activations recomputation rebuilds during backward, one block at a time
+    loss_backward: int  # the loss's fp32 gradients at the start of backward (the blocks' come later)
     buffers: int  # reduce buckets, ZeRO-3 gathered parameters
     optimizer_step: int  # transient fp32 gradient copy inside step()
     static: int  # alive between optimizer steps: what a census after step() finds
@@ -87,7 +88,7 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     """
     tensors = parameter_tensors(model)
     n = sum(p.numel for p in tensors)
-    low = 4 if z.precision == "fp32" else 2  # bytes of a parameter and of its gradient
+    low = element_bytes(z.precision)  # of a parameter and of its gradient
     mixed = z.precision != "fp32"
     dp = z.dp
     persistent_buffers = 0
@@ -150,7 +151,7 @@ def optimizer_traffic_bytes(updated_params: int, precision: str) -> int:
 def activation_bytes(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
     """Bytes saved for backward by one micro batch, alive when its forward returns."""
     s, b, h, v = model.seq_len, micro_batch, model.hidden, model.vocab
-    act = 4 if precision == "fp32" else 2
+    act = element_bytes(precision)
     boundary = act * s * b * h  # a block's input, what full recompute keeps per layer
     if recompute == "full":
         layers = model.n_layers * boundary
@@ -161,7 +162,7 @@ def activation_bytes(model: ModelConfig, micro_batch: int, recompute: str, preci
     # The logits themselves die with the model output, which the training step drops.
     head = norm_saved_bytes(model, micro_batch, precision) + boundary + 4 * s * b * v
     if model.arch != "gpt2":  # RoPE's cos and sin, computed once per forward
-        head += 2 * act * s * (h // model.heads)
+        head += 2 * act * s * model.head_dim
     return int(layers + head)
 
 
@@ -169,7 +170,7 @@ def norm_saved_bytes(model: ModelConfig, micro_batch: int, precision: str) -> in
     """What one norm layer saves: LayerNorm its input and fp32 mean / rstd; transformers'
     LlamaRMSNorm its fp32 upcast, the normalised copy and the fp32 rsqrt."""
     sb, h = model.seq_len * micro_batch, model.hidden
-    act = 4 if precision == "fp32" else 2
+    act = element_bytes(precision)
     if model.arch == "gpt2":
         return act * sb * h + 2 * 4 * sb
     return 4 * sb * h + act * sb * h + 4 * sb
@@ -206,9 +207,8 @@ def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, 
     norms, activations and their copies do. Full recompute is handled by the caller.
     """
     s, b, h = model.seq_len, micro_batch, model.hidden
-    a, f = model.heads, model.ffn_hidden or 4 * model.hidden
-    kv = (model.kv_heads or a) * (h // a)
-    act = 4 if precision == "fp32" else 2
+    a, f, kv = model.heads, model.ffn, model.kv_width
+    act = element_bytes(precision)
     sbh, sbf, as2b = s * b * h, s * b * f, a * s * s * b
     dropout = model.dropout > 0
     fused = act * sbh + 4 * a * s * b if model.attention == "sdpa" else 0  # flash output + log-sum-exp (fp32)
@@ -247,19 +247,31 @@ def runtime_bytes(device: str, world_size: int) -> int:
     return CUDA_CONTEXT + (NCCL_BUFFERS if world_size > 1 else 0)
 
 
-def peak_memory(states: dict[str, int], activations: int, recompute: int, runtime: int, capacity: int) -> Memory:
-    backward = activations + recompute + states["buffers"]
+def loss_backward_bytes(model: ModelConfig, micro_batch: int) -> int:
+    """The transient at the start of backward, on top of the saved activations: the fp32
+    gradients of nll_loss and of log_softmax, each s x b x V (transformers upcasts the
+    logits; the fp32 log-softmax they differentiate is already among the activations).
+    Measured on CPU: a 128k vocabulary starts its backward about 3 x 4sbV above baseline."""
+    return 2 * 4 * model.seq_len * micro_batch * model.vocab
+
+
+def peak_memory(states: dict[str, int], activations: int, recompute: int, loss_backward: int, runtime: int,
+                capacity: int) -> Memory:
+    # Backward peaks at its start (the loss's gradients) or inside a block (the recomputed
+    # activations); both with every saved activation and the buffers alive.
+    backward = activations + max(recompute, loss_backward) + states["buffers"]
     step = states["optimizer_step"]
     held = states["params"] + states["grads"] + states["optimizer"] + runtime
-    return Memory(activations=activations, recompute=recompute, runtime=runtime, capacity=capacity,
-                  total=held + max(backward, step), peak_phase="backward" if backward >= step else "optimizer step",
-                  **states)
+    return Memory(activations=activations, recompute=recompute, loss_backward=loss_backward, runtime=runtime,
+                  capacity=capacity, total=held + max(backward, step),
+                  peak_phase="backward" if backward >= step else "optimizer step", **states)
 
 
 def sample_bytes(model: ModelConfig, recompute: str, precision: str) -> int:
     """What one more sequence of the micro batch adds at the peak: its activations and its
-    share of the block rebuilt during backward."""
-    return activation_bytes(model, 1, recompute, precision) + recompute_bytes(model, 1, recompute, precision)
+    share of the block rebuilt during backward, or of the loss's gradients."""
+    return activation_bytes(model, 1, recompute, precision) + max(recompute_bytes(model, 1, recompute, precision),
+                                                                   loss_backward_bytes(model, 1))
 
 
 def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sample: int) -> int:

@@ -24,8 +24,7 @@ class ParamTensor:
 
 
 def parameter_tensors(m: ModelConfig) -> list[ParamTensor]:
-    h, f, v = m.hidden, m.ffn_hidden or 4 * m.hidden, m.vocab
-    kv = (m.kv_heads or m.heads) * (h // m.heads)  # width of K and V
+    h, f, v, kv = m.hidden, m.ffn, m.vocab, m.kv_width
     t = ParamTensor
     if m.arch == "gpt2":
         # Conv1D layers carry a bias; LayerNorm a weight and a bias.
@@ -45,6 +44,11 @@ def parameter_tensors(m: ModelConfig) -> list[ParamTensor]:
     layers = [ParamTensor(f"layers.{i}.{p.module}", p.numel, p.matmul) for i in range(m.n_layers) for p in layer]
     head = [] if m.tie_embeddings else [t("lm_head", v * h, True)]
     return embed + layers + final + head
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes of one parameter, gradient or activation element at a trial's precision."""
+    return 4 if precision == "fp32" else 2
 
 
 def count_parameters(m: ModelConfig) -> int:

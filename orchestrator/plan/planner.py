@@ -8,18 +8,52 @@ it rests on (compute efficiency, peak, links) so the output can say so.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from orchestrator import hardware
 from orchestrator.plan import advice
-from orchestrator.plan.comm import bytes_per_rank_per_step, links_for, step_time
+from orchestrator.plan.comm import Collective, bytes_per_rank_per_step, links_for, step_time
+from orchestrator.plan.compute import ComputeTime, Rates, micro_batch_time
 from orchestrator.plan.flops import Flops, flops
-from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, max_micro_batch, model_states,
+from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, loss_backward_bytes,
+                                     max_micro_batch, model_states,
                                      optimizer_traffic_bytes, peak_memory, recompute_bytes, runtime_bytes,
                                      sample_bytes)
-from orchestrator.plan.params import count_parameters, parameter_tensors
+from orchestrator.plan.params import count_parameters, element_bytes, parameter_tensors
 from orchestrator.spec import TrialSpec
+
+
+@dataclass(frozen=True)
+class Comm:
+    bytes_per_rank_per_step: float
+    collectives: list[Collective]
+    time_s: float  # all collectives of a step, back to back
+    exposed_s: float  # what compute does not hide
+
+    def as_dict(self) -> dict:
+        return {"bytes_per_rank_per_step": self.bytes_per_rank_per_step,
+                "collectives": [c.as_dict() for c in self.collectives], "time_s": self.time_s, "exposed_s": self.exposed_s}
+
+
+@dataclass(frozen=True)
+class Time:
+    """One optimizer step, predicted. `micro_batch` breaks one micro batch's compute down."""
+
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    optimizer_s: float
+    step_s: float
+    tokens_per_sec_per_gpu: float
+    mfu: float
+    hfu: float
+    peak_tflops: float
+    micro_batch: ComputeTime
+
+    def as_dict(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "micro_batch"}, "micro_batch": self.micro_batch.as_dict()}
 
 
 @dataclass(frozen=True)
@@ -29,9 +63,10 @@ class Plan:
     batch: dict
     memory: Memory
     flops: Flops
-    comm: dict
-    time: dict
+    comm: Comm
+    time: Time
     max_micro_batch: int  # the largest micro batch that fits, by this plan
+    fitting_changes: str = ""  # where it does not fit: the changes that would make it fit
     warnings: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
 
@@ -41,8 +76,8 @@ class Plan:
 
     def as_dict(self) -> dict:
         return {"parameters": self.parameters, "parallel": self.parallel, "batch": self.batch,
-                "memory": self.memory.as_dict(), "flops": self.flops.as_dict(), "comm": self.comm,
-                "time": self.time, "max_micro_batch": self.max_micro_batch, "warnings": self.warnings,
+                "memory": self.memory.as_dict(), "flops": self.flops.as_dict(), "comm": self.comm.as_dict(),
+                "time": self.time.as_dict(), "max_micro_batch": self.max_micro_batch, "warnings": self.warnings,
                 "assumptions": self.assumptions}
 
 
@@ -55,15 +90,14 @@ def make_plan(spec: TrialSpec) -> Plan:
     capacity = capacity_bytes(spec)
     micro, mode = spec.micro_batch_size, cfg.recompute.mode
     memory = peak_memory(states, activation_bytes(cfg.model, micro, mode, spec.precision),
-                         recompute_bytes(cfg.model, micro, mode, spec.precision), runtime, capacity)
+                         recompute_bytes(cfg.model, micro, mode, spec.precision), loss_backward_bytes(cfg.model, micro),
+                         runtime, capacity)
 
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
     peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, hardware.threads_per_rank(spec.gpus_per_node))
-    rate = peak_tflops * 1e12 * hw.compute_efficiency  # FLOP/s one rank is assumed to sustain
-    tokens_micro = spec.micro_batch_size * cfg.model.seq_len
-    fwd_s = f.forward_per_token * tokens_micro / rate
-    bwd_s = (f.hardware_per_token - f.forward_per_token) * tokens_micro / rate
-    low = 4 if spec.precision == "fp32" else 2
+    bandwidth, bandwidth_note = memory_bandwidth(spec)
+    low = element_bytes(spec.precision)
+    micro_time = micro_batch_time(cfg.model, micro, mode, rates(spec, peak_tflops, bandwidth), low)
     links = links_for(spec.world_size, spec.nodes, hw.intra_node.bandwidth_gbps, hw.intra_node.latency_us,
                       hw.inter_node.bandwidth_gbps, hw.inter_node.latency_us,
                       backend="nccl" if hw.device == "cuda" else "gloo", call_us=hw.collective_overhead_us)
@@ -71,13 +105,12 @@ def make_plan(spec: TrialSpec) -> Plan:
     tensors = [p.numel for p in parameter_tensors(cfg.model)]
     t = step_time(stage=z.stage, tensors=tensors, param_bytes=low, grad_bytes=low, reduce_bucket=z.reduce_bucket_size,
                   allgather_bucket=z.allgather_bucket_size, prefetch_bucket=z.prefetch_bucket_size,
-                  overlap_comm=z.overlap_comm, grad_accum=spec.grad_accum_steps, fwd_s=fwd_s, bwd_s=bwd_s, links=links)
+                  overlap_comm=z.overlap_comm, grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
+                  bwd_s=micro_time.backward_s, links=links)
     # The optimizer step is memory-bound: the bytes it moves at the device's bandwidth.
-    bandwidth, bandwidth_note = memory_bandwidth(spec)
     updated = 0 if layout.offload_optimizer and z.stage else n if z.stage == 0 else -(-n // spec.dp)
     optimizer_s = optimizer_traffic_bytes(updated, spec.precision) / (bandwidth * 1e9) if bandwidth else 0.0
     step_s = t.step_s + optimizer_s
-    model_flops_step = f.model_per_token * spec.tokens_per_step
     denominator = step_s * spec.world_size * peak_tflops * 1e12
     max_micro = max_micro_batch(states, runtime, capacity, sample_bytes(cfg.model, mode, spec.precision))
 
@@ -88,26 +121,46 @@ def make_plan(spec: TrialSpec) -> Plan:
                "global_batch_size": spec.global_batch_size, "tokens_per_step": spec.tokens_per_step,
                "schedule": [list(s) for s in spec.schedule]},
         memory=memory, flops=f,
-        comm={"bytes_per_rank_per_step": bytes_per_rank_per_step(t.collectives),
-              "collectives": [c.as_dict() for c in t.collectives], "time_s": t.comm_s, "exposed_s": t.exposed_s},
-        time={"compute_s": t.compute_s, "comm_s": t.comm_s, "exposed_comm_s": t.exposed_s, "optimizer_s": optimizer_s,
-              "step_s": step_s, "tokens_per_sec_per_gpu": spec.tokens_per_step / step_s / spec.world_size,
-              "mfu": model_flops_step / denominator, "hfu": f.per_step / denominator,
-              "peak_tflops": peak_tflops},
+        comm=Comm(bytes_per_rank_per_step=bytes_per_rank_per_step(t.collectives), collectives=t.collectives,
+                  time_s=t.comm_s, exposed_s=t.exposed_s),
+        time=Time(compute_s=t.compute_s, comm_s=t.comm_s, exposed_comm_s=t.exposed_s, optimizer_s=optimizer_s,
+                  step_s=step_s, tokens_per_sec_per_gpu=spec.tokens_per_step / step_s / spec.world_size,
+                  mfu=f.model_per_token * spec.tokens_per_step / denominator, hfu=f.per_step / denominator,
+                  peak_tflops=peak_tflops, micro_batch=micro_time),
         max_micro_batch=max_micro,
         assumptions=[
             f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})",
-            f"compute runs at {hw.compute_efficiency:.0%} of that peak (hardware.compute_efficiency)",
+            compute_assumption(hw),
             f"links: {hw.intra_node.bandwidth_gbps:g} GB/s, {hw.intra_node.latency_us:g} us intra-node; "
             f"{hw.inter_node.bandwidth_gbps:g} GB/s, {hw.inter_node.latency_us:g} us inter-node; ring collectives, "
             f"{hw.collective_overhead_us:g} us fixed cost each (hardware.collective_overhead_us)",
-            f"optimizer step: {optimizer_traffic_bytes(1, spec.precision)} bytes moved per parameter updated on the "
-            f"device, at {bandwidth_note}",
+            f"memory-bound kernels and the optimizer step ({optimizer_traffic_bytes(1, spec.precision)} bytes moved per "
+            f"parameter updated on the device) at {bandwidth_note}",
             "data loading takes no time; times are for the global batch after any warm-up",
         ],
     )
+    if not plan.fits:
+        plan = dataclasses.replace(plan, fitting_changes=advice.fitting_changes(spec, plan))
     plan.warnings.extend(advice.warnings(spec, plan))
     return plan
+
+
+def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> Rates:
+    """The hardware preset's step-time parameters, in the units plan/compute.py takes."""
+    hw = spec.cfg.hardware
+    memory = bandwidth_gbps * 1e9 * hw.memory_efficiency if bandwidth_gbps else float("inf")
+    return Rates(peak_flops=peak_tflops * 1e12, compute_efficiency=hw.compute_efficiency,
+                 gemm_half_dim=hw.gemm_half_dim, attention_efficiency=hw.attention_efficiency,
+                 attention_backward_efficiency=hw.attention_backward_efficiency, memory_bytes_per_s=memory,
+                 op_overhead_s=hw.op_overhead_us * 1e-6)
+
+
+def compute_assumption(hw) -> str:
+    source = f"calibrated on {hw.calibrated_on}" if hw.calibrated_on else f"the {hw.name} preset's parameters"
+    return (f"compute ({source}): large GEMMs at {hw.compute_efficiency:.0%} of the peak, half of that at a "
+            f"smallest dimension of {hw.gemm_half_dim:g}; fused attention at {hw.attention_efficiency:.0%} forward, "
+            f"{hw.attention_backward_efficiency:.0%} backward; memory-bound kernels at {hw.memory_efficiency:.0%} "
+            f"of the memory bandwidth; {hw.op_overhead_us:g} us per kernel")
 
 
 def zero_layout(spec: TrialSpec) -> ZeroLayout:

@@ -17,7 +17,7 @@ def hf_config(m: ModelConfig):
     """
     from transformers import GPT2Config, LlamaConfig
 
-    f = m.ffn_hidden or 4 * m.hidden
+    f = m.ffn
     if m.arch == "gpt2":
         return GPT2Config(vocab_size=m.vocab, n_positions=m.max_positions, n_embd=m.hidden, n_layer=m.n_layers,
                           n_head=m.heads, n_inner=f, activation_function="gelu_pytorch_tanh", resid_pdrop=m.dropout, embd_pdrop=m.dropout, attn_pdrop=m.dropout,

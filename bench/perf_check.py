@@ -1,0 +1,91 @@
+"""The step-time model against published GPU measurements: llm-foundry's MPT tables.
+
+    .venv/bin/python bench/perf_check.py [--csv PATH] [--fit]
+
+Each row of ../shared/perf/llm-foundry.csv (H100 80GB and A100 80GB, bf16, FSDP
+FULL_SHARD, flash attention) becomes a plan: MPT is GPT-2's block without biases or
+position embeddings (neither costs FLOPs), a GELU MLP of 4 x d_model, vocab 50368, tied
+embeddings; FULL_SHARD is ZeRO-3; activation checkpointing of whole blocks is
+recompute=full. The bench prints predicted against published tokens/s/GPU per row, the
+ratio, and the share of rows within +-20 % (target: 85 %), with the presets' own
+parameters.
+
+--fit searches the step-time parameters of each GPU (hardware.compute_efficiency,
+gemm_half_dim, attention_efficiency, attention_backward_efficiency, memory_efficiency,
+op_overhead_us) that minimise the squared log-ratio over that GPU's rows, and prints them
+for the preset. The peak, the memory bandwidth and the links stay the published figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+from orchestrator.calibrate import BOUNDS, FITTED, fit, with_params
+from orchestrator.plan.planner import make_plan
+from orchestrator.spec import TrialSpec, build_spec
+
+CSV = Path(__file__).resolve().parents[2] / "shared" / "perf" / "llm-foundry.csv"
+PRESET = {"h100-80gb": "h100-sxm", "a100-80gb": "a100-80gb"}
+# On a GPU the plausible ranges are narrower than calibrate's: a kernel launch costs
+# microseconds, not milliseconds, and no kernel reaches 90 % of a peak.
+GPU_BOUNDS = {**BOUNDS, "compute_efficiency": (0.3, 0.9), "attention_efficiency": (0.2, 0.8),
+              "attention_backward_efficiency": (0.2, 0.8), "memory_efficiency": (0.3, 0.9), "op_overhead_us": (0.0, 20.0)}
+
+
+def row_spec(row: dict) -> TrialSpec:
+    s = int(row["seq_len"])
+    overrides = [
+        "model=gpt2-125m", f"model.hidden={row['d_model']}", f"model.heads={row['n_heads']}",
+        f"model.n_layers={row['n_layers']}", "model.kv_heads=null", "model.ffn_hidden=null", f"model.vocab={row['vocab']}", f"model.seq_len={s}",
+        f"model.max_positions={s}", "model.tie_embeddings=true", "model.attention=sdpa",
+        f"hardware={PRESET[row['gpu']]}", "cluster=slurm", "cluster.gpus_per_node=8", "zero=stage3",
+        f"parallel.dp={row['n_gpus']}", f"batch.micro_batch_size={row['micro_batch']}",
+        f"batch.global_batch_size={int(row['micro_batch']) * int(row['grad_accum']) * int(row['n_gpus'])}",
+        f"recompute={'full' if row['activation_checkpointing'] == 'True' else 'none'}", "run.bf16=true",
+        "logger.mode=disabled",
+    ]
+    return build_spec(overrides)
+
+
+def predicted(spec: TrialSpec, params: dict | None = None) -> float:
+    return make_plan(with_params(spec, params or {})).time.tokens_per_sec_per_gpu
+
+
+def loss(specs: list[tuple[TrialSpec, float]], params: dict) -> float:
+    return sum(math.log(predicted(s, params) / published) ** 2 for s, published in specs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--csv", type=Path, default=CSV)
+    parser.add_argument("--fit", action="store_true")
+    args = parser.parse_args()
+    rows = list(csv.DictReader(args.csv.open()))
+    within = 0
+    print(f"{'gpu':10} {'model':9} {'seq':>6} {'gpus':>5} {'mb':>3} {'ckpt':>5} {'published':>10} {'predicted':>10} {'ratio':>6}")
+    by_gpu: dict[str, list] = {}
+    for row in rows:
+        spec = row_spec(row)
+        published = float(row["published_tokens_per_sec_per_gpu"])
+        by_gpu.setdefault(row["gpu"], []).append((spec, published))
+        pred = predicted(spec)
+        ratio = pred / published
+        within += abs(ratio - 1) <= 0.2
+        print(f"{row['gpu']:10} {row['model']:9} {row['seq_len']:>6} {row['n_gpus']:>5} {row['micro_batch']:>3} "
+              f"{row['activation_checkpointing'][0]:>5} {published:>10,.0f} {pred:>10,.0f} {ratio:>6.2f}"
+              + ("" if abs(ratio - 1) <= 0.2 else "  miss"))
+    print(f"within +-20 %: {within} of {len(rows)} rows ({within / len(rows):.0%}; target 85 %)")
+    if args.fit:
+        for gpu, specs in by_gpu.items():
+            start = {name: getattr(specs[0][0].cfg.hardware, name) for name in FITTED}
+            best = fit(lambda p: loss(specs, p), start, GPU_BOUNDS)
+            hits = sum(abs(predicted(s, best) / p - 1) <= 0.2 for s, p in specs)
+            print(f"{gpu}: fitted on {len(specs)} rows, {hits} within +-20 %: "
+                  + ", ".join(f"{k}={v:.3g}" for k, v in best.items()))
+
+
+if __name__ == "__main__":
+    main()

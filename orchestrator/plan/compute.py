@@ -1,0 +1,152 @@
+"""Compute time of one micro batch, built from parts that can each be checked alone.
+
+A transformer step is a list of kernels, and each kernel is bound by one of three things:
+
+- **GEMMs** (the linear layers and the lm_head) run at a share of the peak that depends on
+  their shape. Large square matrices reach `compute_efficiency`; a matrix with a small
+  dimension d reaches less, d / (d + gemm_half_dim) of it (a saturation curve: too few
+  tiles to fill the device, or too little reuse per tile). And no GEMM runs faster than
+  its operands can be read: time = max(flops / rate, bytes / bandwidth), the roofline of
+  Williams et al. (2009).
+- **Attention** (QK^T, softmax, AV) runs at its own rate. A fused kernel (sdpa, flash
+  attention; Dao 2022) skips the masked half of the causal square, and its backward
+  recomputes QK^T: 2.5x the forward's FLOPs at `attention_backward_efficiency`. Eager
+  attention multiplies the whole square as GEMMs and moves the s x s scores through
+  memory (softmax, mask, its backward).
+- **Memory-bound ops** (norms, activations, residual adds, rotary, the loss) move bytes:
+  their time is bytes / (memory bandwidth x memory_efficiency).
+
+Every kernel also pays a fixed cost (`op_overhead_us`): the launch on a GPU, the
+dispatcher and engine hooks on a CPU. It is what makes a tiny model slow.
+
+Recompute adds the forward again inside the backward: all of a layer's kernels for full
+recompute; the kernels between the kept matmul and attention outputs for selective.
+
+Everything here is a pure function of the model shape, the micro batch and `Rates`, so
+each part can be tested and fitted alone (bench/perf_check.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from orchestrator.config import ModelConfig
+
+# Bytes one token moves through the memory-bound kernels of one layer, per element of
+# width, forward + backward (read + write of each kernel's inputs and outputs):
+NORM_IO = 2 + 3  # forward reads x, writes y; backward reads x and dy, writes dx
+ADD_IO = 3 + 3  # a residual add reads two, writes one; its backward fans the gradient out
+ACT_IO = 2 + 3  # GELU: like a norm
+GATED_IO = 5 + 8  # SwiGLU: silu(gate), then x up: two kernels forward, their grads backward
+ROPE_IO = 2 + 2
+# The loss per token and vocabulary entry, in fp32 as transformers computes it: the logits
+# upcast, log_softmax written, nll's gradient, log_softmax's backward, the downcast.
+LOSS_BYTES_PER_VOCAB = 36
+# Kernels one layer launches, forward and backward (norms, GEMMs, attention, activation,
+# adds; the backward about twice the forward), and the loss's.
+LAYER_KERNELS_FWD = {"gpt2": 12, "llama": 16}
+LOSS_KERNELS = 10
+FORWARD_SHARE = 0.4  # of a memory-bound kernel's bytes, the forward moves about 2 in 5 (the *_IO counts)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What one rank's device does per second, and the fixed cost of each kernel."""
+
+    peak_flops: float  # dense FLOP/s at the trial's precision
+    compute_efficiency: float  # share of the peak a large GEMM reaches
+    gemm_half_dim: float  # a GEMM whose smallest dimension is this reaches half of that
+    attention_efficiency: float  # fused attention forward, share of the peak
+    attention_backward_efficiency: float
+    memory_bytes_per_s: float  # memory-bound kernels: bandwidth x memory_efficiency
+    op_overhead_s: float  # fixed cost per kernel
+
+
+@dataclass(frozen=True)
+class ComputeTime:
+    """Seconds of one micro batch on one rank, by kind of kernel (recompute included)."""
+
+    gemm_s: float
+    attention_s: float
+    memory_bound_s: float
+    overhead_s: float
+    forward_s: float  # the forward pass alone (all kinds)
+    backward_s: float  # the backward, with what recompute does again
+    kernels: int
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total_s": self.total_s}
+
+
+def gemm_time(m: int, n: int, k: int, r: Rates, element_bytes: int) -> float:
+    """An (m x k) @ (k x n) product: the roofline of its FLOPs and the bytes it reads and writes."""
+    d = min(m, n, k)
+    rate = r.peak_flops * r.compute_efficiency * d / (d + r.gemm_half_dim)
+    bytes_moved = element_bytes * (m * k + k * n + m * n)
+    return max(2.0 * m * n * k / rate, bytes_moved / r.memory_bytes_per_s)
+
+
+def layer_gemms(model: ModelConfig, tokens: int) -> list[tuple[int, int, int]]:
+    """(m, n, k) of each forward GEMM of one layer, for `tokens` tokens."""
+    h, f, kv = model.hidden, model.ffn, model.kv_width
+    if model.arch == "gpt2":
+        return [(tokens, 3 * h, h), (tokens, h, h), (tokens, f, h), (tokens, h, f)]
+    return [(tokens, h, h), (tokens, kv, h), (tokens, kv, h), (tokens, h, h),
+            (tokens, f, h), (tokens, f, h), (tokens, h, f)]
+
+
+def attention_time(model: ModelConfig, micro: int, r: Rates, element_bytes: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's attention core for `micro` sequences."""
+    s, h, heads = model.seq_len, model.hidden, model.heads
+    square = 4.0 * micro * s * s * h  # QK^T and AV over the whole s x s square
+    if model.attention == "sdpa":  # fused: the masked half skipped; the backward recomputes QK^T
+        fwd = 0.5 * square / (r.peak_flops * r.attention_efficiency)
+        bwd = 2.5 * 0.5 * square / (r.peak_flops * r.attention_backward_efficiency)
+        return fwd, bwd
+    # eager: batched GEMMs over the whole square, and the scores through memory
+    # (scale + mask + softmax forward; softmax backward), in the activations' precision.
+    per_head = [(s, s, model.head_dim), (s, model.head_dim, s)]
+    gemms = micro * heads * sum(gemm_time(a, b, c, r, element_bytes) for a, b, c in per_head)
+    scores = micro * heads * s * s * element_bytes
+    return gemms + 4 * scores / r.memory_bytes_per_s, 2 * gemms + 3 * scores / r.memory_bytes_per_s
+
+
+def memory_bound_bytes_per_token(model: ModelConfig, element_bytes: int) -> tuple[float, float]:
+    """(one layer, the loss) bytes moved per token, forward + backward, by memory-bound kernels."""
+    h, f = model.hidden, model.ffn
+    if model.arch == "gpt2":
+        layer = 2 * NORM_IO * h + 2 * ADD_IO * h + ACT_IO * f
+    else:
+        layer = 2 * NORM_IO * h + 2 * ADD_IO * h + GATED_IO * f + ROPE_IO * (h + model.kv_width)
+    return layer * element_bytes, LOSS_BYTES_PER_VOCAB * model.vocab
+
+
+def micro_batch_time(model: ModelConfig, micro: int, recompute: str, r: Rates, element_bytes: int) -> ComputeTime:
+    """Forward and backward of one micro batch of `micro` sequences on one rank."""
+    tokens = micro * model.seq_len
+    layers = model.n_layers
+    gemm_fwd = layers * sum(gemm_time(m, n, k, r, element_bytes) for m, n, k in layer_gemms(model, tokens))
+    head_fwd = gemm_time(tokens, model.vocab, model.hidden, r, element_bytes)
+    attn_fwd, attn_bwd = (layers * t for t in attention_time(model, micro, r, element_bytes))
+    layer_bytes, loss_bytes = memory_bound_bytes_per_token(model, element_bytes)
+    mem_layers = layers * tokens * layer_bytes / r.memory_bytes_per_s
+    mem_loss = tokens * loss_bytes / r.memory_bytes_per_s
+    kernels_fwd = layers * LAYER_KERNELS_FWD.get(model.arch, 12)
+    kernels = 3 * kernels_fwd + LOSS_KERNELS  # the backward launches about twice the forward's
+    # What recompute runs again in the backward: the whole layer forward (full), or the
+    # memory-bound kernels between the kept matmul and attention outputs (selective).
+    full = recompute == "full"
+    redo_mem = FORWARD_SHARE * mem_layers if recompute != "none" else 0.0
+    kernels += kernels_fwd if full else kernels_fwd // 2 if recompute == "selective" else 0
+    gemm = 3 * (gemm_fwd + head_fwd) + (gemm_fwd if full else 0.0)  # backward: dX and dW, each a forward's
+    attention = attn_fwd + attn_bwd + (attn_fwd if full else 0.0)
+    memory_bound = mem_layers + mem_loss + redo_mem
+    overhead = kernels * r.op_overhead_s
+    forward = gemm_fwd + head_fwd + attn_fwd + FORWARD_SHARE * (mem_layers + mem_loss) + (kernels_fwd + 3) * r.op_overhead_s
+    total = gemm + attention + memory_bound + overhead
+    return ComputeTime(gemm_s=gemm, attention_s=attention, memory_bound_s=memory_bound, overhead_s=overhead,
+                       forward_s=forward, backward_s=total - forward, kernels=kernels)

@@ -1,0 +1,73 @@
+"""The step-time model's parts (plan/compute.py), each checked on its own: pure
+arithmetic, no GPU needed (the published-GPU check is bench/perf_check.py)."""
+
+import dataclasses
+
+import pytest
+
+from orchestrator.config import ModelConfig
+from orchestrator.plan.compute import Rates, attention_time, gemm_time, micro_batch_time
+from orchestrator.plan.planner import make_plan
+from orchestrator.spec import build_spec
+
+H100 = Rates(peak_flops=989e12, compute_efficiency=0.6, gemm_half_dim=128, attention_efficiency=0.35,
+             attention_backward_efficiency=0.25, memory_bytes_per_s=3350e9 * 0.7, op_overhead_s=5e-6)
+
+
+def achieved(m, n, k, r=H100):
+    return 2 * m * n * k / gemm_time(m, n, k, r, element_bytes=2) / r.peak_flops
+
+
+def test_a_large_gemm_nears_the_ceiling_and_skinny_or_small_ones_fall_far_below():
+    big = achieved(16384, 8192, 8192)
+    assert 0.55 < big <= 0.6
+    assert achieved(16384, 8192, 64) < big / 2  # a skinny inner dimension
+    assert achieved(8, 8192, 8192) < 0.05  # a handful of rows: bound by reading the weight
+    # The roofline: with k = 1 the product is the bytes of its output, not its FLOPs.
+    m = n = 4096
+    assert gemm_time(m, n, 1, H100, 2) == pytest.approx(2 * (m + n + m * n) / H100.memory_bytes_per_s)
+
+
+def test_fused_causal_attention_skips_half_the_square_and_its_backward_recomputes():
+    model = ModelConfig(hidden=4096, heads=32, n_layers=1, seq_len=8192, max_positions=8192)
+    fwd, bwd = attention_time(model, 1, H100, 2)
+    square = 4 * 8192**2 * 4096
+    assert fwd == pytest.approx(0.5 * square / (989e12 * 0.35))
+    assert bwd / fwd == pytest.approx(2.5 * 0.35 / 0.25)
+    eager_fwd, _ = attention_time(dataclasses.replace(model, attention="eager"), 1, H100, 2)
+    assert eager_fwd > fwd  # the whole square, and the scores through memory
+
+
+def test_micro_batch_size_changes_the_predicted_throughput():
+    def tokens_per_s(micro):
+        spec = build_spec(["model=gpt2-125m", "hardware=h100-sxm", "parallel.dp=8",
+                           f"batch.micro_batch_size={micro}", "batch.global_batch_size=512"])
+        return make_plan(spec).time.tokens_per_sec_per_gpu
+
+    rates = [tokens_per_s(m) for m in (1, 4, 16)]
+    assert rates == sorted(rates) and rates[-1] > 1.2 * rates[0]
+
+
+def test_long_sequences_spend_their_time_in_attention():
+    def share(seq):
+        model = ModelConfig(hidden=2048, heads=16, n_layers=24, vocab=50368, seq_len=seq, max_positions=seq)
+        t = micro_batch_time(model, 65536 // seq, "none", H100, 2)
+        return t.attention_s / t.total_s
+
+    assert share(2048) < 0.2 < 0.5 < share(65536)
+
+
+def test_full_recompute_runs_the_forward_again_and_selective_less():
+    model = ModelConfig(hidden=4096, heads=32, n_layers=32, vocab=50368, seq_len=2048, max_positions=2048)
+    none, sel, full = (micro_batch_time(model, 4, mode, H100, 2) for mode in ("none", "selective", "full"))
+    assert none.forward_s == full.forward_s
+    # full: the layers' forward once more (the lm_head and loss are outside the checkpoints)
+    assert full.total_s - none.total_s == pytest.approx(none.forward_s, rel=0.1)
+    assert none.total_s < sel.total_s < full.total_s
+
+
+def test_a_tiny_model_is_its_fixed_cost_per_kernel():
+    tiny = ModelConfig()  # 2 layers of width 64
+    t = micro_batch_time(tiny, 1, "none", dataclasses.replace(H100, op_overhead_s=10e-6), 2)
+    assert t.overhead_s > 0.9 * t.total_s
+    assert t.kernels == 3 * 2 * 12 + 10  # forward and backward of each layer, and the loss
