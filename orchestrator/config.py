@@ -302,6 +302,8 @@ class RunConfig:
     # Debug: make rank `fail_rank` fail at step `fail_at_step` (raise | exit | oom), to test failure handling.
     fail_at_step: Optional[int] = None
     fail_rank: int = 0
+    # Debug: sleep this long in every step, a slower step at no compute cost (tests of time limits).
+    step_sleep_s: float = 0.0
     fail_mode: FailMode = FailMode["raise"]
 
 

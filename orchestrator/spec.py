@@ -215,6 +215,8 @@ def _check_run(cfg: TrialConfig) -> str:
     for name in ("gc_collect_every", "dataloader_workers", "checkpoint_every"):
         if getattr(r, name) < 0:
             raise ConfigError(f"run.{name}", getattr(r, name), "a whole number >= 0")
+    if r.step_sleep_s < 0:
+        raise ConfigError("run.step_sleep_s", r.step_sleep_s, "seconds >= 0 (0: no sleep)")
     if r.timeout_min is not None and r.timeout_min <= 0:
         raise ConfigError("run.timeout_min", r.timeout_min, "minutes > 0, or null for no limit")
     if r.fail_at_step is not None and not 0 <= r.fail_rank < cfg.parallel.dp:

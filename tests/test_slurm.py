@@ -111,14 +111,15 @@ def test_a_time_limit_checkpoints_requeues_and_finishes(slurm_cluster, tmp_path)
     # A 1-minute limit: the ranks save on SIGUSR2, submitit requeues, the next allocation
     # resumes and finishes. slurmctld checks limits every 30 s, so the warning comes up to
     # 30 s early (sbatch(1): "up to 60 seconds"): asked for 5 s before the end, it comes
-    # 25-55 s into an allocation. So the first allocation trains at most ~45 s (1,500 steps
-    # at this machine's ~0.03 s) and every allocation at least ~15 s: 2,500 steps need a
-    # requeue on a machine up to 1.6x faster, and fit in 10 on one 2x slower.
-    # fp32: the step is then overhead, not arithmetic (bf16 matmuls run at 1-3 GFLOPS on a
-    # CPU without AVX512-BF16, which made steps 6x slower and needed 10 requeues).
-    steps = 2500
+    # 25-55 s into an allocation, so the first allocation trains at most ~45 s and every
+    # allocation (start-up included) at least ~15 s. A step sleeps 0.1 s on top of its
+    # ~0.03-0.13 s of compute (fp32; quiet or busy machine), which bounds the speed both
+    # ways: 450 steps take at least 58 s (a requeue is certain) and at most ~105 s (3-4
+    # allocations on a busy machine).
+    steps = 450
     proc = run_cli("run", "--out", str(tmp_path), *SMALL, "run.bf16=false", f"run.steps={steps}", "cluster.time=1",
-                   "cluster.signal_delay_s=5", "run.checkpoint_every=500", "cluster.max_requeues=10")
+                   "cluster.signal_delay_s=5", "run.checkpoint_every=100", "cluster.max_requeues=10",
+                   "run.step_sleep_s=0.1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     done = wait(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

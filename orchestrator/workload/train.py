@@ -174,6 +174,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                     activation_bytes = census.bytes
                 engine.backward_and_step(loss)
                 losses.append(loss.detach())
+            if run.step_sleep_s:
+                time.sleep(run.step_sleep_s)
             sync()
             seconds = time.perf_counter() - start
             loss_value = float(torch.stack(losses).float().mean())

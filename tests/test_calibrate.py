@@ -1,0 +1,36 @@
+"""`orchestrator calibrate`: real trials on this CPU, fitted, and the plan that follows.
+
+The trials are the default tiny model at two micro batches (real DeepSpeed engines
+under torchrun); the fit and the preset it writes are what a user gets."""
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_calibrate_fits_measured_trials_and_the_plan_uses_the_preset(tmp_path):
+    env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
+    sweep = ["run", "-m", "--out", str(tmp_path / "runs"), "parallel.dp=1", "run.steps=6", "run.warmup_steps=2",
+             "logger.mode=disabled", "batch.micro_batch_size=1,8"]
+    proc = run_cli(*sweep, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = run_cli("calibrate", str(tmp_path / "runs"), env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    preset = tmp_path / "conf" / "hardware" / "cpu-calibrated.yaml"
+    text = preset.read_text()
+    assert "calibrated_on: 2 trials" in text and "op_overhead_us" in text
+    said = " ".join(done.stdout.split())
+    assert "within +-25 %" in said and "2 after" in said  # both trials predicted within 25 % once fitted
+    # hardware=auto (the default) now picks the calibrated preset, and says so.
+    plan = run_cli("plan", "--json", "parallel.dp=1", "batch.micro_batch_size=8", env=env)
+    assert plan.returncode == 0, plan.stderr
+    assumptions = " ".join(json.loads(plan.stdout)["assumptions"])
+    assert "calibrated on 2 trials" in assumptions
+    # An empty directory is refused with exit 2.
+    (tmp_path / "empty").mkdir()
+    empty = run_cli("calibrate", str(tmp_path / "empty"), env=env)
+    assert empty.returncode == 2 and "no ok trial" in empty.stderr and "Traceback" not in empty.stderr
