@@ -45,6 +45,7 @@ BOUNDS = {"compute_efficiency": (0.02, 0.9), "gemm_half_dim": (0.0, 4096.0), "at
 
 @dataclass(frozen=True)
 class Measured:
+    trial_dir: Path
     spec: TrialSpec
     step_s: float  # measured, seconds per optimizer step
 
@@ -102,7 +103,7 @@ def measured_trials(dirs: list[Path]) -> dict[str, list[Measured]]:
         if not result or result.get("status") != "ok" or not step:
             continue
         spec = load_spec(trial_dir)
-        found.setdefault(spec.cfg.hardware.name, []).append(Measured(spec, float(step)))
+        found.setdefault(spec.cfg.hardware.name, []).append(Measured(trial_dir, spec, float(step)))
     return found
 
 
@@ -142,3 +143,22 @@ def write_preset(spec: TrialSpec, params: dict, n_trials: int) -> Path:
               f"# parameters ({', '.join(FITTED)}) fitted to {n_trials} measured trials.\n")
     atomic_write_text(path, header + OmegaConf.to_yaml(OmegaConf.create(data)))
     return path
+
+
+def calibrated_params(hardware_name: str) -> dict | None:
+    """The fitted parameters of NAME-calibrated in the user's config dir, if calibrated."""
+    path = user_conf_dir() / "hardware" / f"{calibrated_name(hardware_name)}.yaml"
+    if not path.is_file():
+        return None
+    data = OmegaConf.to_container(OmegaConf.load(path))
+    return {k: float(data[k]) for k in FITTED if k in data}
+
+
+def calibrated_step_s(trial_dir: Path) -> float | None:
+    """The step time the calibrated preset predicts for a trial that ran (report's "after")."""
+    try:
+        spec = load_spec(trial_dir)
+    except (OSError, ValueError, KeyError):
+        return None
+    params = calibrated_params(spec.cfg.hardware.name)
+    return predicted_step_s(spec, params) if params else None

@@ -167,16 +167,19 @@ def show_report(rows: list[dict], out: Console) -> None:
     """The report's table: swept values, then measured and predicted figures."""
     fixed = {"trial", *COLUMNS}
     swept = [k for k in rows[0] if k not in fixed]
-    table = Table(title=f"{len(rows)} trials, best tokens/s/GPU first (predicted = the plan)", title_justify="left")
-    for name in ("status", *swept, "tokens/s/GPU", "MFU", "HFU", "step s", "predicted s", "peak", "predicted peak",
-                 "cause"):
+    calibrated = any(r.get("calibrated_step_s") is not None for r in rows)
+    table = Table(title=f"{len(rows)} trials, best tokens/s/GPU first (predicted = the plan"
+                  + ("; calibrated = the preset `orchestrator calibrate` fitted)" if calibrated else ")"), title_justify="left")
+    for name in ("status", *swept, "tokens/s/GPU", "MFU", "HFU", "step s", "predicted s",
+                 *(["calibrated s"] if calibrated else []), "peak", "predicted peak", "cause"):
         table.add_column(name, justify="left" if name in ("status", "cause") else "right")
     for r in rows:
         def num(key, fmt):
             return "" if r.get(key) is None else fmt.format(r[key])
         table.add_row(r["status"], *[str(r.get(k, "")) for k in swept], num("tokens_per_sec_per_gpu", "{:,.0f}"),
                       num("mfu", "{:.1%}"), num("hfu", "{:.1%}"), num("step_time_s", "{:.4g}"),
-                      num("predicted_step_s", "{:.4g}"), human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
+                      num("predicted_step_s", "{:.4g}"), *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
+                      human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
                       human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "", r["error"])
     out.print(table)
 

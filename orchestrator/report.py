@@ -19,10 +19,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from orchestrator.calibrate import calibrated_step_s
 from orchestrator.compose import swept_values
 from orchestrator.files import atomic_write_text
 
-COLUMNS = ("status", "tokens_per_sec_per_gpu", "mfu", "hfu", "step_time_s", "predicted_step_s", "peak_bytes",
+COLUMNS = ("status", "tokens_per_sec_per_gpu", "mfu", "hfu", "step_time_s", "predicted_step_s", "calibrated_step_s",
+           "peak_bytes",
            "predicted_peak_bytes", "activation_bytes", "predicted_activation_bytes", "error")
 
 
@@ -56,6 +58,8 @@ def _row(result: dict, trial_dir: Path, base: Path, swept: dict) -> dict:
     return {"trial": str(trial_dir.relative_to(base)) or ".", **swept, "status": result["status"],
             "tokens_per_sec_per_gpu": m.get("tokens_per_sec_per_gpu"), "mfu": m.get("mfu"), "hfu": m.get("hfu"),
             "step_time_s": m.get("step_time_s"), "predicted_step_s": plan.get("time", {}).get("step_s"),
+            # after `orchestrator calibrate`: what the calibrated preset predicts for it now
+            "calibrated_step_s": calibrated_step_s(trial_dir) if result["status"] == "ok" else None,
             "peak_bytes": mem.get("peak_bytes"), "predicted_peak_bytes": plan.get("memory", {}).get("total"),
             "activation_bytes": mem.get("activation_bytes"),
             "predicted_activation_bytes": plan.get("memory", {}).get("activations"),
@@ -77,7 +81,7 @@ def write_report(directory: Path, rows: list[dict], results: list[dict]) -> list
 
 def _markdown(rows: list[dict], fields: list[str]) -> str:
     lines = ["# Trials, best tokens/s/GPU first", "",
-             "Measured figures from each result.json; `predicted_*` from the plan it ran against.", "",
+             "Measured figures from each result.json; `predicted_*` from the plan it ran against; `calibrated_step_s` what the preset fitted by `orchestrator calibrate` predicts now.", "",
              "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
     lines += ["| " + " | ".join(_cell(row.get(f)) for f in fields) + " |" for row in rows]
     return "\n".join(lines) + "\n"

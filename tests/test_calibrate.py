@@ -30,6 +30,11 @@ def test_calibrate_fits_measured_trials_and_the_plan_uses_the_preset(tmp_path):
     assert plan.returncode == 0, plan.stderr
     assumptions = " ".join(json.loads(plan.stdout)["assumptions"])
     assert "calibrated on 2 trials" in assumptions
+    # The report shows each trial's step time predicted before (its plan) and after (the preset).
+    report = run_cli("report", "--json", str(tmp_path / "runs"), env=env)
+    rows = json.loads(report.stdout)
+    assert len(rows) == 2 and all(r["calibrated_step_s"] and r["predicted_step_s"] for r in rows)
+    assert all(abs(r["calibrated_step_s"] / r["step_time_s"] - 1) <= 0.25 for r in rows)
     # An empty directory is refused with exit 2.
     (tmp_path / "empty").mkdir()
     empty = run_cli("calibrate", str(tmp_path / "empty"), env=env)

@@ -111,11 +111,9 @@ def test_sweep_view_has_one_row_per_point_and_scaling_flattens(capsys):
     step = [r["plan"]["time"]["step_s"] for r in rows]
     per_gpu = [r["plan"]["time"]["tokens_per_sec_per_gpu"] for r in rows]
     # More ranks: shorter steps within a node (NVLink) and across nodes (IB), 004's monotone
-    # question; but leaving the node costs: ZeRO-2 all-reduces its 2.6 GB of gradients at
-    # every one of 64 micro batches over a 9x slower link, so dp 16 is slower than dp 8.
-    within, across = step[:4], step[4:]
-    assert within == sorted(within, reverse=True) and across == sorted(across, reverse=True)
-    assert step[4] > step[3]
+    # question; but each GPU does less as communication stops paying: ZeRO-2 all-reduces its
+    # 2.6 GB of gradients at every micro batch, however few each rank runs.
+    assert step == sorted(step, reverse=True)
     assert per_gpu[-1] < per_gpu[0]  # each GPU does less: communication stops paying
     assert main(argv[:2] + argv[3:]) == 0  # the table
     table = capsys.readouterr().out
@@ -160,6 +158,7 @@ def test_sweep_view_says_what_would_fit_for_each_point_that_does_not():
                      "parallel.dp=8", *H100)
     assert result.returncode == 3
     text = " ".join(result.stdout.split())  # rich wraps long lines
-    # ZeRO-3 fits at micro batch 1, by this plan; ZeRO-2 does not and is told its way out.
+    # Neither fits at micro batch 1 (ZeRO-3 misses by the loss's fp32 gradients at the start
+    # of backward, 7.8 GiB at a 128k vocabulary); each point is told its own way out.
     assert "zero=stage2 does not fit; by this plan these would fit: recompute=selective" in text
-    assert "zero=stage3 does not fit" not in text
+    assert "zero=stage3 does not fit; by this plan these would fit: recompute=selective" in text
