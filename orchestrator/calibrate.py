@@ -70,14 +70,14 @@ def predicted_step_s(spec: TrialSpec, params: dict) -> float:
     return make_plan(with_params(spec, params)).time.step_s
 
 
-def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS) -> dict:
-    """Minimise cost(params) over FITTED: each parameter in turn multiplied or divided by a
+def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS, names: tuple[str, ...] = FITTED) -> dict:
+    """Minimise cost(params) over `names`: each parameter in turn multiplied or divided by a
     step that starts at 2 and shrinks (as its square root) when no move helps."""
     best, value = dict(start), cost(start)
     step = 2.0
     while step > 1.01:
         improved = False
-        for name in FITTED:
+        for name in names:
             low, high = bounds[name]
             for factor in (step, 1 / step):
                 x = best[name] * factor if best[name] else (1.0 if factor > 1 else 0.0)

@@ -1,6 +1,6 @@
-"""The `orchestrator` command: run, plan, translate, status, wait, report and calibrate.
+"""The `orchestrator` command: run, plan, translate, tune, status, wait, report and calibrate.
 
-run, plan and translate take Hydra overrides and Hydra's flags: they are Hydra apps
+run, plan, translate and tune take Hydra overrides and Hydra's flags: they are Hydra apps
 (hydra_app.py). status, wait, report and calibrate take directories (argparse, here).
 
 Exit codes: 0 ok; 1 a trial ran and failed; 2 invalid config; 3 the plan refuses.
@@ -28,6 +28,8 @@ HYDRA_COMMANDS = {  # hydra_app.COMMANDS, summed up for `orchestrator --help`
     "run": "Run one trial (or a sweep with -m) and record result.json; `run --help` for overrides and Hydra flags.",
     "plan": "Predict memory, FLOPs, communication and step time; launch nothing (--json).",
     "translate": "Write the engine configs and launch commands without running (--out DIR).",
+    "tune": "Find the fastest ZeRO stage, micro batch, recompute and buckets: plan all, run the best few, "
+            "calibrate, repeat (--trials N, --minutes M, --out DIR).",
 }
 COMMANDS = (*hydra_app.COMMANDS, "status", "wait", "report", "calibrate")
 
@@ -168,6 +170,7 @@ examples:
   orchestrator run -m +sweep=dp_bucket_local
   orchestrator report multirun/
   orchestrator calibrate multirun/                   fit the plan's step-time model to what ran
+  orchestrator tune model=gpt2-1.3b hardware=h100-sxm parallel.dp=8 cluster=slurm --trials 8
 
 exit codes: 0 ok, 1 a trial failed, 2 invalid config, 3 the plan refuses (run.force=true launches anyway)
 """

@@ -224,6 +224,11 @@ class HardwareConfig:
     memory_efficiency: float = 0.7  # share of the bandwidth memory-bound kernels reach
     op_overhead_us: float = 5.0  # fixed cost per kernel: launch on a GPU, dispatch and hooks on a CPU
     calibrated_on: Optional[str] = None  # set by `orchestrator calibrate`: what the parameters were fitted to
+    # Where zero.offload_optimizer=cpu puts the optimizer step (ZeRO-Offload, Ren et al. 2021):
+    # DeepSpeed's CPU Adam at the host's memory bandwidth, shared by the node's ranks, and
+    # gradients down / parameters up over the host link. Assumed figures, not fitted.
+    host_memory_bandwidth_gbps: float = 100.0
+    host_link_gbps: float = 25.0  # PCIe 4.0 x16, one direction, per GPU
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     # Fixed cost of each collective the engine issues, whatever its size (bucket copies,
@@ -334,9 +339,22 @@ class LauncherConfig:
     _target_: str = "hydra_plugins.orchestrator_launcher.orchestrator_launcher.OrchestratorLauncher"
 
 
+@dataclass
+class TuneConfig:
+    """hydra/sweeper=orchestrator_tune: the plan-guided search `orchestrator tune` runs
+    (orchestrator/tune/). Its space is the command line's: see tune/space.py."""
+
+    _target_: str = "hydra_plugins.orchestrator_tuner.orchestrator_tuner.TuneSweeper"
+    budget_trials: int = 8  # at most this many candidates run for real
+    budget_min: Optional[float] = None  # and no new round starts after this many minutes
+    batch_size: int = 2  # candidates per round (a SLURM round runs them at once)
+
+
 def register() -> None:
-    """Make the schema known to Hydra as `trial` (conf/config.yaml's first default), and
-    the launcher plugin's config as hydra/launcher=orchestrator."""
+    """Make the schema known to Hydra as `trial` (conf/config.yaml's first default), the
+    launcher plugin's config as hydra/launcher=orchestrator and the search's as
+    hydra/sweeper=orchestrator_tune."""
     store = ConfigStore.instance()
     store.store(name="trial", node=TrialConfig)
     store.store(group="hydra/launcher", name="orchestrator", node=LauncherConfig, provider="orchestrator")
+    store.store(group="hydra/sweeper", name="orchestrator_tune", node=TuneConfig, provider="orchestrator")

@@ -60,8 +60,10 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
             ("optimizer states", m.optimizer, "fp32 master + Adam moments"),
             ("activations", m.activations, f"micro batch {spec.micro_batch_size}, recompute {spec.cfg.recompute.mode}, "
                                            f"{spec.cfg.model.attention} attention"),
-            ("recomputed block", m.recompute, "rebuilt one block at a time during backward"),
-            ("loss backward", m.loss_backward, "fp32 gradients of nll_loss and log_softmax, at backward's start"),
+            ("recomputed block", m.recompute, "rebuilt one block at a time during backward" +
+             ("" if m.peak_phase == "backward" else "; not alive at the peak")),
+            ("loss backward", m.loss_backward, "fp32 gradients of nll_loss and log_softmax, at backward's start" +
+             ("" if m.peak_phase == "loss backward" else "; not alive at the peak")),
             ("buffers", m.buffers, "reduce buckets" + (", gathered parameters" if z.stage == 3 else "")),
             ("optimizer step", m.optimizer_step, "fp32 gradient copy inside step()" +
              ("" if m.peak_phase == "optimizer step" else "; not alive at the peak")),

@@ -40,7 +40,7 @@ from orchestrator.compose import (Source, compose_trial, expand_sweep, fixed_par
                                   use_source)
 from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
-from orchestrator.files import atomic_write_text
+from orchestrator.files import atomic_write_text, read_json
 from orchestrator.plan.planner import make_plan
 from orchestrator.redact import redact
 from orchestrator.report import collect
@@ -52,7 +52,9 @@ from orchestrator.translate import write_trial_files
 from orchestrator.trial import check_runnable_here, run_trial, submit_trials, wait_for
 from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, claim, writable_dir
 
-OWN_FLAGS = {"run": {"--out": True, "--overwrite": False}, "plan": {"--json": False}, "translate": {"--out": True}}
+OWN_FLAGS = {"run": {"--out": True, "--overwrite": False}, "plan": {"--json": False}, "translate": {"--out": True},
+             "tune": {"--out": True, "--overwrite": False, "--trials": True, "--minutes": True}}
+TUNER = "orchestrator_tune"  # hydra/sweeper=orchestrator_tune: hydra_plugins/orchestrator_tuner
 COMMANDS = tuple(OWN_FLAGS)
 OUR_LAUNCHER = "orchestrator"
 
@@ -99,6 +101,8 @@ def _main(command: str, argv: list[str]) -> int:
         if "--out" not in _current.flags:
             raise ConfigError("--out", "(missing)", "translate writes its files into a directory: --out DIR")
         return translate(args.overrides, args.multirun, _current.flags.get("--out"))
+    if command == "tune":
+        return tune(args.overrides, rest)
     return run(args.overrides, args.multirun, rest)
 
 
@@ -132,11 +136,13 @@ def _hydra(command: str, argv: list[str], task) -> None:
     from hydra.core.plugins import Plugins
 
     from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
+    from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
     from orchestrator.compose import _source  # the tree the command line chose
 
     # Installed from the wheel Hydra finds the plugin itself; an editable install hides the
     # hydra_plugins namespace from its scan, so it is registered by hand (public API).
     Plugins.instance().register(OrchestratorLauncher)
+    Plugins.instance().register(TuneSweeper)
 
     saved = sys.argv
     sys.argv = [f"orchestrator {command}", *with_overrides(argv, [f"hydra.job.name={command}"])]
@@ -222,7 +228,8 @@ def run(overrides: list[str], multirun: bool, argv: list[str]) -> int:
     launcher = settings.hydra_choices.get("hydra/launcher")
     if launcher != OUR_LAUNCHER:
         raise foreign_launcher(str(launcher))
-    sampler = multirun and settings.hydra_choices.get("hydra/sweeper", "basic") != "basic"
+    sweeper = settings.hydra_choices.get("hydra/sweeper", "basic")
+    sampler = multirun and sweeper != "basic"
     # A sampling sweeper (Optuna) chooses its points as it goes: only what they share can
     # be checked now; a sampled point that is invalid is reported to it as a failed trial.
     specs = [build_spec(fixed_part(overrides))] if sampler else specs_from(overrides, multirun)
@@ -232,15 +239,17 @@ def run(overrides: list[str], multirun: bool, argv: list[str]) -> int:
     named = [o for o in overrides if o.partition("=")[0] == f"hydra.{key}.dir"]
     out = _current.flags.get("--out")
     target = str(out) if out else settings.hydra_dirs[key]
-    base = claim(Path(target), "--out" if out else f"hydra.{key}.dir",
-                 overwrite=bool(_current.flags.get("--overwrite")), unique=not (out or named),
-                 marker=SWEEP_CLAIM if multirun else CLAIM)
+    tuning = multirun and sweeper == TUNER
+    overwrite = bool(_current.flags.get("--overwrite"))
+    base = claim(Path(target), "--out" if out else f"hydra.{key}.dir", overwrite=overwrite, unique=not (out or named),
+                 marker=SWEEP_CLAIM if multirun else CLAIM,
+                 resume=tuning and not overwrite and (Path(target) / "tune.json").is_file())
     _current.group = base.name if (out or named) else "_".join(base.parts[-2:])  # multirun/DATE/TIME -> DATE_TIME
     # Hydra would write .hydra/ with the overrides as typed, secrets included; the trial
     # writes it instead, redacted (write_hydra_files), under the name Hydra would use.
     _current.hydra_subdir = settings.hydra_dirs.get("output_subdir")
     extra = [f"hydra.{key}.dir='{base.resolve()}'", "hydra.output_subdir=null"]
-    if sampler and not any(o.startswith("hydra.sweeper.direction=") for o in overrides):
+    if sampler and not tuning and not any(o.startswith("hydra.sweeper.direction=") for o in overrides):
         extra.append(f"hydra.sweeper.direction={OBJECTIVES[specs[0].cfg.run.objective][1]}")
     argv = with_overrides([a for a in argv if a not in named], extra)
     _hydra("run", argv, run_task)
@@ -253,7 +262,24 @@ def run(overrides: list[str], multirun: bool, argv: list[str]) -> int:
         show_report(collect(base)[0], out_console)
     if hint := sync_hint(_current.trial_dirs):
         out_console.print(f"[dim]{hint}[/dim]")
+    if tuning:  # a failed candidate is part of a search: only no winner at all is a failure
+        return 0 if (read_json(base / "tune.json") or {}).get("winner") else 1
     return sweep_outcome(_current.results, base, out_console)
+
+
+def tune(overrides: list[str], argv: list[str]) -> int:
+    """`orchestrator tune`: `run -m` with the plan-guided search as Hydra's sweeper. The
+    space is planned first, so an empty one, or one where nothing can run, says why before
+    any directory is made; --out DIR holding an earlier tune resumes it."""
+    from orchestrator.tune.space import plan_space
+
+    if "-m" in argv or "--multirun" in argv:
+        raise ConfigError("-m", "-m", "tune is always a multirun; leave -m out")
+    plan_space([o for o in overrides if not o.startswith(("hydra.", "hydra/"))])
+    budget = {"--trials": "budget_trials", "--minutes": "budget_min"}
+    extra = [f"hydra/sweeper={TUNER}", *(f"hydra.sweeper.{field}={_current.flags[flag]}"
+                                         for flag, field in budget.items() if flag in _current.flags)]
+    return run([*overrides, *extra], True, with_overrides(["-m", *argv], extra))
 
 
 def run_task(cfg: DictConfig) -> "Outcome":

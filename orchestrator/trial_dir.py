@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.files import read_json
 
 CLAIM = "claim.json"
 SWEEP_CLAIM = "sweep.json"  # a sweep's own directory: the trials are its sub-directories
@@ -94,13 +95,22 @@ def trials_below(path: Path) -> list[Path]:
     return sorted({p.parent for name in HOLDS_A_TRIAL for p in path.rglob(name)})
 
 
-def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False, marker: str = CLAIM) -> Path:
+def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False, marker: str = CLAIM,
+          resume: bool = False) -> Path:
     """Make `path` this run's trial (or sweep) directory and return it.
 
     field: how the user named it (--out) for messages. unique: a default path
     (outputs/DATE/TIME); if another run holds it (started in the same second), take
-    PATH_1, PATH_2, ... instead.
+    PATH_1, PATH_2, ... instead. resume: carry on a run in `path` (a tune): what it holds
+    stays, and only a claimant still alive refuses.
     """
+    if resume:
+        held = path / marker
+        if held.exists() and not claimant_gone(read_json(held) or {}):
+            raise TrialDirHeld(field, str(path), "a directory no other run is using, but a run that is still alive "
+                               f"holds it ({held}); wait for it, or choose another directory")
+        held.unlink(missing_ok=True)
+        return _claim(path, field, False, marker, check_held=False)
     if not unique:
         return _claim(path, field, overwrite, marker)
     for n in itertools.count():
@@ -111,10 +121,10 @@ def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False,
     raise AssertionError("unreachable")
 
 
-def _claim(path: Path, field: str, overwrite: bool, marker: str) -> Path:
+def _claim(path: Path, field: str, overwrite: bool, marker: str, check_held: bool = True) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(field, str(path), "a directory, but it is a file; choose another path")
-    if holds_trial(path) or (path / SWEEP_CLAIM).exists() or (path.is_dir() and trials_below(path)):
+    if check_held and (holds_trial(path) or (path / SWEEP_CLAIM).exists() or (path.is_dir() and trials_below(path))):
         if not overwrite:
             raise TrialDirHeld(field, str(path), "a directory that holds no trial, but it holds one; choose another "
                                "directory, or add --overwrite to delete the old trial and run this one in its place")

@@ -4,12 +4,18 @@ A few points of bench/memory_matrix.py's matrix at small shapes, so it runs in C
 ZeRO stage and every recompute mode, GPT-2 and Llama (GQA, untied head), dp 1 and 2, bf16
 and fp32 (DeepSpeed's CPU accelerator has no fp16).
 Real engines, 1-2 CPU ranks under torchrun. Targets (issue 8): static memory (what
-stays allocated between optimizer steps) within 3 %, activations within 15 %.
+stays allocated between optimizer steps) within 3 %, activations within 15 %; and
+(issue 16) the plan's total less the runtime within 5 % of the live-tensor peak of the
+second (untimed) step, counted by the CPU allocator. At these shapes the peak is the start
+of backward, where the loss's fp32 gradients join the saved activations; a large-vocabulary
+Llama point makes that term dominate.
 """
+
+import json
 
 import pytest
 
-from orchestrator.plan.check import ACTIVATION_TOLERANCE, STATIC_TOLERANCE, compare, within
+from orchestrator.plan.check import ACTIVATION_TOLERANCE, PEAK_TOLERANCE, STATIC_TOLERANCE, compare, within
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -19,12 +25,15 @@ SMALL = {
              "model.vocab=4096"],
     "llama": ["model=llama3-8b", "model.n_layers=2", "model.hidden=128", "model.heads=4", "model.kv_heads=2",
               "model.ffn_hidden=384", "model.vocab=4096", "model.seq_len=128", "model.max_positions=128"],
+    "llama-128k": ["model=llama3-8b", "model.n_layers=2", "model.hidden=128", "model.heads=4", "model.kv_heads=2",
+                   "model.ffn_hidden=384", "model.seq_len=128", "model.max_positions=128"],
 }
-COMMON = ["hardware=cpu", "run.steps=2", "run.warmup_steps=1", "logger.mode=disabled", "batch.micro_batch_size=2",
+COMMON = ["hardware=cpu", "run.steps=3", "run.warmup_steps=2", "logger.mode=disabled", "batch.micro_batch_size=2",
           "zero.reduce_bucket_size=1e5"]
 POINTS = [("gpt2", 0, "none", 1, "bf16"), ("gpt2", 1, "selective", 2, "bf16"), ("gpt2", 2, "full", 2, "bf16"),
           ("gpt2", 3, "selective", 2, "bf16"), ("llama", 1, "none", 2, "bf16"), ("llama", 2, "selective", 1, "bf16"),
-          ("llama", 3, "full", 2, "bf16"), ("gpt2", 0, "selective", 2, "fp32"), ("llama", 3, "none", 2, "fp32")]
+          ("llama", 3, "full", 2, "bf16"), ("gpt2", 0, "selective", 2, "fp32"), ("llama", 3, "none", 2, "fp32"),
+          ("llama-128k", 2, "none", 2, "bf16")]
 
 
 @pytest.mark.parametrize("shape,stage,recompute,dp,precision", POINTS, ids=lambda p: str(p))
@@ -36,3 +45,9 @@ def test_plan_matches_what_deepspeed_allocates(tmp_path, shape, stage, recompute
     print(row["trial"], row["ratio"], "DeepSpeed estimator:", row["deepspeed_ratio"])
     assert within(row["ratio"]["static"], STATIC_TOLERANCE), row
     assert within(row["ratio"]["activations"], ACTIVATION_TOLERANCE), row
+    where = json.loads((tmp_path / "result.json").read_text())["metrics"]["memory"]["live_peak_at"] or ""
+    if "Optimizer.step" in where and not within(row["ratio"]["peak"], PEAK_TOLERANCE):
+        # Known gap (issue 16, open): torch's Adam allocates temporaries of a whole flat
+        # partition inside step(), which the plan's optimizer-step phase does not count.
+        pytest.xfail(f"peak inside the optimizer step ({where}): plan/measured {row['ratio']['peak']:.3f}")
+    assert within(row["ratio"]["peak"], PEAK_TOLERANCE), (where, row)

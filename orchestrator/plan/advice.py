@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
-from orchestrator.plan.memory import GIB, max_micro_batch, model_states, sample_bytes
+from orchestrator.plan.memory import GIB, max_micro_batch, model_states, phases, sample_bytes
 
 if TYPE_CHECKING:
     from orchestrator.plan.planner import Plan
@@ -77,7 +77,7 @@ def fitting_changes(spec: TrialSpec, plan: Plan) -> str:
             options.append(f"zero=stage{stage} recompute=full batch.micro_batch_size={min(k, spec.micro_batch_size)}")
     if not options:
         z3 = model_states(m, replace(zero_layout(spec), stage=3))
-        floor = z3["params"] + z3["grads"] + z3["optimizer"] + mem.runtime + max(z3["buffers"], z3["optimizer_step"])
+        floor = mem.runtime + max(phases(z3, 0, 0, 0).values())
         return (f"not even ZeRO-3 with full recompute and micro batch 1 would: there a rank needs "
                 f"{floor / GIB:.1f} of {mem.capacity / GIB:.1f} GiB before any activation; more ranks "
                 "(parallel.dp) or offload (zero.offload_optimizer=cpu, zero.offload_param=cpu) would be needed")

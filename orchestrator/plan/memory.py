@@ -17,13 +17,17 @@ dp where ZeRO partitions them, with what DeepSpeed 0.19 really does on top:
   gradients at stages 0-2 and the ipg buckets at stages 1-2; ZeRO-3 keeps its flat
   gradient partition and its reduce bucket. `static` is that figure, the one a census
   after step() measures (bench/memory_matrix.py checks it per stage).
-The peak is the larger of the backward pass (activations, the block being recomputed,
-buckets alive) and the optimizer step (the fp32 gradient copy alive, activations freed).
+The peak is the largest of three moments (`phases`): the start of backward (the loss's
+fp32 gradients on top of the saved activations, before any parameter gradient or reduce
+bucket exists), inside a block's backward (the block being recomputed, every gradient
+and bucket alive) and the optimizer step (the fp32 gradient copy alive, activations
+freed). On a CPU bench/memory_matrix.py checks it against the allocator's own count.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from orchestrator.config import ModelConfig
 from orchestrator.plan.params import element_bytes, module_sizes, parameter_tensors
@@ -63,13 +67,14 @@ class Memory:
     recompute: int  # the activations recomputation rebuilds during backward, one block at a time
     loss_backward: int  # the loss's fp32 gradients at the start of backward (the blocks' come later)
     buffers: int  # reduce buckets, ZeRO-3 gathered parameters
+    gathered: int  # of buffers, ZeRO-3's gathered working set (alive from the first forward on)
     optimizer_step: int  # transient fp32 gradient copy inside step()
     static: int  # alive between optimizer steps: what a census after step() finds
     runtime: int  # CUDA context, NCCL / the Python process on CPU
     offloaded: int  # host memory per rank that offload moved off the device
     total: int
     capacity: int
-    peak_phase: str  # "backward" or "optimizer step"
+    peak_phase: str  # "loss backward", "backward" or "optimizer step"
 
     @property
     def fits(self) -> bool:
@@ -82,7 +87,7 @@ class Memory:
 def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     """Bytes per rank of each model-state component, as DeepSpeed 0.19 lays them out.
 
-    params / grads / optimizer / buffers are what is alive during backward (the peak);
+    params / grads / optimizer / buffers are what is alive inside backward;
     optimizer_step is the transient inside step(); static is what stays allocated between
     optimizer steps (what a census after step() finds); offloaded is host memory.
     """
@@ -91,7 +96,7 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     low = element_bytes(z.precision)  # of a parameter and of its gradient
     mixed = z.precision != "fp32"
     dp = z.dp
-    persistent_buffers = 0
+    persistent_buffers, gathered = 0, 0
     if z.stage == 0:
         params, grads = low * n, low * n
         optimizer = (4 * n if mixed else 0) + 8 * n  # fp32 master (mixed precision) + Adam m, v
@@ -119,8 +124,9 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
         optimizer, step = 12 * shard, 4 * shard
         largest = max(module_sizes(model).values())
         live = min(n, max(largest, min(largest + z.prefetch_bucket_size, z.max_live_parameters)))
+        gathered = low * live if dp > 1 else 0  # one rank's partition is the whole parameter
         persistent_buffers = low * z.reduce_bucket_size  # the ipg bucket, allocated once and kept
-        buffers = low * live + persistent_buffers
+        buffers = gathered + persistent_buffers
         static = params + grads + optimizer + persistent_buffers
     offloaded = 0
     if z.offload_optimizer and z.stage > 0:
@@ -132,7 +138,7 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
         static -= params
         params = 0
     return dict(params=int(params), grads=int(grads), optimizer=int(optimizer), buffers=int(buffers),
-                optimizer_step=int(step), static=int(static), offloaded=int(offloaded))
+                gathered=int(gathered), optimizer_step=int(step), static=int(static), offloaded=int(offloaded))
 
 
 # Bytes the optimizer step moves through memory per parameter it updates. torch's AdamW
@@ -142,6 +148,19 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
 # fp32 and the weights back (6 + 6). On the 2-core CI machine DeepSpeed's step() took
 # 103 bytes per parameter at the measured copy bandwidth (bench/RESULTS.md).
 ADAM_TRAFFIC = 80 + 4
+# DeepSpeed's CPU Adam (one fused AVX pass: fp32 parameter, gradient, m and v read, three
+# written back) and what crosses the host link per parameter (the gradient down and the
+# updated parameter up, each in the training precision).
+CPU_ADAM_TRAFFIC = 4 * 4 + 3 * 4
+
+
+def offloaded_step_s(updated_params: int, precision: str, host_gbps: float, ranks_per_node: int,
+                     link_gbps: float) -> float:
+    """The optimizer step that zero.offload_optimizer=cpu moves to the host: CPU Adam on the
+    node's memory bandwidth (shared by its ranks) after the gradients come down the link."""
+    host = updated_params * CPU_ADAM_TRAFFIC * ranks_per_node / (host_gbps * 1e9)
+    link = updated_params * 2 * element_bytes(precision) / (link_gbps * 1e9)
+    return host + link
 
 
 def optimizer_traffic_bytes(updated_params: int, precision: str) -> int:
@@ -255,30 +274,49 @@ def loss_backward_bytes(model: ModelConfig, micro_batch: int) -> int:
     return 2 * 4 * model.seq_len * micro_batch * model.vocab
 
 
+def phases(states: dict[str, int], activations: int, recompute: int, loss_backward: int) -> dict[str, int]:
+    """Bytes per rank (less the runtime) at each moment that can be the step's peak.
+
+    At backward's start the loss's gradients join the saved activations on top of what
+    stayed between steps; no parameter gradient exists yet, and the reduce buckets of
+    ZeRO 1-2 come with the first one. Inside a block every gradient and bucket is counted
+    alive with every activation: an upper bound, as a block's activations are freed while
+    its gradients arrive.
+    """
+    held = states["params"] + states["grads"] + states["optimizer"]
+    return {"loss backward": states["static"] + states["gathered"] + activations + loss_backward,
+            "backward": held + states["buffers"] + activations + recompute,
+            "optimizer step": held + states["optimizer_step"]}
+
+
 def peak_memory(states: dict[str, int], activations: int, recompute: int, loss_backward: int, runtime: int,
                 capacity: int) -> Memory:
-    # Backward peaks at its start (the loss's gradients) or inside a block (the recomputed
-    # activations); both with every saved activation and the buffers alive.
-    backward = activations + max(recompute, loss_backward) + states["buffers"]
-    step = states["optimizer_step"]
-    held = states["params"] + states["grads"] + states["optimizer"] + runtime
+    at = phases(states, activations, recompute, loss_backward)
+    phase = max(at, key=at.get)
     return Memory(activations=activations, recompute=recompute, loss_backward=loss_backward, runtime=runtime,
-                  capacity=capacity, total=held + max(backward, step),
-                  peak_phase="backward" if backward >= step else "optimizer step", **states)
+                  capacity=capacity, total=runtime + at[phase], peak_phase=phase, **states)
 
 
-def sample_bytes(model: ModelConfig, recompute: str, precision: str) -> int:
-    """What one more sequence of the micro batch adds at the peak: its activations and its
-    share of the block rebuilt during backward, or of the loss's gradients."""
-    return activation_bytes(model, 1, recompute, precision) + max(recompute_bytes(model, 1, recompute, precision),
-                                                                   loss_backward_bytes(model, 1))
+class SampleBytes(NamedTuple):
+    """What one more sequence of the micro batch adds at backward's start and inside a block."""
+
+    at_start: int
+    inside: int
 
 
-def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sample: int) -> int:
-    """The largest micro batch that fits: activations and the recomputed block grow with it
-    (per_sample bytes each sample), model states and buffers do not; the optimizer step's
-    transient must fit as well. 0 when not even the model states fit."""
-    held = states["params"] + states["grads"] + states["optimizer"] + runtime
-    if held + states["optimizer_step"] > capacity or not per_sample:
+def sample_bytes(model: ModelConfig, recompute: str, precision: str) -> SampleBytes:
+    activations = activation_bytes(model, 1, recompute, precision)
+    return SampleBytes(activations + loss_backward_bytes(model, 1),
+                       activations + recompute_bytes(model, 1, recompute, precision))
+
+
+def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sample: SampleBytes) -> int:
+    """The largest micro batch that fits at every phase: activations, the loss's gradients
+    and the recomputed block grow with it, model states and buffers do not; the optimizer
+    step's transient must fit as well. 0 when not even the model states fit."""
+    empty = phases(states, 0, 0, 0)
+    if runtime + max(empty.values()) > capacity or not per_sample.inside:
         return 0
-    return max(0, (capacity - held - states["buffers"]) // per_sample)
+    room_start = (capacity - runtime - empty["loss backward"]) // per_sample.at_start
+    room_inside = (capacity - runtime - empty["backward"]) // per_sample.inside
+    return max(0, min(room_start, room_inside))

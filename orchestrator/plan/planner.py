@@ -18,9 +18,8 @@ from orchestrator.plan.comm import Collective, bytes_per_rank_per_step, links_fo
 from orchestrator.plan.compute import ComputeTime, Rates, micro_batch_time
 from orchestrator.plan.flops import Flops, flops
 from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, loss_backward_bytes,
-                                     max_micro_batch, model_states,
-                                     optimizer_traffic_bytes, peak_memory, recompute_bytes, runtime_bytes,
-                                     sample_bytes)
+                                     max_micro_batch, model_states, offloaded_step_s, optimizer_traffic_bytes,
+                                     peak_memory, recompute_bytes, runtime_bytes, sample_bytes)
 from orchestrator.plan.params import count_parameters, element_bytes, parameter_tensors
 from orchestrator.spec import TrialSpec
 
@@ -108,8 +107,12 @@ def make_plan(spec: TrialSpec) -> Plan:
                   overlap_comm=z.overlap_comm, grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
                   bwd_s=micro_time.backward_s, links=links)
     # The optimizer step is memory-bound: the bytes it moves at the device's bandwidth.
-    updated = 0 if layout.offload_optimizer and z.stage else n if z.stage == 0 else -(-n // spec.dp)
-    optimizer_s = optimizer_traffic_bytes(updated, spec.precision) / (bandwidth * 1e9) if bandwidth else 0.0
+    updated = n if z.stage == 0 else -(-n // spec.dp)
+    if layout.offload_optimizer and z.stage and hw.device == "cuda":
+        optimizer_s = offloaded_step_s(updated, spec.precision, hw.host_memory_bandwidth_gbps, spec.gpus_per_node,
+                                       hw.host_link_gbps)
+    else:  # on a CPU the host is the device: offload moves nothing
+        optimizer_s = optimizer_traffic_bytes(updated, spec.precision) / (bandwidth * 1e9) if bandwidth else 0.0
     step_s = t.step_s + optimizer_s
     denominator = step_s * spec.world_size * peak_tflops * 1e12
     max_micro = max_micro_batch(states, runtime, capacity, sample_bytes(cfg.model, mode, spec.precision))
@@ -137,6 +140,9 @@ def make_plan(spec: TrialSpec) -> Plan:
             f"memory-bound kernels and the optimizer step ({optimizer_traffic_bytes(1, spec.precision)} bytes moved per "
             f"parameter updated on the device) at {bandwidth_note}",
             "data loading takes no time; times are for the global batch after any warm-up",
+            *([f"offloaded optimizer step: CPU Adam at {hw.host_memory_bandwidth_gbps:g} GB/s of host memory "
+               f"shared by {spec.gpus_per_node} rank(s), {hw.host_link_gbps:g} GB/s host link (assumed)"]
+              if layout.offload_optimizer and z.stage and hw.device == "cuda" else []),
         ],
     )
     if not plan.fits:

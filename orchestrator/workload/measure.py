@@ -9,6 +9,8 @@ static_bytes: a census of the unique tensor storages on the rank's device alive 
 first optimizer step (parameters, gradient buffers, master weights, optimizer states,
 DeepSpeed's flat buffers and buckets).
 peak_bytes: the CUDA allocator's peak on a GPU; the process's max RSS on a CPU.
+AllocatorPeak: on a CPU, the most bytes of tensor storage alive at once during one step,
+from the CPU allocator's own count (torch.profiler's memory events), not RSS.
 """
 
 from __future__ import annotations
@@ -102,3 +104,43 @@ def peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class AllocatorPeak:
+    """with AllocatorPeak() as p: one step  ->  p.growth, p.where (the ops the peak was reached in)
+
+    The most bytes the CPU allocator held at once inside the block, beyond what it held on
+    entry. With profile_memory on, c10's CPU allocator reports every allocation and free
+    with its running total (the figure torch.profiler's memory timeline is drawn from);
+    blocks allocated before profiling started are not in that total, so the maximum less
+    the total at the first event's start is the growth. Enter it once per process, with
+    no other profiler running; it slows the step it watches, so it watches an untimed one.
+    """
+
+    def __enter__(self) -> "AllocatorPeak":
+        from torch.profiler import ProfilerActivity, profile
+
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from torch._C._profiler import _EventType
+
+        self._profile.__exit__(*exc)
+        # (start ns, bytes held after, bytes of this event, the ops it happened in)
+        totals: list[tuple[int, int, int, str]] = []
+        stack = [(e, "") for e in self._profile.profiler.kineto_results.experimental_event_tree()]
+        while stack:
+            event, where = stack.pop()
+            inside = f"{where} > {event.name}" if where else event.name
+            stack.extend((child, inside) for child in event.children)
+            if event.tag == _EventType.Allocation and event.extra_fields.device.type == torch.device("cpu").type:
+                fields = event.extra_fields
+                totals.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, where))
+        totals.sort()
+        self.growth, self.where = 0, None
+        if totals:
+            _, first_total, first_size, _ = totals[0]
+            _, most, _, self.where = max(totals, key=lambda t: t[1])
+            self.growth = max(0, most - (first_total - first_size))

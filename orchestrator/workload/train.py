@@ -101,8 +101,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     tracker = Tracker(spec, trial_dir, meta.get("sweep", {})) if rank == 0 else None
     try:
         engine = make_engine(spec, trial_dir, device)
-        history, activation_bytes, static_bytes, restarts = run_steps(spec, engine, trial_dir, rank, world, device,
-                                                                        console, tracker)
+        history, memory, restarts = run_steps(spec, engine, trial_dir, rank, world, device, console, tracker)
         from orchestrator.workload import measure
 
         peak = measure.peak_bytes(device)
@@ -113,8 +112,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         dist.barrier()  # every rank is done with every collective before any leaves
         if rank != 0:
             return
-        metrics = summarize(spec, history, world, cuda, trial_dir, {"static_bytes": static_bytes,
-                            "activation_bytes": activation_bytes, "peak_bytes": peak})
+        metrics = summarize(spec, history, world, cuda, trial_dir, {**memory, "peak_bytes": peak})
         metrics["engine"] = engine.describe()
         metrics.update(restarts)
         env = {"versions": _versions(), "hosts": sorted({r["host"] for r in everyone}), "world_size": world,
@@ -132,7 +130,11 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
 
 
 def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, console, tracker):
-    """run.steps optimizer steps on the schedule: (history, activation_bytes, static_bytes)."""
+    """run.steps optimizer steps on the schedule: (history, memory measured, restarts).
+
+    The memory figures are taken once: activations on the first micro batch, the static
+    census after the first optimizer step, and on a CPU the live-tensor peak of the second
+    step when it is a warm-up step (the profiler that sees it slows it)."""
     import torch
 
     from orchestrator.plan.batch import batch_sizes_per_step
@@ -146,7 +148,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     state = checkpoint.resume(engine, trial_dir, rank) if checkpointing else None
     history = state["history"] if state else []
     nonfinite = [h["step"] for h in history if not math.isfinite(h["loss"] if h["loss"] is not None else math.nan)]
-    activation_bytes, static_bytes = (state or {}).get("activation_bytes"), (state or {}).get("static_bytes")
+    memory = {key: (state or {}).get(key) for key in ("activation_bytes", "static_bytes", "live_peak_bytes",
+                                                         "live_peak_at")}
     resumed_at = [*(state or {}).get("resumed_at", []), *([state["step"]] if state else [])]
     on_warning = list((state or {}).get("on_warning", []))  # checkpoints SLURM's warning asked for
     # When each checkpoint this run resumed from was complete (wall clock): a requeue should follow at once.
@@ -164,16 +167,23 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             sync()
             started_at, start = time.time(), time.perf_counter()
             losses = []
-            for micro in range(grad_accum):
-                tokens = next(data).to(device, non_blocking=run.pin_memory)
-                first = activation_bytes is None and micro == 0
-                census = measure.ActivationCensus() if first else nullcontext()
-                with census:
-                    loss = engine.forward(tokens)
-                if first:
-                    activation_bytes = census.bytes
-                engine.backward_and_step(loss)
-                losses.append(loss.detach())
+            # The CPU's live-tensor peak, on the second step if it is not timed: the static
+            # census is then exactly what was alive when it began.
+            watch = (device.type == "cpu" and step == 1 and step < run.warmup_steps and not run.profile
+                     and memory["live_peak_bytes"] is None and memory["static_bytes"] is not None)
+            with measure.AllocatorPeak() if watch else nullcontext() as allocator:
+                for micro in range(grad_accum):
+                    tokens = next(data).to(device, non_blocking=run.pin_memory)
+                    first = memory["activation_bytes"] is None and micro == 0
+                    with measure.ActivationCensus() if first else nullcontext() as census:
+                        loss = engine.forward(tokens)
+                    if first:
+                        memory["activation_bytes"] = census.bytes
+                    engine.backward_and_step(loss)
+                    losses.append(loss.detach())
+            if watch:
+                memory["live_peak_bytes"] = memory["static_bytes"] + allocator.growth
+                memory["live_peak_at"] = allocator.where
             if run.step_sleep_s:
                 time.sleep(run.step_sleep_s)
             sync()
@@ -181,8 +191,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
             loss_value = float(torch.stack(losses).float().mean())
             if not math.isfinite(loss_value):
                 nonfinite.append(step)
-            if static_bytes is None:
-                static_bytes = measure.static_bytes(device.type)  # after the first optimizer step, no batch in flight
+            if memory["static_bytes"] is None:  # after the first optimizer step, no batch in flight
+                memory["static_bytes"] = measure.static_bytes(device.type)
             # The batch the engine stepped on: the micro batches all ranks really ran, and
             # the engine's own train_batch_size.
             ran = grad_accum * spec.micro_batch_size * world
@@ -202,17 +212,15 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                 if why == checkpoint.WARNED:
                     on_warning.append(step + 1)
                 checkpoint.save(engine, trial_dir, rank, {
-                    "step": step + 1, "history": history, "activation_bytes": activation_bytes,
-                    "static_bytes": static_bytes, "resumed_at": resumed_at, "on_warning": on_warning,
+                    "step": step + 1, "history": history, **memory, "resumed_at": resumed_at, "on_warning": on_warning,
                     "resumed_from_saved_at": resumed_from_saved_at}, warned=why == checkpoint.WARNED)
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
                 gc.collect()
             if prof is not None:
                 prof.step()
-    return history, activation_bytes, static_bytes, {"restarts": len(resumed_at), "resumed_at_steps": resumed_at,
-                                                      "checkpoints_on_warning": on_warning,
-                                                      "resumed_from_saved_at": resumed_from_saved_at,
-                                                      "nonfinite_loss_steps": nonfinite}
+    return history, memory, {"restarts": len(resumed_at), "resumed_at_steps": resumed_at,
+                             "checkpoints_on_warning": on_warning, "resumed_from_saved_at": resumed_from_saved_at,
+                             "nonfinite_loss_steps": nonfinite}
 
 
 def summarize(spec, history: list[dict], world: int, cuda: bool, trial_dir: Path, memory: dict) -> dict:
@@ -246,7 +254,9 @@ def summarize(spec, history: list[dict], world: int, cuda: bool, trial_dir: Path
         "loss_last": history[-1]["loss"],
         "losses": [h["loss"] for h in history],
         "global_batch_sizes": [h["global_batch_size"] for h in history],
-        "memory": {**memory, "peak_source": "CUDA allocator max_memory_allocated" if cuda else "max RSS of rank 0"},
+        "memory": {**memory, "peak_source": "CUDA allocator max_memory_allocated" if cuda else "max RSS of rank 0",
+                   "live_peak_source": None if memory.get("live_peak_bytes") is None else
+                   "static census + the CPU allocator's most bytes held during step 2 (torch.profiler memory events)"},
         "history": history,
         "tuning": {"compile": run.compile, "gc_collect_every": run.gc_collect_every,
                    "gc_enabled": gc.isenabled(), "dataloader_workers": run.dataloader_workers,

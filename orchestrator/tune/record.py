@@ -1,0 +1,181 @@
+"""What a tune leaves in its directory, and how it picks up from there.
+
+tune.json  the whole search: every candidate with its plan, calibrated prediction,
+           measurement or the reason it was dropped; the calibrated parameters, the
+           rounds, why it stopped, its wall-clock time and the winner.
+tune.md    the same table, readable.
+tune.png   the search: measured tokens/s/GPU in the order the candidates ran (with the
+           best so far), and predicted (plan and calibrated) against measured.
+Each candidate that ran is an ordinary trial directory below (0/, 1/, ...), so
+`orchestrator report DIR` and `orchestrator calibrate DIR` read them as any sweep's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.files import atomic_write_json, atomic_write_text, read_json
+from orchestrator.trial_dir import TrialPaths, trials_below
+from orchestrator.tune.search import Outcome, Search
+
+TUNE_JSON, TUNE_MD, TUNE_PNG = "tune.json", "tune.md", "tune.png"
+
+
+def resume(base: Path, search: Search) -> int:
+    """Record the candidates an earlier run of this search finished; the next job number."""
+    by_overrides = {tuple(c.overrides): c for c in search.space.candidates}
+    previous = read_json(base / TUNE_JSON) or {}
+    rounds = {row["trial_dir"]: row["round"] for row in previous.get("rows", []) if row.get("trial_dir")}
+    numbers = [-1]
+    for trial_dir in trials_below(base):
+        if (number := job_number(trial_dir)) is not None:
+            numbers.append(number)
+        result = read_json(TrialPaths(trial_dir).result)
+        candidate = by_overrides.get(tuple((result or {}).get("overrides", ())))
+        if candidate is not None and result.get("status") != "interrupted":
+            search.record(candidate, outcome(result, trial_dir, rounds.get(str(trial_dir), 0)))
+    search.rounds = previous.get("rounds", 0)
+    search.elapsed_s = previous.get("elapsed_s", 0.0)
+    return max(numbers) + 1
+
+
+def job_number(trial_dir: Path) -> int | None:
+    """hydra.sweep.subdir starts with hydra.job.num (conf/config.yaml)."""
+    head = trial_dir.name.split("_")[0]
+    return int(head) if head.isdigit() else None
+
+
+def outcome(result: dict, trial_dir: Path, round_: int) -> Outcome:
+    metrics = result.get("metrics") or {}
+    return Outcome(result["status"], str(trial_dir), round_, metrics.get("tokens_per_sec_per_gpu"),
+                   metrics.get("step_time_s"), ((result.get("error") or {}).get("message") or "")[:300])
+
+
+def take(base: Path, search: Search, batch: list, returns: list, out: Console) -> None:
+    """Record what the launcher's jobs gave; SLURM jobs are waited for first."""
+    from orchestrator.trial import wait_for
+
+    dirs = [Path(ret.hydra_cfg.hydra.runtime.output_dir) if getattr(ret, "hydra_cfg", None) else None
+            for ret in returns]
+    if any(d is not None and not TrialPaths(d).result.is_file() for d in dirs):
+        wait_for(base, out)  # submitted to SLURM: a round needs its measurements
+    for candidate, trial_dir, ret in zip(batch, dirs, returns):
+        result = read_json(TrialPaths(trial_dir).result) if trial_dir else None
+        if result is None:  # Hydra could not even compose it
+            search.record(candidate, Outcome("failed", str(trial_dir or ""), search.rounds, error=str(ret.return_value)))
+        else:
+            search.record(candidate, outcome(result, trial_dir, search.rounds))
+
+
+def winner(search: Search) -> dict | None:
+    best = search.best()
+    if best is None:
+        return None
+    c, o = best
+    paths = TrialPaths(Path(o.trial_dir))
+    configs = [str(p) for p in (paths.ds_config, paths.accelerate_config) if p.is_file()]
+    return {"candidate": c.label(), "overrides": list(c.overrides), "trial_dir": o.trial_dir,
+            "measured_tokens_per_sec_per_gpu": o.tokens_per_sec_per_gpu,
+            "predicted_tokens_per_sec_per_gpu": c.predicted_tokens_per_sec_per_gpu,
+            "engine_configs": configs, "launch_script": str(paths.launch_sh) if paths.launch_sh.is_file() else None,
+            "command": "orchestrator run " + " ".join(c.overrides)}
+
+
+def write(base: Path, search: Search) -> list[Path]:
+    rows = search.table()
+    state = {"fixed": search.space.fixed, "axes": search.space.axes, "candidates": len(rows),
+             "fitting": len(search.space.fitting), "ran": len(search.outcomes), "rounds": search.rounds,
+             "stopped": search.stopped, "elapsed_s": search.elapsed_s, "calibrated_params": search.params,
+             "uncertainty": search.uncertainty,
+             "oom_bound_gib": search.oom_bound / 2**30 if search.oom_bound else None,
+             "winner": winner(search), "rows": rows}
+    atomic_write_json(base / TUNE_JSON, state)
+    atomic_write_text(base / TUNE_MD, markdown(state))
+    return [base / TUNE_JSON, base / TUNE_MD, plot(rows, base / TUNE_PNG)]
+
+
+def markdown(state: dict) -> str:
+    def cell(v):
+        return "" if v is None else f"{v:,.0f}" if isinstance(v, float) else str(v)
+
+    lines = [f"# tune: {state['ran']} of {state['fitting']} fitting candidates ran ({state['candidates']} in the space)",
+             "", f"Stopped: {state['stopped'] or 'running'}. Wall clock {state['elapsed_s']:.0f} s.", ""]
+    if w := state["winner"]:
+        lines += [f"Winner: `{w['candidate']}`, {w['measured_tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU measured; "
+                  f"`{w['command']}`", ""]
+    keys = ["candidate", "status", "predicted_tokens_per_sec_per_gpu", "calibrated_tokens_per_sec_per_gpu",
+            "measured_tokens_per_sec_per_gpu", "round", "reason"]
+    lines += ["| " + " | ".join(["candidate", "status", "plan tok/s/GPU", "calibrated", "measured", "round", "why"])
+              + " |", "|" + "---|" * len(keys)]
+    ordered = sorted(state["rows"], key=lambda r: (r["measured_tokens_per_sec_per_gpu"] is None,
+                                                   -(r["calibrated_tokens_per_sec_per_gpu"] or
+                                                     r["predicted_tokens_per_sec_per_gpu"] or 0)))
+    lines += ["| " + " | ".join(cell(r[k]) for k in keys) + " |" for r in ordered]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from orchestrator.report import _identity, _save
+
+    ran = sorted((r for r in rows if r["round"] is not None), key=lambda r: job_number(Path(r["trial_dir"])) or 0)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    best, running = 0.0, []
+    for i, r in enumerate(ran):
+        value = r["measured_tokens_per_sec_per_gpu"]
+        a.scatter([i + 1], [value or 0], color="tab:blue" if value else "tab:red", marker="o" if value else "x")
+        best = max(best, value or 0)
+        running.append(best)
+    a.step(range(1, len(ran) + 1), running, where="post", color="tab:green", label="best so far")
+    a.set(title="The search", xlabel="candidate run (in order)", ylabel="measured tokens/s/GPU (x: failed / OOM)")
+    values = []
+    for key, label in (("predicted_tokens_per_sec_per_gpu", "plan"), ("calibrated_tokens_per_sec_per_gpu",
+                                                                        "calibrated")):
+        pairs = [(r[key], r["measured_tokens_per_sec_per_gpu"]) for r in ran
+                 if r[key] and r["measured_tokens_per_sec_per_gpu"]]
+        if pairs:
+            b.scatter(*zip(*pairs), label=label)
+            values += [v for p in pairs for v in p]
+    _identity(b, values)
+    b.set(title="Predicted against measured", xlabel="predicted tokens/s/GPU", ylabel="measured tokens/s/GPU",
+          xscale="log", yscale="log")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def show_ranking(search: Search, out: Console, top: int = 10) -> None:
+    space = search.space
+    dropped = len(space.candidates) - len(space.fitting)
+    out.print(f"[bold]tune[/bold]: {len(space.candidates)} candidates planned, {len(space.fitting)} fit, "
+              f"{dropped} dropped (does not fit or invalid; tune.md says why each)")
+    table = Table(title=f"Fastest by the plan (predicted), of {len(space.fitting)}", title_justify="left")
+    for column in ("candidate", "tokens/s/GPU", "GiB/rank"):
+        table.add_column(column, justify="left" if column == "candidate" else "right")
+    for c in sorted(search.runnable(), key=search.predicted, reverse=True)[:top]:
+        table.add_row(c.label(), f"{search.predicted(c):,.0f}", f"{(c.predicted_memory or 0) / 2**30:.2f}")
+    out.print(table)
+
+
+def show_winner(base: Path, search: Search, out: Console) -> None:
+    w = winner(search)
+    out.print(f"tune stopped: {search.stopped}; {len(search.outcomes)} candidate(s) ran in {search.elapsed_s:.0f} s")
+    if w is None:
+        out.print("[red]no candidate ran ok[/red]: tune.md has each one's cause")
+        return
+    out.print(f"[bold green]winner[/bold green] {w['candidate']}: {w['measured_tokens_per_sec_per_gpu']:,.1f} "
+              f"tokens/s/GPU measured (plan predicted {w['predicted_tokens_per_sec_per_gpu']:,.1f})")
+    for config in w["engine_configs"]:
+        out.print(f"  engine config: {config}")
+    if w["launch_script"]:
+        out.print(f"  launch: {w['launch_script']}")
+    out.print(f"  again: {w['command']}")
+    out.print(f"  the search: {base / TUNE_MD}, {base / TUNE_PNG}")

@@ -1,0 +1,104 @@
+"""orchestrator tune: the space (axes from Hydra's sweep syntax, what a stage reads), the
+search's policy (what it runs next, what an OOM teaches), bad input before anything runs,
+and one real search on this CPU that is interrupted by its budget and resumed."""
+
+import json
+import math
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.tune.search import Outcome, Search
+from orchestrator.tune.space import DEFAULT_AXES, axes_of, plan_space, points
+from tests.conftest import run_cli
+
+GPU = ["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "zero.reduce_bucket_size=2e8"]
+
+
+def test_sweep_syntax_replaces_an_axis_a_plain_override_fixes_it_and_a_new_key_adds_one():
+    fixed, axes = axes_of(["model=gpt2-350m", "zero=stage3", "batch.micro_batch_size=1,2", "zero.overlap_comm=true,false",
+                           ])
+    assert fixed == ["model=gpt2-350m", "zero=stage3"]
+    assert "zero" not in axes and axes["batch.micro_batch_size"] == ["1", "2"]
+    assert [v.lower() for v in axes["zero.overlap_comm"]] == ["true", "false"]
+    assert axes["recompute"] == DEFAULT_AXES["recompute"]
+    with pytest.raises(ConfigError, match="a list of values"):
+        axes_of(["batch.micro_batch_size=interval(1,4)"])
+
+
+def test_a_candidate_leaves_out_the_axes_its_stage_does_not_read():
+    keys = points([], {"zero": ["stage0", "stage3"], "zero.prefetch_bucket_size": ["1e6", "2e6"],
+                       "zero.allgather_bucket_size": ["1e6", "2e6"]}, None)
+    assert ("zero=stage0",) in keys  # neither bucket is read at stage 0: one candidate, not four
+    assert len(keys) == 1 + 2 and len(set(keys)) == len(keys)
+    assert all("allgather" not in o for k in keys for o in k)  # stage 3 has no allgather bucket
+
+
+def test_the_space_is_planned_and_the_search_runs_the_fastest_by_the_plan_first():
+    space = plan_space([*GPU, "recompute=none,full", "zero.offload_optimizer=none"])
+    assert space.fitting and all(c.predicted_tokens_per_sec_per_gpu for c in space.fitting)
+    dropped = [c for c in space.candidates if c.status != "fits"]
+    assert all("GiB" in c.reason for c in dropped if c.status == "does not fit")
+    search = Search(space)
+    first = search.next_batch(2)
+    assert [search.predicted(c) for c in first] == sorted((search.predicted(c) for c in space.fitting),
+                                                          reverse=True)[:2]
+
+
+def test_an_oom_drops_every_candidate_planned_at_or_above_its_memory_and_says_why():
+    search = Search(plan_space([*GPU, "zero=stage2", "zero.offload_optimizer=none"]))
+    by_memory = sorted(search.space.fitting, key=lambda c: c.predicted_memory)
+    middle = by_memory[len(by_memory) // 2]
+    search.record(middle, Outcome("oom", "t", 1, error="CUDA out of memory"))
+    assert all(c.predicted_memory < middle.predicted_memory for c in search.runnable())
+    assert search.runnable() and search.dropped_by_oom()
+    rows = {r["candidate"]: r for r in search.table()}
+    dropped = rows[search.dropped_by_oom()[0].label()]
+    assert dropped["status"].startswith("dropped") and "under-estimates" in dropped["reason"]
+    assert middle not in search.next_batch(100)
+
+
+def test_calibration_on_measured_candidates_moves_the_predictions_toward_them():
+    """Measurements made up as 0.6x the plan's speed: after calibrating, the predictions of
+    the candidates not measured follow, and nothing predicted far below the best is run."""
+    search = Search(plan_space([*GPU, "zero=stage1", "zero.offload_optimizer=none", "recompute=full,none"]))
+    for c in search.next_batch(2):
+        search.record(c, Outcome("ok", "t", 1, 0.6 * c.predicted_tokens_per_sec_per_gpu, c.predicted_step_s / 0.6))
+    search.calibrate()
+    assert search.uncertainty is not None and search.uncertainty < 0.1
+    others = [c for c in search.runnable() if c.key not in search.outcomes]
+    ratios = [search.predicted(c) / c.predicted_tokens_per_sec_per_gpu for c in others]
+    assert all(0.5 < r < 0.8 for r in ratios), ratios  # 1.0 before; communication does not scale with compute
+    best = search.best()[1].tokens_per_sec_per_gpu
+    assert all(search.bound(c) > math.log(best) for c in search.next_batch(100))
+
+
+def test_a_space_where_nothing_fits_says_so_before_anything_runs(tmp_path):
+    out = tmp_path / "t"
+    proc = run_cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "parallel.dp=1",
+                   "zero=stage0,stage1", "zero.offload_optimizer=none")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "none does" in proc.stderr and "GiB" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+    proc = run_cli("tune", "--out", str(out), "batch.micro_batch_size=range(1,1)")
+    assert proc.returncode == 2 and "empty" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_rerunning(tmp_path):
+    out = tmp_path / "tune"
+    space = ["logger.mode=disabled", "run.steps=3", "run.warmup_steps=1", "parallel.dp=1", "zero=stage0,stage1",
+             "batch.micro_batch_size=1,2", "recompute=none", "zero.reduce_bucket_size=1e6",
+             "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none"]
+    proc = run_cli("tune", "--out", str(out), "--trials", "2", *space, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = json.loads((out / "tune.json").read_text())
+    assert state["ran"] == 2 and state["winner"] and (out / "tune.png").is_file()
+    first = {r["trial_dir"] for r in state["rows"] if r["trial_dir"]}
+    assert state["winner"]["measured_tokens_per_sec_per_gpu"] > 0 and state["winner"]["engine_configs"]
+    proc = run_cli("tune", "--out", str(out), "--trials", "3", *space, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = json.loads((out / "tune.json").read_text())
+    again = {r["trial_dir"] for r in state["rows"] if r["trial_dir"]}
+    assert state["ran"] == 3 and first < again  # one more candidate; the first two kept, not re-run
+    assert "resuming" in proc.stdout
