@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 
 def _choices(name: str, values: list[str]) -> type[StrEnum]:
@@ -356,5 +357,18 @@ def register() -> None:
     hydra/sweeper=orchestrator_tune."""
     store = ConfigStore.instance()
     store.store(name="trial", node=TrialConfig)
+    if not OmegaConf.has_resolver("orchestrator.dirname"):
+        OmegaConf.register_new_resolver("orchestrator.dirname", dirname)
     store.store(group="hydra/launcher", name="orchestrator", node=LauncherConfig, provider="orchestrator")
     store.store(group="hydra/sweeper", name="orchestrator_tune", node=TuneConfig, provider="orchestrator")
+
+
+def dirname(overrides: str, limit: int = 120) -> str:
+    """hydra.job.override_dirname cut to fit a file name (255 bytes): a sweep with many
+    overrides would name its points past that. What is cut is replaced by a hash of it,
+    so two points never share a name."""
+    if len(overrides) <= limit:
+        return overrides
+    import hashlib
+
+    return f"{overrides[:limit - 9]}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"

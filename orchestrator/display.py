@@ -159,10 +159,15 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     table.add_row("activations", human_bytes(mem["activation_bytes"] or 0), human_bytes(pm.get("activations", 0)))
     table.add_row("static (between steps)", human_bytes(mem["static_bytes"] or 0), human_bytes(pm.get("static", 0)))
     table.add_row("peak", human_bytes(mem["peak_bytes"]), human_bytes(pm.get("total", 0)))
+    if mem.get("live_peak_bytes"):  # a CPU's allocator count, against the plan less the Python process
+        table.add_row("peak of live tensors", human_bytes(mem["live_peak_bytes"]),
+                      human_bytes(pm.get("total", 0) - pm.get("runtime", 0)))
     table.add_row("loss", f"{_loss(m['loss_first'])} -> {_loss(m['loss_last'])}", "")
     out.print(table)
     out.print(f"[dim]peak for MFU: {m['peak_tflops']:.4g} TFLOPS ({m['peak_source']}); {m['timed_steps']} timed steps "
-              f"of {m['steps']}; peak memory: {mem['peak_source']}[/dim]")
+              f"of {m['steps']}; peak memory: {mem['peak_source']}"
+              + (f"; live tensors: {mem['live_peak_source']}, reached in {' > '.join((mem.get('live_peak_at') or '?').split(' > ')[-2:])}"
+                 if mem.get("live_peak_bytes") else "") + "[/dim]")
 
 
 def show_report(rows: list[dict], out: Console) -> None:
