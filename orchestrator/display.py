@@ -65,7 +65,8 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
             ("loss backward", m.loss_backward, "fp32 gradients of nll_loss and log_softmax, at backward's start" +
              ("" if m.peak_phase == "loss backward" else "; not alive at the peak")),
             ("buffers", m.buffers, "reduce buckets" + (", gathered parameters" if z.stage == 3 else "")),
-            ("optimizer step", m.optimizer_step, "fp32 gradient copy inside step()" +
+            ("optimizer step", m.optimizer_step + m.optimizer_temporaries,
+             "fp32 gradient copy and AdamW's temporaries inside step()" +
              ("" if m.peak_phase == "optimizer step" else "; not alive at the peak")),
             ("runtime", m.runtime, "CUDA context + NCCL" if spec.cfg.hardware.device == "cuda" else "Python process")]
     for name, value, note in rows:

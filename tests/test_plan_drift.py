@@ -6,9 +6,10 @@ and fp32 (DeepSpeed's CPU accelerator has no fp16).
 Real engines, 1-2 CPU ranks under torchrun. Targets (issue 8): static memory (what
 stays allocated between optimizer steps) within 3 %, activations within 15 %; and
 (issue 16) the plan's total less the runtime within 5 % of the live-tensor peak of the
-second (untimed) step, counted by the CPU allocator. At these shapes the peak is the start
-of backward, where the loss's fp32 gradients join the saved activations; a large-vocabulary
-Llama point makes that term dominate.
+second (untimed) step, counted by the CPU allocator. At most of these shapes the peak is the
+start of backward, where the loss's fp32 gradients join the saved activations (a
+large-vocabulary Llama point makes that term dominate); at ZeRO 2 dp 1 it is inside AdamW's
+step, with its temporaries.
 """
 
 import json
@@ -45,9 +46,5 @@ def test_plan_matches_what_deepspeed_allocates(tmp_path, shape, stage, recompute
     print(row["trial"], row["ratio"], "DeepSpeed estimator:", row["deepspeed_ratio"])
     assert within(row["ratio"]["static"], STATIC_TOLERANCE), row
     assert within(row["ratio"]["activations"], ACTIVATION_TOLERANCE), row
-    where = json.loads((tmp_path / "result.json").read_text())["metrics"]["memory"]["live_peak_at"] or ""
-    if "Optimizer.step" in where and not within(row["ratio"]["peak"], PEAK_TOLERANCE):
-        # Known gap (issue 16, open): torch's Adam allocates temporaries of a whole flat
-        # partition inside step(), which the plan's optimizer-step phase does not count.
-        pytest.xfail(f"peak inside the optimizer step ({where}): plan/measured {row['ratio']['peak']:.3f}")
+    where = json.loads((tmp_path / "result.json").read_text())["metrics"]["memory"]["live_peak_at"]
     assert within(row["ratio"]["peak"], PEAK_TOLERANCE), (where, row)

@@ -56,6 +56,7 @@ class ZeroLayout:
     param_persistence_threshold: int
     offload_optimizer: bool
     offload_param: bool
+    adam_foreach: bool = True  # torch's AdamW on CUDA runs all tensors at once; on a CPU tensor by tensor
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Memory:
     buffers: int  # reduce buckets, ZeRO-3 gathered parameters
     gathered: int  # of buffers, ZeRO-3's gathered working set (alive from the first forward on)
     optimizer_step: int  # transient fp32 gradient copy inside step()
+    optimizer_temporaries: int  # torch AdamW's temporaries inside step()
+    grads_at_step: int  # of grads, what is still alive inside step()
     static: int  # alive between optimizer steps: what a census after step() finds
     runtime: int  # CUDA context, NCCL / the Python process on CPU
     offloaded: int  # host memory per rank that offload moved off the device
@@ -93,6 +96,7 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     """
     tensors = parameter_tensors(model)
     n = sum(p.numel for p in tensors)
+    largest_tensor = max(p.numel for p in tensors)
     low = element_bytes(z.precision)  # of a parameter and of its gradient
     mixed = z.precision != "fp32"
     dp = z.dp
@@ -128,17 +132,27 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
         persistent_buffers = low * z.reduce_bucket_size  # the ipg bucket, allocated once and kept
         buffers = gathered + persistent_buffers
         static = params + grads + optimizer + persistent_buffers
+    # AdamW's denominator, sqrt(v) / bias correction, is built outside the state: one fp32
+    # temporary per tensor with foreach (all at once on CUDA), two of the tensor being
+    # updated tensor by tensor (on a CPU). ZeRO 1-3 hand it one flat fp32 partition.
+    updated = n if z.stage == 0 else shard
+    largest = largest_tensor if z.stage == 0 else shard
+    temporaries = 4 * updated if z.adam_foreach else 2 * 4 * largest
     offloaded = 0
     if z.offload_optimizer and z.stage > 0:
         offloaded += optimizer + step
         static -= optimizer
-        optimizer, step = 0, 0
+        optimizer, step, temporaries = 0, 0, 0
     if z.offload_param and z.stage == 3:
         offloaded += params
         static -= params
         params = 0
     return dict(params=int(params), grads=int(grads), optimizer=int(optimizer), buffers=int(buffers),
-                gathered=int(gathered), optimizer_step=int(step), static=int(static), offloaded=int(offloaded))
+                gathered=int(gathered), optimizer_step=int(step), optimizer_temporaries=int(temporaries),
+                # ZeRO 1-2 have reduced the low-precision gradients into the fp32 partition and
+                # freed them when the optimizer runs; stage 0 steps on them, stage 3 keeps its own.
+                grads_at_step=int(grads if z.stage in (0, 3) else 0),
+                static=int(static), offloaded=int(offloaded))
 
 
 # Bytes the optimizer step moves through memory per parameter it updates. torch's AdamW
@@ -284,9 +298,10 @@ def phases(states: dict[str, int], activations: int, recompute: int, loss_backwa
     its gradients arrive.
     """
     held = states["params"] + states["grads"] + states["optimizer"]
+    at_step = states["params"] + states["grads_at_step"] + states["optimizer"]
     return {"loss backward": states["static"] + states["gathered"] + activations + loss_backward,
             "backward": held + states["buffers"] + activations + recompute,
-            "optimizer step": held + states["optimizer_step"]}
+            "optimizer step": at_step + states["optimizer_step"] + states["optimizer_temporaries"]}
 
 
 def peak_memory(states: dict[str, int], activations: int, recompute: int, loss_backward: int, runtime: int,

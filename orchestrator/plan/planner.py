@@ -175,7 +175,8 @@ def zero_layout(spec: TrialSpec) -> ZeroLayout:
                       overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
                       prefetch_bucket_size=z.prefetch_bucket_size, max_live_parameters=z.max_live_parameters,
                       param_persistence_threshold=z.param_persistence_threshold,
-                      offload_optimizer=z.offload_optimizer != "none", offload_param=z.offload_param != "none")
+                      offload_optimizer=z.offload_optimizer != "none", offload_param=z.offload_param != "none",
+                      adam_foreach=spec.cfg.hardware.device == "cuda")
 
 
 def capacity_bytes(spec: TrialSpec) -> int:
