@@ -27,7 +27,7 @@ def test_sweep_syntax_replaces_an_axis_a_plain_override_fixes_it_and_a_new_key_a
 
 
 def test_a_candidate_leaves_out_the_axes_its_stage_does_not_read():
-    keys = points([], {"zero": ["stage0", "stage3"], "zero.prefetch_bucket_size": ["1e6", "2e6"],
+    keys = points({"zero": ["stage0", "stage3"], "zero.prefetch_bucket_size": ["1e6", "2e6"],
                        "zero.allgather_bucket_size": ["1e6", "2e6"]}, None)
     assert ("zero=stage0",) in keys  # neither bucket is read at stage 0: one candidate, not four
     assert len(keys) == 1 + 2 and len(set(keys)) == len(keys)

@@ -57,7 +57,8 @@ class Search:
                 if self.oom_bound is None or (c.predicted_memory or 0) < self.oom_bound]
 
     def dropped_by_oom(self) -> list[Candidate]:
-        return [c for c in self.space.fitting if c not in self.runnable() and c.key not in self.outcomes]
+        runnable = {c.key for c in self.runnable()}
+        return [c for c in self.space.fitting if c.key not in runnable and c.key not in self.outcomes]
 
     def measured_ok(self) -> list[tuple[Candidate, Outcome]]:
         by_key = {c.key: c for c in self.space.candidates}
@@ -117,10 +118,10 @@ class Search:
     def table(self) -> list[dict]:
         """Every candidate with what was predicted and measured: the tune report's rows."""
         rows = []
+        dropped = {c.key for c in self.dropped_by_oom()}
         for c in self.space.candidates:
             o = self.outcomes.get(c.key)
-            status = o.status if o else ("dropped: ran out of memory nearby" if c in self.dropped_by_oom()
-                                         else c.status)
+            status = o.status if o else ("dropped: ran out of memory nearby" if c.key in dropped else c.status)
             reason = (o.error if o else "") or (
                 f"predicted {c.predicted_memory / GIB:.2f} GiB >= {self.oom_bound / GIB:.2f} GiB, where a candidate "
                 "ran out of memory: the memory plan under-estimates here" if status.startswith("dropped") else c.reason)

@@ -109,7 +109,7 @@ def _stage(point: dict[str, str], fixed_stage: int | None) -> int | None:
     return fixed_stage
 
 
-def points(fixed: list[str], axes: dict[str, list[str]], fixed_stage: int | None) -> list[tuple[str, ...]]:
+def points(axes: dict[str, list[str]], fixed_stage: int | None) -> list[tuple[str, ...]]:
     """The distinct axis-override tuples, with the axes a point's stage does not read left out."""
     names = list(axes)
     seen: dict[tuple[str, ...], None] = {}
@@ -138,7 +138,7 @@ def _plan_space(overrides: tuple[str, ...]) -> Space:
     if empty:
         raise ConfigError(empty[0], "(no values)", "at least one value: the search space is empty")
     candidates = []
-    for key in points(fixed, axes, base.cfg.zero.stage):
+    for key in points(axes, base.cfg.zero.stage):
         overrides_ = (*fixed, *key)
         try:
             spec = build_spec(overrides_)
