@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.calibrate import FITTED, fit, log_error, measured_trials, predicted_step_s
+from orchestrator.calibrate import current_params, fit, log_error, measured_trials, predicted_step_s
 
 FIT_ON = "gpt2-z0-none-dp1,gpt2-z3-full-dp2,llama-z0-full-dp2,llama-z3-none-dp1"
 
@@ -36,7 +36,7 @@ def main() -> None:
     (trials,) = measured_trials([args.matrix]).values()  # one hardware kind: cpu
     label = {id(t): t.trial_dir.name for t in trials}
     fitted_on = [t for t in trials if label[id(t)] in names]
-    start = {k: float(getattr(trials[0].spec.cfg.hardware, k)) for k in FITTED}
+    start = current_params(trials[0].spec.cfg.hardware)
     params = fit(lambda p: log_error(fitted_on, p), start)
     print("fitted on " + ", ".join(sorted(names)) + ":")
     print("  " + ", ".join(f"{k}={v:.3g}" for k, v in params.items()))

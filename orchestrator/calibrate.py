@@ -1,7 +1,7 @@
 """`orchestrator calibrate DIR...`: fit a hardware kind's step-time parameters to measured trials.
 
-The step-time model (plan/compute.py) has six parameters per hardware preset: the share
-of the peak large GEMMs reach, the GEMM size at which half of it is reached, fused
+The step-time model (plan/compute.py) has seven parameters per hardware preset: the share
+of the peak large GEMMs reach (and those whose right operand is stored k x n), the GEMM size at which half of it is reached, fused
 attention's forward and backward rates, the share of the memory bandwidth memory-bound
 kernels reach, and the fixed cost per kernel. Their defaults in a preset are published or
 fitted figures; this command fits them to the trials a user ran.
@@ -28,17 +28,17 @@ from omegaconf import OmegaConf
 from orchestrator.compose import user_conf_dir
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_json
-from orchestrator.plan.planner import make_plan
+from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import TrialPaths, trials_below
 
 CALIBRATED = "-calibrated"
-FITTED = ("compute_efficiency", "gemm_half_dim", "attention_efficiency", "attention_backward_efficiency",
+FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency", "attention_backward_efficiency",
           "memory_efficiency", "op_overhead_us")
 # Physically plausible ranges: a share of a peak is at most 0.9 of it, a GEMM saturates
 # somewhere below a few thousand rows, a kernel's fixed cost is under a few milliseconds
 # even for an eager CPU op with engine hooks.
-BOUNDS = {"compute_efficiency": (0.02, 0.9), "gemm_half_dim": (0.0, 4096.0), "attention_efficiency": (0.02, 0.9),
+BOUNDS = {"compute_efficiency": (0.02, 0.9), "gemm_kn_efficiency": (0.02, 0.9), "gemm_half_dim": (0.0, 4096.0), "attention_efficiency": (0.02, 0.9),
           "attention_backward_efficiency": (0.02, 0.9), "memory_efficiency": (0.05, 0.9),
           "op_overhead_us": (0.0, 2000.0)}
 
@@ -64,6 +64,11 @@ def with_params(spec: TrialSpec, params: dict) -> TrialSpec:
     """The trial with its hardware's step-time parameters replaced."""
     hw = dataclasses.replace(spec.cfg.hardware, **params)
     return dataclasses.replace(spec, cfg=dataclasses.replace(spec.cfg, hardware=hw))
+
+
+def current_params(hw) -> dict[str, float]:
+    """A preset's step-time parameters as the fit starts from them (a null k x n rate is the other GEMMs''s)."""
+    return {k: float(kn_efficiency(hw) if k == "gemm_kn_efficiency" else getattr(hw, k)) for k in FITTED}
 
 
 def predicted_step_s(spec: TrialSpec, params: dict) -> float:
@@ -118,7 +123,7 @@ def calibrate(dirs: list[Path]) -> list[Calibration]:
     out = []
     for name, trials in sorted(found.items()):
         hw = trials[0].spec.cfg.hardware
-        start = {k: float(getattr(hw, k)) for k in FITTED}
+        start = current_params(hw)
         params = fit(lambda p: log_error(trials, p), start)
         ratio = lambda p: [predicted_step_s(t.spec, p) / t.step_s for t in trials]  # noqa: E731
         path = write_preset(trials[0].spec, params, len(trials))
@@ -151,7 +156,7 @@ def calibrated_params(hardware_name: str) -> dict | None:
     if not path.is_file():
         return None
     data = OmegaConf.to_container(OmegaConf.load(path))
-    return {k: float(data[k]) for k in FITTED if k in data}
+    return {k: float(data[k]) for k in FITTED if data.get(k) is not None}
 
 
 def calibrated_step_s(trial_dir: Path) -> float | None:

@@ -204,6 +204,12 @@ class LinkConfig:
     latency_us: float = 50.0  # per ring hop
 
 
+class GemmSaturation(StrEnum):
+    """Which dimension of a GEMM sets how close it comes to the device's rate (plan/compute.py)."""
+    smallest = "smallest"  # min(m, n, k): a GPU needs many output tiles to fill its SMs and a long k loop per tile
+    reduction = "reduction"  # k alone: one CPU thread has no SMs to fill; only short sums per output tile cost
+
+
 class Device(StrEnum):
     """The torch device a rank trains on."""
     cpu = "cpu"
@@ -218,7 +224,11 @@ class HardwareConfig:
     memory_gib: Optional[float] = None  # null on cpu: the host's RAM
     # The step-time model's parameters (plan/compute.py); each preset says where its come from.
     compute_efficiency: float = 0.5  # share of the peak a large GEMM reaches
-    gemm_half_dim: float = 64.0  # a GEMM whose smallest dimension is this reaches half of compute_efficiency
+    gemm_half_dim: float = 64.0  # a GEMM whose saturating dimension is this reaches half of compute_efficiency
+    gemm_saturates_on: GemmSaturation = GemmSaturation.smallest
+    # A GEMM whose right operand is stored k x n (GPT-2's Conv1D forward, nn.Linear's dX);
+    # null: as fast as any other. A CPU without native bf16 matmul runs it 5-10x slower.
+    gemm_kn_efficiency: Optional[float] = None
     attention_efficiency: float = 0.4  # fused attention's forward, share of the peak
     attention_backward_efficiency: float = 0.3  # its backward (which recomputes QK^T)
     memory_bandwidth_gbps: Optional[float] = None  # device memory GB/s; null on cpu: measured

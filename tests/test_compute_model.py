@@ -10,7 +10,8 @@ from orchestrator.plan.compute import Rates, attention_time, gemm_time, micro_ba
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
 
-H100 = Rates(peak_flops=989e12, compute_efficiency=0.6, gemm_half_dim=128, attention_efficiency=0.35,
+H100 = Rates(peak_flops=989e12, compute_efficiency=0.6, kn_efficiency=0.6, gemm_half_dim=128,
+             saturate_on_reduction=False, attention_efficiency=0.35,
              attention_backward_efficiency=0.25, memory_bytes_per_s=3350e9 * 0.7, op_overhead_s=5e-6)
 
 
@@ -26,6 +27,32 @@ def test_a_large_gemm_nears_the_ceiling_and_skinny_or_small_ones_fall_far_below(
     # The roofline: with k = 1 the product is the bytes of its output, not its FLOPs.
     m = n = 4096
     assert gemm_time(m, n, 1, H100, 2) == pytest.approx(2 * (m + n + m * n) / H100.memory_bytes_per_s)
+
+
+def test_a_k_by_n_right_operand_runs_at_its_own_rate_where_each_model_has_one():
+    def gemms(arch, kn):
+        model = ModelConfig(arch=arch, hidden=1024, heads=16, n_layers=4, vocab=8192, seq_len=512, max_positions=512)
+        t = micro_batch_time(model, 4, "none", dataclasses.replace(H100, kn_efficiency=kn), 2)
+        return t.gemm_s, t.forward_s
+
+    # A GPU runs every layout alike: the backward's two products are a forward's each.
+    llama, llama_fwd = gemms("llama", 0.6)
+    slow, slow_fwd = gemms("llama", 0.15)
+    # nn.Linear (Llama): the forward reads its weight [n, k]; only dX = dY W is k x n.
+    assert slow_fwd == pytest.approx(llama_fwd)
+    assert slow == pytest.approx(llama / 3 * (2 + 4), rel=0.01)  # forward and dW as before, dX 4x as long
+    # GPT-2's Conv1D stores [k, n]: its layers' forward is the slow one, and dX is not.
+    gpt2, gpt2_fwd = gemms("gpt2", 0.6)
+    assert gemms("gpt2", 0.15)[1] > 2 * gpt2_fwd
+
+
+def test_one_cpu_thread_saturates_on_the_reduction_length_alone():
+    cpu = dataclasses.replace(H100, peak_flops=10e9, gemm_half_dim=200, saturate_on_reduction=True,
+                              memory_bytes_per_s=20e9)
+    # Measured on this CI machine, bf16, one thread: (512 x 64) @ (64 x 256) at 3 GFLOPS and
+    # (512 x 256) @ (256 x 64) at 9: a short k, not a narrow output, is what is slow.
+    assert achieved(512, 256, 64, cpu) < 0.5 * achieved(512, 64, 256, cpu)
+    assert achieved(512, 64, 256, H100) == pytest.approx(achieved(512, 256, 64, H100))
 
 
 def test_fused_causal_attention_skips_half_the_square_and_its_backward_recomputes():

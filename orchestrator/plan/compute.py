@@ -3,11 +3,18 @@
 A transformer step is a list of kernels, and each kernel is bound by one of three things:
 
 - **GEMMs** (the linear layers and the lm_head) run at a share of the peak that depends on
-  their shape. Large square matrices reach `compute_efficiency`; a matrix with a small
-  dimension d reaches less, d / (d + gemm_half_dim) of it (a saturation curve: too few
-  tiles to fill the device, or too little reuse per tile). And no GEMM runs faster than
-  its operands can be read: time = max(flops / rate, bytes / bandwidth), the roofline of
-  Williams et al. (2009).
+  their shape and layout. Large matrices reach `compute_efficiency`, except where the right
+  operand is stored k x n, row by row of the summed dimension (`kn_efficiency`): GPT-2's
+  Conv1D forward (transformers stores its weight [in, out]) and nn.Linear's dX = dY W.
+  A GPU's GEMM libraries run every layout alike (kn_efficiency = compute_efficiency); a
+  CPU without native bf16 matmul runs the kn layout 5-10x slower. The backward's two
+  products (dX = dY W, dW = X^T dY) each have their own shape. A matrix whose saturating
+  dimension d is small reaches less, d / (d + gemm_half_dim) of it. On a GPU d is the
+  smallest of m, n, k (too few output tiles to fill the device, or too short a k loop per
+  tile); on one CPU thread it is k, the length each output sums over (nothing to fill;
+  the cost of loading and storing an output tile is spread over k). And no GEMM runs
+  faster than its operands can be read: time = max(flops / rate, bytes / bandwidth), the
+  roofline of Williams et al. (2009).
 - **Attention** (QK^T, softmax, AV) runs at its own rate. A fused kernel (sdpa, flash
   attention; Dao 2022) skips the masked half of the causal square, and its backward
   recomputes QK^T: 2.5x the forward's FLOPs at `attention_backward_efficiency`. Eager
@@ -55,7 +62,9 @@ class Rates:
 
     peak_flops: float  # dense FLOP/s at the trial's precision
     compute_efficiency: float  # share of the peak a large GEMM reaches
-    gemm_half_dim: float  # a GEMM whose smallest dimension is this reaches half of that
+    kn_efficiency: float  # the same where the right operand is stored k x n (row-major over the sum)
+    gemm_half_dim: float  # a GEMM whose saturating dimension is this reaches half of that
+    saturate_on_reduction: bool  # the saturating dimension is k alone (a CPU), else min(m, n, k)
     attention_efficiency: float  # fused attention forward, share of the peak
     attention_backward_efficiency: float
     memory_bytes_per_s: float  # memory-bound kernels: bandwidth x memory_efficiency
@@ -82,10 +91,12 @@ class ComputeTime:
         return {**asdict(self), "total_s": self.total_s}
 
 
-def gemm_time(m: int, n: int, k: int, r: Rates, element_bytes: int) -> float:
-    """An (m x k) @ (k x n) product: the roofline of its FLOPs and the bytes it reads and writes."""
-    d = min(m, n, k)
-    rate = r.peak_flops * r.compute_efficiency * d / (d + r.gemm_half_dim)
+def gemm_time(m: int, n: int, k: int, r: Rates, element_bytes: int, kn: bool = False) -> float:
+    """An (m x k) @ (k x n) product: the roofline of its FLOPs and the bytes it reads and writes.
+    kn: the right operand is stored k x n (row-major), not n x k as nn.Linear's weight."""
+    d = k if r.saturate_on_reduction else min(m, n, k)
+    efficiency = r.kn_efficiency if kn else r.compute_efficiency
+    rate = r.peak_flops * efficiency * d / (d + r.gemm_half_dim)
     bytes_moved = element_bytes * (m * k + k * n + m * n)
     return max(2.0 * m * n * k / rate, bytes_moved / r.memory_bytes_per_s)
 
@@ -97,6 +108,13 @@ def layer_gemms(model: ModelConfig, tokens: int) -> list[tuple[int, int, int]]:
         return [(tokens, 3 * h, h), (tokens, h, h), (tokens, f, h), (tokens, h, f)]
     return [(tokens, h, h), (tokens, kv, h), (tokens, kv, h), (tokens, h, h),
             (tokens, f, h), (tokens, f, h), (tokens, h, f)]
+
+
+def backward_gemm_time(m: int, n: int, k: int, r: Rates, element_bytes: int, conv1d: bool = False) -> float:
+    """The backward of a forward (m x k) @ (k x n): dX = dY (m x n) @ W^T sums over n, and
+    reads nn.Linear's [n, k] weight row by row of n (kn), Conv1D's [k, n] one transposed;
+    dW = X^T @ dY sums over m, its operands read column-wise (as fast as the forward)."""
+    return gemm_time(m, k, n, r, element_bytes, kn=not conv1d) + gemm_time(n, k, m, r, element_bytes)
 
 
 def attention_time(model: ModelConfig, micro: int, r: Rates, element_bytes: int) -> tuple[float, float]:
@@ -111,8 +129,9 @@ def attention_time(model: ModelConfig, micro: int, r: Rates, element_bytes: int)
     # (scale + mask + softmax forward; softmax backward), in the activations' precision.
     per_head = [(s, s, model.head_dim), (s, model.head_dim, s)]
     gemms = micro * heads * sum(gemm_time(a, b, c, r, element_bytes) for a, b, c in per_head)
+    gemms_bwd = micro * heads * sum(backward_gemm_time(a, b, c, r, element_bytes, conv1d=True) for a, b, c in per_head)
     scores = micro * heads * s * s * element_bytes
-    return gemms + 4 * scores / r.memory_bytes_per_s, 2 * gemms + 3 * scores / r.memory_bytes_per_s
+    return gemms + 4 * scores / r.memory_bytes_per_s, gemms_bwd + 3 * scores / r.memory_bytes_per_s
 
 
 def memory_bound_bytes_per_token(model: ModelConfig, element_bytes: int) -> tuple[float, float]:
@@ -129,8 +148,12 @@ def micro_batch_time(model: ModelConfig, micro: int, recompute: str, r: Rates, e
     """Forward and backward of one micro batch of `micro` sequences on one rank."""
     tokens = micro * model.seq_len
     layers = model.n_layers
-    gemm_fwd = layers * sum(gemm_time(m, n, k, r, element_bytes) for m, n, k in layer_gemms(model, tokens))
+    shapes = layer_gemms(model, tokens)
+    conv1d = model.arch == "gpt2"  # transformers' GPT-2 stores its layers' weights [in, out]
+    gemm_fwd = layers * sum(gemm_time(m, n, k, r, element_bytes, kn=conv1d) for m, n, k in shapes)
+    gemm_bwd = layers * sum(backward_gemm_time(m, n, k, r, element_bytes, conv1d) for m, n, k in shapes)
     head_fwd = gemm_time(tokens, model.vocab, model.hidden, r, element_bytes)
+    head_bwd = backward_gemm_time(tokens, model.vocab, model.hidden, r, element_bytes)
     attn_fwd, attn_bwd = (layers * t for t in attention_time(model, micro, r, element_bytes))
     layer_bytes, loss_bytes = memory_bound_bytes_per_token(model, element_bytes)
     mem_layers = layers * tokens * layer_bytes / r.memory_bytes_per_s
@@ -142,7 +165,7 @@ def micro_batch_time(model: ModelConfig, micro: int, recompute: str, r: Rates, e
     full = recompute == "full"
     redo_mem = FORWARD_SHARE * mem_layers if recompute != "none" else 0.0
     kernels += kernels_fwd if full else kernels_fwd // 2 if recompute == "selective" else 0
-    gemm = 3 * (gemm_fwd + head_fwd) + (gemm_fwd if full else 0.0)  # backward: dX and dW, each a forward's
+    gemm = gemm_fwd + head_fwd + gemm_bwd + head_bwd + (gemm_fwd if full else 0.0)
     attention = attn_fwd + attn_bwd + (attn_fwd if full else 0.0)
     memory_bound = mem_layers + mem_loss + redo_mem
     overhead = kernels * r.op_overhead_s

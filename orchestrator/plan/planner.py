@@ -156,15 +156,24 @@ def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> 
     hw = spec.cfg.hardware
     memory = bandwidth_gbps * 1e9 * hw.memory_efficiency if bandwidth_gbps else float("inf")
     return Rates(peak_flops=peak_tflops * 1e12, compute_efficiency=hw.compute_efficiency,
-                 gemm_half_dim=hw.gemm_half_dim, attention_efficiency=hw.attention_efficiency,
+                 kn_efficiency=kn_efficiency(hw), gemm_half_dim=hw.gemm_half_dim,
+                 saturate_on_reduction=hw.gemm_saturates_on == "reduction", attention_efficiency=hw.attention_efficiency,
                  attention_backward_efficiency=hw.attention_backward_efficiency, memory_bytes_per_s=memory,
                  op_overhead_s=hw.op_overhead_us * 1e-6)
 
 
+def kn_efficiency(hw) -> float:
+    """The share of the peak of a GEMM whose right operand is stored k x n: the preset's, or
+    every other GEMM's where it gives none."""
+    return hw.compute_efficiency if hw.gemm_kn_efficiency is None else hw.gemm_kn_efficiency
+
+
 def compute_assumption(hw) -> str:
     source = f"calibrated on {hw.calibrated_on}" if hw.calibrated_on else f"the {hw.name} preset's parameters"
-    return (f"compute ({source}): large GEMMs at {hw.compute_efficiency:.0%} of the peak, half of that at a "
-            f"smallest dimension of {hw.gemm_half_dim:g}; fused attention at {hw.attention_efficiency:.0%} forward, "
+    dim = "smallest dimension" if hw.gemm_saturates_on == "smallest" else "reduction length k"
+    return (f"compute ({source}): large GEMMs at {hw.compute_efficiency:.0%} of the peak "
+            f"({kn_efficiency(hw):.0%} with a k x n right operand), half of that at a {dim} of {hw.gemm_half_dim:g}; "
+            f"fused attention at {hw.attention_efficiency:.0%} forward, "
             f"{hw.attention_backward_efficiency:.0%} backward; memory-bound kernels at {hw.memory_efficiency:.0%} "
             f"of the memory bandwidth; {hw.op_overhead_us:g} us per kernel")
 

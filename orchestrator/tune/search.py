@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.calibrate import BOUNDS, FITTED, Measured, fit, log_error, predicted_step_s
+from orchestrator.calibrate import BOUNDS, FITTED, Measured, current_params, fit, log_error, predicted_step_s
 from orchestrator.tune.space import GIB, Candidate, Space
 
 MIN_UNCERTAINTY = 0.05  # a model is never trusted closer than this (log scale, ~5 %)
@@ -85,9 +85,8 @@ class Search:
         if not ok:
             return
         trials = [Measured(o.trial_dir, c.spec, o.step_s) for c, o in ok if c.spec and o.step_s]
-        hw = trials[0].spec.cfg.hardware
-        start = {k: float(getattr(hw, k)) for k in FITTED}
-        # One or two runs cannot pin six parameters: then only the overall rate moves.
+        start = current_params(trials[0].spec.cfg.hardware)
+        # One or two runs cannot pin seven parameters: then only the overall rate moves.
         free = FITTED if len(trials) >= 4 else ("compute_efficiency",)
         self.params = fit(lambda p: log_error(trials, p), start, BOUNDS, free)
         errors = [math.log(predicted_step_s(t.spec, self.params) / t.step_s) for t in trials]
