@@ -100,6 +100,9 @@ def report_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     written = write_report(directory, rows, results)
+    from orchestrator.tune.record import render  # a tune's directory: its own table and plot again
+
+    written += render(directory)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

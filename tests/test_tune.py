@@ -102,3 +102,10 @@ def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_reru
     again = {r["trial_dir"] for r in state["rows"] if r["trial_dir"]}
     assert state["ran"] == 3 and first < again  # one more candidate; the first two kept, not re-run
     assert "resuming" in proc.stdout
+    # `report` on the tune's directory reports its trials and renders the tune's own files again
+    (out / "tune.md").unlink()
+    (out / "tune.png").unlink()
+    proc = run_cli("report", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "report.md").is_file() and (out / "tune.png").is_file()
+    assert "3 of" in (out / "tune.md").read_text().splitlines()[0]

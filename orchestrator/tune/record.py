@@ -7,7 +7,8 @@ tune.md    the same table, readable.
 tune.png   the search: measured tokens/s/GPU in the order the candidates ran (with the
            best so far), and predicted (plan and calibrated) against measured.
 Each candidate that ran is an ordinary trial directory below (0/, 1/, ...), so
-`orchestrator report DIR` and `orchestrator calibrate DIR` read them as any sweep's.
+`orchestrator report DIR` and `orchestrator calibrate DIR` read them as any sweep's;
+report also renders tune.md and tune.png again from tune.json.
 """
 
 from __future__ import annotations
@@ -93,8 +94,16 @@ def write(base: Path, search: Search) -> list[Path]:
              "oom_bound_gib": search.oom_bound / 2**30 if search.oom_bound else None,
              "winner": winner(search), "rows": rows}
     atomic_write_json(base / TUNE_JSON, state)
+    return [base / TUNE_JSON, *render(base)]
+
+
+def render(base: Path) -> list[Path]:
+    """tune.md and tune.png again from tune.json (`orchestrator report` on a tune's directory)."""
+    state = read_json(base / TUNE_JSON)
+    if not state:
+        return []
     atomic_write_text(base / TUNE_MD, markdown(state))
-    return [base / TUNE_JSON, base / TUNE_MD, plot(rows, base / TUNE_PNG)]
+    return [base / TUNE_MD, plot(state["rows"], base / TUNE_PNG)]
 
 
 def markdown(state: dict) -> str:
