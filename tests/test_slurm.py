@@ -245,6 +245,20 @@ def test_a_trial_that_ran_every_step_is_never_reported_failed(slurm_cluster, tmp
     assert r["status"] == "ok" and r["slurm"]["state"] == "FAILED"
 
 
+def test_tune_runs_its_rounds_as_slurm_jobs_and_waits_for_each(slurm_cluster, tmp_path):
+    out = tmp_path / "tune"
+    proc = run_cli("tune", "--out", str(out), "--trials", "3", *SMALL, "zero=stage0,stage1,stage2",
+                   "batch.micro_batch_size=1", "recompute=none", "zero.reduce_bucket_size=1e6",
+                   "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none", timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = json.loads((out / "tune.json").read_text())
+    assert state["ran"] == 3 and state["winner"] and state["rounds"] >= 2  # a later round waited for the first
+    done = results(out)
+    assert len(done) == 3 and all(r["status"] == "ok" and r["slurm"]["state"] == "COMPLETED" for r in done)
+    best = max(r["metrics"]["tokens_per_sec_per_gpu"] for r in done)
+    assert state["winner"]["measured_tokens_per_sec_per_gpu"] == pytest.approx(best)
+
+
 def test_submitits_cause_is_surfaced(tmp_path):
     job = {"job_id": "77", "logs": str(tmp_path)}
     paths = submitit.core.utils.JobPaths(tmp_path, job_id="77", task_id=0)

@@ -128,10 +128,10 @@ def attention_time(model: ModelConfig, micro: int, r: Rates, element_bytes: int)
     # eager: batched GEMMs over the whole square, and the scores through memory
     # (scale + mask + softmax forward; softmax backward), in the activations' precision.
     per_head = [(s, s, model.head_dim), (s, model.head_dim, s)]
+    # Their layouts are not modelled: every batched product at compute_efficiency.
     gemms = micro * heads * sum(gemm_time(a, b, c, r, element_bytes) for a, b, c in per_head)
-    gemms_bwd = micro * heads * sum(backward_gemm_time(a, b, c, r, element_bytes, conv1d=True) for a, b, c in per_head)
     scores = micro * heads * s * s * element_bytes
-    return gemms + 4 * scores / r.memory_bytes_per_s, gemms_bwd + 3 * scores / r.memory_bytes_per_s
+    return gemms + 4 * scores / r.memory_bytes_per_s, 2 * gemms + 3 * scores / r.memory_bytes_per_s
 
 
 def memory_bound_bytes_per_token(model: ModelConfig, element_bytes: int) -> tuple[float, float]:
