@@ -9,7 +9,8 @@ seq 128), same 2 CPU ranks, bf16, torch's AdamW; ZeRO 0-3 x micro batch 1-4. Rec
 not a DeepSpeed setting (it is the model's), so the autotuner tunes with none, the best
 choice on this CPU in bench/tune_check.py's exhaustive sweep.
 
-What it takes to start here, and nothing else is changed:
+What it takes to start here, and nothing else is changed (`pip install tabulate`, which
+`deepspeed[autotuning]` would bring, is the one package it needs beyond the test extras):
 - LOCAL_SIZE=2: DeepSpeed's CPU accelerator counts its "devices" from it.
 - a `pdsh` on PATH that runs its command on this host: the autotuner kills each
   experiment's leftovers with `pdsh -w localhost pkill -f NAME`, and there is no ssh here.
@@ -119,14 +120,16 @@ def main() -> None:
         print("no pick: the autotuner wrote no ds_config_optimal.json")
         return
     pick = json.loads(optimal.read_text())
-    stage, micro = pick["zero_optimization"]["stage"], pick["train_micro_batch_size_per_gpu"]
-    print(f"its pick: ZeRO {stage}, micro batch {micro} ({len(ran)} experiments)")
+    stage, micro, batch = (pick["zero_optimization"]["stage"], pick["train_micro_batch_size_per_gpu"],
+                           pick["train_batch_size"])
+    print(f"its pick: ZeRO {stage}, micro batch {micro}, global batch {batch} ({len(ran)} experiments)")
     shape = [f"model.{k}={v}" for k, v in SHAPE.items() if k != "seq_len"]
-    trial = out / f"pick-z{stage}-micro{micro}"
+    trial = out / f"pick-z{stage}-micro{micro}-batch{batch}"
     if not (trial / "result.json").is_file():
         subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), "--overwrite", *shape,
                         "logger.mode=disabled", "run.steps=5", "run.warmup_steps=2", "parallel.dp=2",
-                        f"zero=stage{stage}", f"batch.micro_batch_size={micro}", "recompute=none",
+                        f"zero=stage{stage}", f"batch.micro_batch_size={micro}", f"batch.global_batch_size={batch}",
+                        "recompute=none",
                         "zero.reduce_bucket_size=1e6", "zero.allgather_bucket_size=1e6",
                         "zero.prefetch_bucket_size=1e6"], check=False, capture_output=True)
     metrics = json.loads((trial / "result.json").read_text()).get("metrics", {})
