@@ -225,7 +225,7 @@ class HardwareConfig:
     # The step-time model's parameters (plan/compute.py); each preset says where its come from.
     compute_efficiency: float = 0.5  # share of the peak a large GEMM reaches
     gemm_half_dim: float = 64.0  # a GEMM whose saturating dimension is this reaches half of compute_efficiency
-    gemm_saturates_on: GemmSaturation = GemmSaturation.smallest
+    gemm_saturates_on: Optional[GemmSaturation] = None  # null: reduction on a CPU, smallest on a GPU
     # A GEMM whose right operand is stored k x n (GPT-2's Conv1D forward, nn.Linear's dX);
     # null: as fast as any other. A CPU without native bf16 matmul runs it 5-10x slower.
     gemm_kn_efficiency: Optional[float] = None

@@ -157,9 +157,14 @@ def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> 
     memory = bandwidth_gbps * 1e9 * hw.memory_efficiency if bandwidth_gbps else float("inf")
     return Rates(peak_flops=peak_tflops * 1e12, compute_efficiency=hw.compute_efficiency,
                  kn_efficiency=kn_efficiency(hw), gemm_half_dim=hw.gemm_half_dim,
-                 saturate_on_reduction=hw.gemm_saturates_on == "reduction", attention_efficiency=hw.attention_efficiency,
+                 saturate_on_reduction=saturates_on(hw) == "reduction", attention_efficiency=hw.attention_efficiency,
                  attention_backward_efficiency=hw.attention_backward_efficiency, memory_bytes_per_s=memory,
                  op_overhead_s=hw.op_overhead_us * 1e-6)
+
+
+def saturates_on(hw) -> str:
+    """Which dimension of a GEMM sets its share of the peak: the preset's, or the device's kind."""
+    return hw.gemm_saturates_on or ("reduction" if hw.device == "cpu" else "smallest")
 
 
 def kn_efficiency(hw) -> float:
@@ -170,7 +175,7 @@ def kn_efficiency(hw) -> float:
 
 def compute_assumption(hw) -> str:
     source = f"calibrated on {hw.calibrated_on}" if hw.calibrated_on else f"the {hw.name} preset's parameters"
-    dim = "smallest dimension" if hw.gemm_saturates_on == "smallest" else "reduction length k"
+    dim = "smallest dimension" if saturates_on(hw) == "smallest" else "reduction length k"
     return (f"compute ({source}): large GEMMs at {hw.compute_efficiency:.0%} of the peak "
             f"({kn_efficiency(hw):.0%} with a k x n right operand), half of that at a {dim} of {hw.gemm_half_dim:g}; "
             f"fused attention at {hw.attention_efficiency:.0%} forward, "
