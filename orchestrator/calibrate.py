@@ -1,7 +1,8 @@
 """`orchestrator calibrate DIR...`: fit a hardware kind's step-time parameters to measured trials.
 
 The step-time model (plan/compute.py) has seven parameters per hardware preset: the share
-of the peak large GEMMs reach (and those whose right operand is stored k x n), the GEMM size at which half of it is reached, fused
+of the peak large GEMMs reach, the same for those whose right operand is stored k x n, the
+GEMM size at which half of it is reached, fused
 attention's forward and backward rates, the share of the memory bandwidth memory-bound
 kernels reach, and the fixed cost per kernel. Their defaults in a preset are published or
 fitted figures; this command fits them to the trials a user ran.
@@ -33,14 +34,14 @@ from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import TrialPaths, trials_below
 
 CALIBRATED = "-calibrated"
-FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency", "attention_backward_efficiency",
-          "memory_efficiency", "op_overhead_us")
+FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency",
+          "attention_backward_efficiency", "memory_efficiency", "op_overhead_us")
 # Physically plausible ranges: a share of a peak is at most 0.9 of it, a GEMM saturates
 # somewhere below a few thousand rows, a kernel's fixed cost is under a few milliseconds
 # even for an eager CPU op with engine hooks.
-BOUNDS = {"compute_efficiency": (0.02, 0.9), "gemm_kn_efficiency": (0.02, 0.9), "gemm_half_dim": (0.0, 4096.0), "attention_efficiency": (0.02, 0.9),
-          "attention_backward_efficiency": (0.02, 0.9), "memory_efficiency": (0.05, 0.9),
-          "op_overhead_us": (0.0, 2000.0)}
+BOUNDS = {"compute_efficiency": (0.02, 0.9), "gemm_kn_efficiency": (0.02, 0.9), "gemm_half_dim": (0.0, 4096.0),
+          "attention_efficiency": (0.02, 0.9), "attention_backward_efficiency": (0.02, 0.9),
+          "memory_efficiency": (0.05, 0.9), "op_overhead_us": (0.0, 2000.0)}
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def with_params(spec: TrialSpec, params: dict) -> TrialSpec:
 
 
 def current_params(hw) -> dict[str, float]:
-    """A preset's step-time parameters as the fit starts from them (a null k x n rate is the other GEMMs''s)."""
+    """A preset's step-time parameters as the fit starts from them (a null k x n rate: every other GEMM's)."""
     return {k: float(kn_efficiency(hw) if k == "gemm_kn_efficiency" else getattr(hw, k)) for k in FITTED}
 
 

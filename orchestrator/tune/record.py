@@ -94,12 +94,13 @@ def write(base: Path, search: Search) -> list[Path]:
              "oom_bound_gib": search.oom_bound / 2**30 if search.oom_bound else None,
              "winner": winner(search), "rows": rows}
     atomic_write_json(base / TUNE_JSON, state)
-    return [base / TUNE_JSON, *render(base)]
+    return [base / TUNE_JSON, *render(base, state)]
 
 
-def render(base: Path) -> list[Path]:
-    """tune.md and tune.png again from tune.json (`orchestrator report` on a tune's directory)."""
-    state = read_json(base / TUNE_JSON)
+def render(base: Path, state: dict | None = None) -> list[Path]:
+    """tune.md and tune.png from the search's state, read from tune.json when not given
+    (`orchestrator report` on a tune's directory)."""
+    state = state or read_json(base / TUNE_JSON)
     if not state:
         return []
     atomic_write_text(base / TUNE_MD, markdown(state))
