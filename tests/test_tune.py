@@ -100,7 +100,8 @@ def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_reru
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = json.loads((out / "tune.json").read_text())
     again = {r["trial_dir"] for r in state["rows"] if r["trial_dir"]}
-    assert state["ran"] == 3 and first < again  # one more candidate; the first two kept, not re-run
+    # The first two kept, not re-run; a third only if the calibrated bound still says it may win.
+    assert first <= again and state["ran"] == len(again) in (2, 3) and state["stopped"]
     assert "resuming" in proc.stdout
     # `report` on the tune's directory reports its trials and renders the tune's own files again
     (out / "tune.md").unlink()
@@ -108,4 +109,4 @@ def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_reru
     proc = run_cli("report", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "report.md").is_file() and (out / "tune.png").is_file()
-    assert "3 of" in (out / "tune.md").read_text().splitlines()[0]
+    assert f"{state['ran']} of" in (out / "tune.md").read_text().splitlines()[0]
