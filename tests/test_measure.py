@@ -1,10 +1,12 @@
 """The rank's memory censuses on real tensors and real transformers models (CPU)."""
 
+import threading
+
 import torch
 
 from orchestrator.plan.memory import activation_bytes
 from orchestrator.spec import build_spec
-from orchestrator.workload.measure import ActivationCensus, static_bytes
+from orchestrator.workload.measure import ActivationCensus, AllocatorPeak, held_growth, static_bytes
 from orchestrator.workload.model import build_model
 
 
@@ -44,3 +46,36 @@ def test_static_census_of_one_device_type_leaves_the_others_out():
     base = torch.zeros(250_000)  # 1 MB on the host
     assert static_bytes("cpu") == static_bytes() >= base.untyped_storage().nbytes()
     assert static_bytes("cuda") == 0  # on a GPU rank, host tensors (offloaded states) are not its static memory
+
+
+MIB = 2**20
+
+
+def test_allocator_peak_counts_a_block_freed_on_another_thread_once():
+    # A gloo worker can drop the last reference to a collective's buffer: c10 reports no
+    # free on an unprofiled thread, so its running total would keep the block forever and
+    # count the next allocation on top of it (twice the true peak here).
+    with AllocatorPeak() as peak:
+        held = [torch.ones(MIB)]  # 4 MiB
+        worker = threading.Thread(target=held.clear)
+        worker.start()
+        worker.join()
+        again = torch.ones(MIB)
+        del again
+    assert peak.growth == 4 * MIB
+
+
+def test_allocator_peak_keeps_a_block_still_alive_at_the_end():
+    with AllocatorPeak() as peak:
+        kept = torch.ones(MIB)
+        transient = torch.ones(MIB // 2)
+        del transient
+    assert peak.growth == 6 * MIB
+    assert kept.numel() == MIB
+
+
+def test_held_growth_replays_frees_and_addresses_handed_out_again():
+    # (address, bytes): a second allocation at a held address means the first was freed unseen.
+    assert held_growth([(1, 100), (2, 50), (1, -100), (3, 10)]) == (150, 1)
+    assert held_growth([(1, 100), (1, 100), (2, 20)]) == (120, 2)
+    assert held_growth([(9, -40), (1, 30)]) == (0, None)  # a block from before the start was freed

@@ -109,12 +109,14 @@ def peak_bytes(device: torch.device) -> int:
 class AllocatorPeak:
     """with AllocatorPeak() as p: one step  ->  p.growth, p.where (the ops the peak was reached in)
 
-    The most bytes the CPU allocator held at once inside the block, beyond what it held on
-    entry. With profile_memory on, c10's CPU allocator reports every allocation and free
-    with its running total (the figure torch.profiler's memory timeline is drawn from);
-    blocks allocated before profiling started are not in that total, so the maximum less
-    the total at the first event's start is the growth. Enter it once per process, with
-    no other profiler running; it slows the step it watches, so it watches an untimed one.
+    The most bytes of tensor storage the CPU allocator held at once inside the block,
+    beyond what it held on entry. With profile_memory on, c10's CPU allocator reports
+    every allocation and free made on a profiled thread (torch.profiler's memory events);
+    `held_growth` replays them. Its own running total is not used: a block freed on a
+    thread the profiler does not watch (a gloo worker dropping the last reference to a
+    bucket DeepSpeed all-reduced) is never subtracted from it, so the total drifts up by
+    that block, in some runs and not others. Enter it once per process, with no other
+    profiler running; it slows the step it watches, so it watches an untimed one.
     """
 
     def __enter__(self) -> "AllocatorPeak":
@@ -128,19 +130,61 @@ class AllocatorPeak:
         from torch._C._profiler import _EventType
 
         self._profile.__exit__(*exc)
-        # (start ns, bytes held after, bytes of this event, the ops it happened in)
-        totals: list[tuple[int, int, int, str]] = []
-        stack = [(e, "") for e in self._profile.profiler.kineto_results.experimental_event_tree()]
+        # (start ns, address, bytes: + allocated / - freed, the ops it happened in, when its top-level op ended)
+        events: list[tuple[int, int, int, str, int]] = []
+        stack = [(e, "", e.end_time_ns) for e in self._profile.profiler.kineto_results.experimental_event_tree()]
         while stack:
-            event, where = stack.pop()
+            event, where, top_end = stack.pop()
             inside = f"{where} > {event.name}" if where else event.name
-            stack.extend((child, inside) for child in event.children)
+            stack.extend((child, inside, top_end) for child in event.children)
             if event.tag == _EventType.Allocation and event.extra_fields.device.type == torch.device("cpu").type:
                 fields = event.extra_fields
-                totals.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, where))
-        totals.sort()
-        self.growth, self.where = 0, None
-        if totals:
-            _, first_total, first_size, _ = totals[0]
-            _, most, _, self.where = max(totals, key=lambda t: t[1])
-            self.growth = max(0, most - (first_total - first_size))
+                events.append((event.start_time_ns, fields.ptr, fields.alloc_size, where, top_end))
+        events.sort()
+        # A block allocated here that no event freed and no tensor holds now was freed on a
+        # thread the profiler does not watch: a gloo worker drops the last reference to a
+        # collective's buffer once it completes, inside the op that made it. It is let go
+        # when that top-level op returned.
+        unreported = _never_freed(events).keys() - live_storage_addresses("cpu")
+        ends = {ptr: (top_end, ptr, -size, "", top_end) for _, ptr, size, _, top_end in events if ptr in unreported}
+        events = sorted(events + list(ends.values()))
+        self.growth, at = held_growth([(ptr, size) for _, ptr, size, _, _ in events])
+        self.where = events[at][3] if at is not None else None
+
+
+def _never_freed(events) -> dict[int, int]:
+    held: dict[int, int] = {}
+    for _, ptr, size, *_ in events:
+        if size > 0:
+            held[ptr] = size
+        else:
+            held.pop(ptr, None)
+    return held
+
+
+def live_storage_addresses(device_type: str) -> set[int]:
+    """The data pointers of every storage on `device_type` a Python-visible tensor holds."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {o.untyped_storage().data_ptr() for o in gc.get_objects()
+                if isinstance(o, torch.Tensor) and o.layout == torch.strided and o.device.type == device_type}
+
+
+def held_growth(events: list[tuple[int, int]]) -> tuple[int, int | None]:
+    """(the most bytes held beyond the start, the index of the event that reached it) from
+    allocator events in time order: (address, +bytes allocated or -bytes freed).
+
+    An allocation at an address still held means the block there was freed where no event
+    reported it (another thread): it stops counting then. Frees of blocks allocated before
+    the first event lower what is held below the start."""
+    held: dict[int, int] = {}
+    now, most, at = 0, 0, None
+    for i, (ptr, size) in enumerate(events):
+        if size > 0:
+            now += size - held.get(ptr, 0)
+            held[ptr] = size
+        else:
+            now -= held.pop(ptr, -size)
+        if now > most:
+            most, at = now, i
+    return most, at
