@@ -227,8 +227,14 @@ class HardwareConfig:
     gemm_half_dim: float = 64.0  # a GEMM whose saturating dimension is this reaches half of compute_efficiency
     gemm_saturates_on: Optional[GemmSaturation] = None  # null: reduction on a CPU, smallest on a GPU
     # A GEMM whose right operand is stored k x n (GPT-2's Conv1D forward, nn.Linear's dX);
-    # null: as fast as any other. A CPU without native bf16 matmul runs it 5-10x slower.
+    # null: as fast as any other. A CPU without native bf16 matmul runs it 5-10x slower,
+    # and on one thread: on a CPU it is a share of one thread's peak.
     gemm_kn_efficiency: Optional[float] = None
+    # A GEMM whose smaller operand is this many MB runs at half its rate: neither operand
+    # stays in the caches, so one is read again for every block of the other. Per rank (two
+    # ranks on the 2-core CI machine run them as fast as one). Null: no such effect (a GPU's
+    # GEMM libraries tile for its memory hierarchy).
+    gemm_cache_mb: Optional[float] = None
     attention_efficiency: float = 0.4  # fused attention's forward, share of the peak
     attention_backward_efficiency: float = 0.3  # its backward (which recomputes QK^T)
     memory_bandwidth_gbps: Optional[float] = None  # device memory GB/s; null on cpu: measured

@@ -249,6 +249,8 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
     if hw.gemm_kn_efficiency is not None and not 0 < hw.gemm_kn_efficiency <= 1:
         raise ConfigError("hardware.gemm_kn_efficiency", hw.gemm_kn_efficiency,
                           "a share in (0, 1], or null for every other GEMM's (hardware.compute_efficiency)")
+    if hw.gemm_cache_mb is not None:
+        above_zero(hw.gemm_cache_mb, "hardware.gemm_cache_mb")
     if hw.gemm_half_dim < 0:
         raise ConfigError("hardware.gemm_half_dim", hw.gemm_half_dim, "a matrix dimension >= 0 (0: no saturation)")
     if hw.op_overhead_us < 0:

@@ -10,7 +10,7 @@ from orchestrator.plan.compute import Rates, attention_time, gemm_time, micro_ba
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
 
-H100 = Rates(peak_flops=989e12, compute_efficiency=0.6, kn_efficiency=0.6, gemm_half_dim=128,
+H100 = Rates(peak_flops=989e12, compute_efficiency=0.6, kn_efficiency=0.6, gemm_half_dim=128, cache_bytes=float("inf"),
              saturate_on_reduction=False, attention_efficiency=0.35,
              attention_backward_efficiency=0.25, memory_bytes_per_s=3350e9 * 0.7, op_overhead_s=5e-6)
 
@@ -53,6 +53,18 @@ def test_one_cpu_thread_saturates_on_the_reduction_length_alone():
     # (512 x 256) @ (256 x 64) at 9: a short k, not a narrow output, is what is slow.
     assert achieved(512, 256, 64, cpu) < 0.5 * achieved(512, 64, 256, cpu)
     assert achieved(512, 64, 256, H100) == pytest.approx(achieved(512, 256, 64, H100))
+
+
+def test_a_gemm_slows_only_where_both_operands_outgrow_the_cache():
+    cpu = dataclasses.replace(H100, saturate_on_reduction=True, cache_bytes=4e6, memory_bytes_per_s=float("inf"))
+    # The 128k-vocabulary lm_head at width 64: its dX, both operands over 16 MB, runs at
+    # a fifth of the rate; its forward streams the weight against 16 KB of activations.
+    no_cache = dataclasses.replace(cpu, cache_bytes=float("inf"))
+    dx = achieved(128, 64, 128256, cpu)
+    assert dx == pytest.approx(achieved(128, 64, 128256, no_cache) / (1 + 2 * 128256 * 64 / 4e6))
+    assert dx < 0.25 * achieved(128, 64, 128256, no_cache)
+    assert achieved(128, 128256, 64, cpu) == pytest.approx(achieved(128, 128256, 64, no_cache), rel=0.01)
+    assert achieved(256, 256, 1024, cpu) > 0.85 * achieved(256, 256, 1024, no_cache)  # 0.5 MB operands: in cache
 
 
 def test_fused_causal_attention_skips_half_the_square_and_its_backward_recomputes():

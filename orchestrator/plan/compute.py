@@ -12,7 +12,10 @@ A transformer step is a list of kernels, and each kernel is bound by one of thre
   dimension d is small reaches less, d / (d + gemm_half_dim) of it. On a GPU d is the
   smallest of m, n, k (too few output tiles to fill the device, or too short a k loop per
   tile); on one CPU thread it is k, the length each output sums over (nothing to fill;
-  the cost of loading and storing an output tile is spread over k). And no GEMM runs
+  the cost of loading and storing an output tile is spread over k). Where even the
+  smaller operand outgrows the caches (`cache_bytes`, a CPU's), one of them is read again
+  for every block of the other (the blocking argument of Goto and van de Geijn, 2008):
+  the rate falls as 1 / (1 + smaller / cache_bytes). And no GEMM runs
   faster than its operands can be read: time = max(flops / rate, bytes / bandwidth), the
   roofline of Williams et al. (2009).
 - **Attention** (QK^T, softmax, AV) runs at its own rate. A fused kernel (sdpa, flash
@@ -64,6 +67,7 @@ class Rates:
     compute_efficiency: float  # share of the peak a large GEMM reaches
     kn_efficiency: float  # the same where the right operand is stored k x n (row-major over the sum)
     gemm_half_dim: float  # a GEMM whose saturating dimension is this reaches half of that
+    cache_bytes: float  # a GEMM whose smaller operand is this large runs at half its rate (inf: no effect)
     saturate_on_reduction: bool  # the saturating dimension is k alone (a CPU), else min(m, n, k)
     attention_efficiency: float  # fused attention forward, share of the peak
     attention_backward_efficiency: float
@@ -96,7 +100,8 @@ def gemm_time(m: int, n: int, k: int, r: Rates, element_bytes: int, kn: bool = F
     kn: the right operand is stored k x n (row-major), not n x k as nn.Linear's weight."""
     d = k if r.saturate_on_reduction else min(m, n, k)
     efficiency = r.kn_efficiency if kn else r.compute_efficiency
-    rate = r.peak_flops * efficiency * d / (d + r.gemm_half_dim)
+    smaller = element_bytes * min(m * k, k * n)  # of the two operands
+    rate = r.peak_flops * efficiency * d / (d + r.gemm_half_dim) / (1 + smaller / r.cache_bytes)
     bytes_moved = element_bytes * (m * k + k * n + m * n)
     return max(2.0 * m * n * k / rate, bytes_moved / r.memory_bytes_per_s)
 

@@ -155,8 +155,15 @@ def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> 
     """The hardware preset's step-time parameters, in the units plan/compute.py takes."""
     hw = spec.cfg.hardware
     memory = bandwidth_gbps * 1e9 * hw.memory_efficiency if bandwidth_gbps else float("inf")
+    kn = kn_efficiency(hw)
+    threads = hardware.threads_per_rank(spec.gpus_per_node)
+    if hw.device == "cpu" and hw.gemm_kn_efficiency is not None and threads > 1:
+        # That layout's kernel runs on one thread (1.0-1.35x on two here, bench/RESULTS.md):
+        # its share is of one thread's peak, whatever the rank's.
+        kn *= hardware.peak_tflops(hw, spec.precision, 1)[0] / peak_tflops
     return Rates(peak_flops=peak_tflops * 1e12, compute_efficiency=hw.compute_efficiency,
-                 kn_efficiency=kn_efficiency(hw), gemm_half_dim=hw.gemm_half_dim,
+                 kn_efficiency=kn, gemm_half_dim=hw.gemm_half_dim,
+                 cache_bytes=hw.gemm_cache_mb * 1e6 if hw.gemm_cache_mb else float("inf"),
                  saturate_on_reduction=saturates_on(hw) == "reduction", attention_efficiency=hw.attention_efficiency,
                  attention_backward_efficiency=hw.attention_backward_efficiency, memory_bytes_per_s=memory,
                  op_overhead_s=hw.op_overhead_us * 1e-6)
@@ -177,7 +184,8 @@ def compute_assumption(hw) -> str:
     source = f"calibrated on {hw.calibrated_on}" if hw.calibrated_on else f"the {hw.name} preset's parameters"
     dim = "smallest dimension" if saturates_on(hw) == "smallest" else "reduction length k"
     return (f"compute ({source}): large GEMMs at {hw.compute_efficiency:.0%} of the peak "
-            f"({kn_efficiency(hw):.0%} with a k x n right operand), half of that at a {dim} of {hw.gemm_half_dim:g}; "
+            f"({kn_efficiency(hw):.0%} with a k x n right operand), half of that at a {dim} of {hw.gemm_half_dim:g}"
+            + (f" and at a smaller operand of {hw.gemm_cache_mb:g} MB" if hw.gemm_cache_mb else "") + "; "
             f"fused attention at {hw.attention_efficiency:.0%} forward, "
             f"{hw.attention_backward_efficiency:.0%} backward; memory-bound kernels at {hw.memory_efficiency:.0%} "
             f"of the memory bandwidth; {hw.op_overhead_us:g} us per kernel")
