@@ -43,7 +43,7 @@ SHAPES = {
 # elements, 1 GB, by default); 1e6 keeps the model states, not the bucket, what is compared.
 COMMON = ["logger.mode=disabled", "zero.reduce_bucket_size=1e6"]
 # Steps and micro batch: the 128k vocabulary's lm_head and loss take seconds a step here.
-STEPS = {"llama-128k": ["run.steps=4", "run.warmup_steps=2", "batch.micro_batch_size=1"]}
+STEPS = {"llama-128k": ["run.steps=6", "run.warmup_steps=2", "batch.micro_batch_size=1"]}
 DEFAULT_STEPS = ["run.steps=6", "run.warmup_steps=2", "batch.micro_batch_size=2"]
 
 

@@ -110,3 +110,21 @@ def test_a_tiny_model_is_its_fixed_cost_per_kernel():
     t = micro_batch_time(tiny, 1, "none", dataclasses.replace(H100, op_overhead_s=10e-6), 2)
     assert t.overhead_s > 0.9 * t.total_s
     assert t.kernels == 3 * 2 * 12 + 10  # forward and backward of each layer, and the loss
+
+
+def test_on_a_cpu_the_k_by_n_layout_runs_at_one_threads_rate_whatever_the_rank_has():
+    # Measured on the CI machine: nn.Linear's layout runs 1.6-2.3x faster on two threads,
+    # the k x n layout 0.9-1.35x (bench/RESULTS.md). Uses this host's measured peaks.
+    from orchestrator import hardware
+    from orchestrator.plan.planner import rates
+
+    spec = build_spec(["hardware=cpu", "parallel.dp=1"])
+    hw = spec.cfg.hardware
+    threads = hardware.threads_per_rank(spec.gpus_per_node)
+    rank_peak, _ = hardware.peak_tflops(hw, "bf16", threads)
+    one_thread, _ = hardware.peak_tflops(hw, "bf16", 1)
+    r = rates(spec, rank_peak, None)
+    assert r.peak_flops * r.compute_efficiency == pytest.approx(rank_peak * 1e12 * hw.compute_efficiency)
+    assert r.peak_flops * r.kn_efficiency == pytest.approx(one_thread * 1e12 * hw.gemm_kn_efficiency)
+    gpu = build_spec(["hardware=h100-sxm", "parallel.dp=1"])
+    assert rates(gpu, 989.0, 3350.0).kn_efficiency == gpu.cfg.hardware.compute_efficiency
