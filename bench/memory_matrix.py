@@ -11,7 +11,7 @@ predicted / measured, and beside them DeepSpeed's own estimators
 total less the runtime against the live-tensor peak of an untimed step (the CPU
 allocator's count; the CUDA allocator's peak on a GPU). Trials already in
 OUT_DIR are not run again; the plan is always recomputed. About 50 minutes on the
-2-core CI machine (15 of them the 128k-vocabulary Llama's 24). tests/test_plan_drift.py
+2-core CI machine (17 of them the 128k-vocabulary Llama's 24). tests/test_plan_drift.py
 runs a few of these points in CI.
 On a GPU node the table adds the CUDA allocator's peak against the plan's peak less the
 CUDA context, and measured against predicted MFU; issue 8's GPU check is
