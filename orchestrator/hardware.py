@@ -103,7 +103,18 @@ def measured_cpu_bandwidth_gbps(threads: int) -> float:
     return _measured(f"{_cpu_model()}|torch {torch.__version__}|copy bandwidth|{threads} threads", threads, copy_gbps)
 
 
+# What this process has read or measured: a plan of a CPU trial asks for a peak (and the
+# k x n layout's one-thread peak) at every point of a sweep, and need not read the file each time.
+_IN_PROCESS: dict[str, float] = {}
+
+
 def _measured(key: str, threads: int, measure) -> float:
+    if key not in _IN_PROCESS:
+        _IN_PROCESS[key] = _measured_once(key, threads, measure)
+    return _IN_PROCESS[key]
+
+
+def _measured_once(key: str, threads: int, measure) -> float:
     import torch
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator" / "cpu_peak.json"

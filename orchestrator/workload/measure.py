@@ -93,11 +93,15 @@ def static_bytes(device_type: str | None = None) -> int:
     """Unique storages of every tensor the Python heap holds (call with no batch in flight),
     only those on `device_type` ("cuda": what the GPU holds, not offloaded host copies)."""
     gc.collect()
+    return unique_storage_bytes(_heap_tensors(device_type))
+
+
+def _heap_tensors(device_type: str | None) -> list[torch.Tensor]:
+    """Every tensor the Python heap holds, on `device_type` (None: any)."""
     with warnings.catch_warnings():  # isinstance() on deprecated module objects warns
         warnings.simplefilter("ignore")
-        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)
-                   and (device_type is None or o.device.type == device_type)]
-    return unique_storage_bytes(tensors)
+        return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)
+                and (device_type is None or o.device.type == device_type)]
 
 
 def peak_bytes(device: torch.device) -> int:
@@ -145,29 +149,17 @@ class AllocatorPeak:
         # thread the profiler does not watch: a gloo worker drops the last reference to a
         # collective's buffer once it completes, inside the op that made it. It is let go
         # when that top-level op returned.
-        unreported = _never_freed(events).keys() - live_storage_addresses("cpu")
+        still_held = _replay([(ptr, size) for _, ptr, size, _, _ in events])[2]
+        unreported = still_held.keys() - live_storage_addresses("cpu")
         ends = {ptr: (top_end, ptr, -size, "", top_end) for _, ptr, size, _, top_end in events if ptr in unreported}
         events = sorted(events + list(ends.values()))
         self.growth, at = held_growth([(ptr, size) for _, ptr, size, _, _ in events])
         self.where = events[at][3] if at is not None else None
 
 
-def _never_freed(events) -> dict[int, int]:
-    held: dict[int, int] = {}
-    for _, ptr, size, *_ in events:
-        if size > 0:
-            held[ptr] = size
-        else:
-            held.pop(ptr, None)
-    return held
-
-
 def live_storage_addresses(device_type: str) -> set[int]:
     """The data pointers of every storage on `device_type` a Python-visible tensor holds."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return {o.untyped_storage().data_ptr() for o in gc.get_objects()
-                if isinstance(o, torch.Tensor) and o.layout == torch.strided and o.device.type == device_type}
+    return {t.untyped_storage().data_ptr() for t in _heap_tensors(device_type) if t.layout == torch.strided}
 
 
 def held_growth(events: list[tuple[int, int]]) -> tuple[int, int | None]:
@@ -177,6 +169,12 @@ def held_growth(events: list[tuple[int, int]]) -> tuple[int, int | None]:
     An allocation at an address still held means the block there was freed where no event
     reported it (another thread): it stops counting then. Frees of blocks allocated before
     the first event lower what is held below the start."""
+    most, at, _ = _replay(events)
+    return most, at
+
+
+def _replay(events: list[tuple[int, int]]) -> tuple[int, int | None, dict[int, int]]:
+    """held_growth's replay, and the blocks still held after the last event (address: bytes)."""
     held: dict[int, int] = {}
     now, most, at = 0, 0, None
     for i, (ptr, size) in enumerate(events):
@@ -187,4 +185,4 @@ def held_growth(events: list[tuple[int, int]]) -> tuple[int, int | None]:
             now -= held.pop(ptr, -size)
         if now > most:
             most, at = now, i
-    return most, at
+    return most, at, held
