@@ -28,7 +28,7 @@ from orchestrator.workload.model import apply_recompute, build_model  # noqa: E4
 def main(trial_dir: Path) -> None:
     spec = load_spec(trial_dir)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = spec.cfg.hardware.device == "cuda"
+    cuda = spec.cfg.hardware.device.is_gpu
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     torch.manual_seed(spec.cfg.run.seed)

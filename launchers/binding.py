@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.config import DeviceType
 from orchestrator.spec import TrialSpec
 
 SRUN_CPU_BIND = {"node": "ldoms", "socket": "sockets", "exclusive": "cores", "core-complex": "cores"}
@@ -31,7 +32,7 @@ class Binding:
 def binding(mode: str, device: str, ranks_per_node: int, sockets_per_node: int = 2) -> Binding:
     if mode == "none":
         return Binding()
-    if device != "cuda":
+    if not DeviceType(device).is_gpu:
         return Binding(warnings=[f"numa.mode={mode}: there is no GPU to bind ranks near (hardware.device={device}); "
                                  "nothing is bound"])
     sbatch = {"gres-flags": "enforce-binding"}

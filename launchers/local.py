@@ -20,8 +20,9 @@ from typing import Callable
 
 from orchestrator.launchers.binding import Binding
 from orchestrator import hardware
+from orchestrator.config import DeviceType
 from orchestrator.spec import TrialSpec
-from orchestrator.workload.train import PROGRESS
+from orchestrator.process import PROGRESS, die_with_parent
 from orchestrator.trial_dir import TrialPaths
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
@@ -36,8 +37,8 @@ class Command:
 def rank_environment(spec: TrialSpec, threads: int) -> dict[str, str]:
     """What every rank's environment needs, whichever launcher starts it."""
     env = {"OMP_NUM_THREADS": str(threads)}
-    if spec.cfg.hardware.device == "cpu":
-        env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise look for CUDA
+    if not spec.cfg.hardware.device.is_gpu:
+        env["DS_ACCELERATOR"] = DeviceType.cpu.value  # DeepSpeed would otherwise look for CUDA
     elif spec.cfg.run.expandable_segments:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # less fragmentation (003)
     return env
@@ -82,7 +83,7 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
         # the ranks in order), and SIGTERM when the orchestrator dies, even by SIGKILL.
         proc = subprocess.Popen(command.argv, env=environment(command), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
         reader = threading.Thread(target=_pump, args=(proc.stdout, sink, on_progress), daemon=True)
         reader.start()
         timed_out = False
@@ -113,12 +114,6 @@ def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
             sink.flush()
         except OSError:  # a full disk: the line is lost, the run goes on
             pass
-
-
-def _die_with_parent() -> None:
-    from orchestrator.workload.train import die_with_parent
-
-    die_with_parent()
 
 
 def _end_group(proc: subprocess.Popen) -> None:

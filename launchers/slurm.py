@@ -45,7 +45,7 @@ def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
               "slurm_setup": secret_exports(c.setup)[0],  # secrets go through sbatch's environment
               "slurm_srun_args": [*bind.srun_args, *c.srun_args],
               "slurm_additional_parameters": {**c.additional_parameters, **bind.sbatch_options}}
-    if spec.cfg.hardware.device == "cuda":
+    if spec.cfg.hardware.device.is_gpu:
         params["gpus_per_node"] = spec.gpus_per_node
     if c.mem_gb is not None:
         params["mem_gb"] = c.mem_gb
@@ -62,7 +62,7 @@ def sbatch_options(spec: TrialSpec, bind: Binding) -> list[str]:
     c = spec.cfg.cluster
     opts = [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.gpus_per_node}", f"--cpus-per-task={c.cpus_per_task}",
             f"--time={c.time}"]
-    if spec.cfg.hardware.device == "cuda":
+    if spec.cfg.hardware.device.is_gpu:
         opts.append(f"--gpus-per-node={spec.gpus_per_node}")
     if c.mem_gb is not None:
         opts.append(f"--mem={int(c.mem_gb * 1024)}M")
@@ -133,7 +133,7 @@ def partition_refusal(spec: TrialSpec, nodes: list[NodeShape]) -> str | None:
         return (f"cluster.cpus_per_task={c.cpus_per_task}: {per_node} tasks per node x {c.cpus_per_task} CPUs = "
                 f"{per_node * c.cpus_per_task} CPUs per node, but no node of {where} has more than {cpus}; "
                 f"the most that fits is cluster.cpus_per_task={cpus // per_node}")
-    cuda, gpus = spec.cfg.hardware.device == "cuda", max(n.gpus for n in nodes)
+    cuda, gpus = spec.cfg.hardware.device.is_gpu, max(n.gpus for n in nodes)
     if cuda and per_node > gpus:
         return (f"cluster.gpus_per_node={per_node}: no node of {where} has more than {gpus} GPUs (sinfo's GRES); "
                 f"the most that fits is cluster.gpus_per_node={gpus}")

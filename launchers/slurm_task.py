@@ -51,10 +51,11 @@ class SlurmTask(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict:
         rank = int(task_environment()["RANK"])
-        errors = TrialPaths(Path(self.trial_dir)).errors
-        if (errors / f"rank{rank}.json").exists():  # from an attempt before a requeue
-            (errors / "earlier").mkdir(parents=True, exist_ok=True)
-            (errors / f"rank{rank}.json").replace(errors / "earlier" / f"rank{rank}.{time.time():.0f}.json")
+        paths = TrialPaths(Path(self.trial_dir))
+        error = paths.rank_error(rank)
+        if error.exists():  # from an attempt before a requeue
+            paths.earlier_errors.mkdir(parents=True, exist_ok=True)
+            error.replace(paths.earlier_rank_error(rank, time.time()))
         started = self._attempt_started = time.time()
         clear_stale_build_locks()  # a requeue that killed an op build mid-way left its lock
         # submitit ignores SIGTERM ("bypass"), so a requeue or scancel waited for SLURM's
@@ -73,8 +74,8 @@ class SlurmTask(submitit.helpers.Checkpointable):
                            "when the node runs out of memory; or kill -9)")
             else:
                 message = f"rank {rank} exited with code {code} without a Python error"
-            if not (errors / f"rank{rank}.json").exists():  # it died without a Python error: say so
-                atomic_write_json(errors / f"rank{rank}.json", {
+            if not error.exists():  # it died without a Python error: say so
+                atomic_write_json(error, {
                     "type": "Killed" if code == -signal.SIGKILL else "ProcessExit", "silent": True, "rank": rank,
                     "oom": False, "time": started, "message": message, "host": socket.gethostname()})
             raise RuntimeError(message)
@@ -92,9 +93,7 @@ class SlurmTask(submitit.helpers.Checkpointable):
 
     def checkpoint(self, *args, **kwargs):
         """Called on SLURM's warning: give the ranks time to save (they got SIGUSR2 too)."""
-        from orchestrator.workload.checkpoint import DIRECTORY, LATEST
-
-        latest = Path(self.trial_dir) / DIRECTORY / LATEST
+        latest = TrialPaths(Path(self.trial_dir)).checkpoint_latest
         deadline = time.time() + self.save_wait_s
         while time.time() < deadline and self._proc is not None and self._proc.poll() is None:
             # A save flagged as asked for by the warning, in this attempt: the ranks often

@@ -29,11 +29,11 @@ from omegaconf import OmegaConf
 from orchestrator.compose import user_conf_dir
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_json
+from orchestrator.hardware import calibrated_name
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import TrialPaths, trials_below
 
-CALIBRATED = "-calibrated"
 FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency",
           "attention_backward_efficiency", "memory_efficiency", "op_overhead_us")
 # Physically plausible ranges: a share of a peak is at most 0.9 of it, a GEMM saturates
@@ -131,10 +131,6 @@ def calibrate(dirs: list[Path]) -> list[Calibration]:
         out.append(Calibration(hardware=name, params=params, trials=trials, before=ratio(start), after=ratio(params),
                                preset_path=path))
     return out
-
-
-def calibrated_name(name: str) -> str:
-    return name if name.endswith(CALIBRATED) else name + CALIBRATED
 
 
 def write_preset(spec: TrialSpec, params: dict, n_trials: int) -> Path:

@@ -1,7 +1,7 @@
 """The `orchestrator` command: run, plan, translate, tune, status, wait, report and calibrate.
 
 run, plan, translate and tune take Hydra overrides and Hydra's flags: they are Hydra apps
-(hydra_app.py). status, wait, report and calibrate take directories (argparse, here).
+(commands.py). status, wait, report and calibrate take directories (argparse, here).
 
 Exit codes: 0 ok; 1 a trial ran and failed; 2 invalid config; 3 the plan refuses.
 """
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from orchestrator import hydra_app
+from orchestrator import commands
 from orchestrator.compose import presets
 from orchestrator.config import GROUPS
 from orchestrator.display import console, show_calibration, show_report, show_states
@@ -24,14 +24,14 @@ from orchestrator.trial import collect_state, wait_for
 from orchestrator.trial_dir import TrialPaths, trials_below
 
 FIELDS_ONLY = "(fields, no presets)"
-HYDRA_COMMANDS = {  # hydra_app.COMMANDS, summed up for `orchestrator --help`
+HYDRA_COMMANDS = {  # commands.COMMANDS, summed up for `orchestrator --help`
     "run": "Run one trial (or a sweep with -m) and record result.json; `run --help` for overrides and Hydra flags.",
     "plan": "Predict memory, FLOPs, communication and step time; launch nothing (--json).",
     "translate": "Write the engine configs and launch commands without running (--out DIR).",
     "tune": "Find the fastest ZeRO stage, micro batch, recompute and buckets: plan all, run the best few, "
             "calibrate, repeat (--trials N, --minutes M, --out DIR).",
 }
-COMMANDS = (*hydra_app.COMMANDS, "status", "wait", "report", "calibrate")
+COMMANDS = (*commands.COMMANDS, "status", "wait", "report", "calibrate")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     Interrupted.install()  # Ctrl-C and SIGTERM: record what runs, then one line, no traceback
     command = argv[0] if argv else ""
     try:
-        if command in hydra_app.COMMANDS:
-            return hydra_app.main(command, argv[1:])
+        if command in commands.COMMANDS:
+            return commands.main(command, argv[1:])
         if command and not command.startswith("-") and command not in COMMANDS:
             raise ConfigError("command", command, f"one of {one_of(COMMANDS)}{did_you_mean(command, COMMANDS)}")
         args = _parser().parse_args(argv)
@@ -89,7 +89,7 @@ def wait_command(args: argparse.Namespace) -> int:
         print(f"orchestrator wait: {exc} after --timeout {args.timeout:g} s", file=sys.stderr)
         return 1
     show_report(collect(directory)[0], out)
-    return hydra_app.sweep_outcome(results, directory, out)
+    return commands.sweep_outcome(results, directory, out)
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_groups_help() + _EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    for name, summary in HYDRA_COMMANDS.items():  # parsed by hydra_app; listed here for --help
+    for name, summary in HYDRA_COMMANDS.items():  # parsed by commands.py; listed here for --help
         sub.add_parser(name, help=summary, add_help=False)
     status = sub.add_parser("status", help="State of every trial below DIR (pending, running, ok, failed, ...).",
                             description="State of every trial below DIR, from sacct and the trial files.")

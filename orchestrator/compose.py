@@ -7,10 +7,9 @@ BasicSweeper, so `a=1,2 b=x,y`, `range(...)`, `glob(...)` and a sweep file's
 `hydra.sweeper.params` mean exactly what they mean to Hydra), and turning Hydra's and
 OmegaConf's exceptions into one-paragraph ConfigErrors.
 
-Hydra has no public API for two things used here, so both are in this module alone and
-tested (tests/test_hydra_app.py): applying value overrides to a composed config
-(ConfigLoaderImpl._apply_overrides_to_config) and splitting a sweep into its points
-(BasicSweeper.split_arguments).
+Two steps have no public Hydra API (applying value overrides to a composed config, and
+splitting a sweep into its points): they go through hydra_compat.py, as every private
+Hydra call does.
 """
 
 from __future__ import annotations
@@ -28,9 +27,6 @@ from typing import Iterator
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -39,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import config
 from orchestrator.errors import ConfigError, did_you_mean, one_of
+from orchestrator.hydra_compat import apply_value_changes, hydra_config_as, split_sweep
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -86,6 +83,11 @@ def with_user_presets(source: Source) -> Source:
 
 
 _source = with_user_presets(Source())
+
+
+def current_source() -> Source:
+    """The tree the command line chose (what `use_source` was last given)."""
+    return _source
 
 
 def use_source(source: Source) -> None:
@@ -144,7 +146,7 @@ def composing(overrides: list[str] | tuple[str, ...]) -> Iterator[Composed]:
     saved = [_saved(base.cfg, o.key_or_group) for o in changes]
     try:
         try:
-            ConfigLoaderImpl._apply_overrides_to_config(changes, base.cfg)
+            apply_value_changes(changes, base.cfg)
         except (HydraException, OmegaConfBaseException) as exc:
             raise config_error(exc, overrides) from None
         yield dataclasses.replace(base, overrides=tuple(overrides))
@@ -213,15 +215,12 @@ def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
     choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if not g.startswith("hydra/")}
     hydra_choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if g.startswith("hydra/")}
     params = {str(k): str(v) for k, v in (cfg.hydra.sweeper.get("params") or {}).items()}
-    running = HydraConfig.instance().cfg  # a job Hydra runs now (this may be its task composing)
-    HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in a directory's name
     try:
-        dirs = {key: str(OmegaConf.select(cfg, f"hydra.{key}.dir")) for key in ("run", "sweep")}
+        with hydra_config_as(cfg):  # for ${hydra:...} in a directory's name
+            dirs = {key: str(OmegaConf.select(cfg, f"hydra.{key}.dir")) for key in ("run", "sweep")}
         dirs["output_subdir"] = cfg.hydra.output_subdir  # .hydra, or None: Hydra writes none
     except OmegaConfBaseException as exc:
         raise config_error(exc, list(overrides)) from None
-    finally:
-        HydraConfig.instance().cfg = running
     with open_dict(cfg):
         del cfg["hydra"]
     return Composed(cfg=cfg, choices=choices, overrides=overrides, sweep_params=params, hydra_choices=hydra_choices,
@@ -278,7 +277,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         try:
             everything = parser.parse_overrides(from_file + list(overrides))
-            batches = BasicSweeper.split_arguments(everything, max_batch_size=None)
+            batches = split_sweep(everything)
         except OverrideParseException as exc:
             raise config_error(exc, from_file + list(overrides)) from None
         except HydraException as exc:

@@ -210,16 +210,27 @@ class GemmSaturation(StrEnum):
     reduction = "reduction"  # k alone: one CPU thread has no SMs to fill; only short sums per output tile cost
 
 
-class Device(StrEnum):
-    """The torch device a rank trains on."""
+class DeviceType(StrEnum):
+    """The kind of device a rank trains on. What differs between the kinds and is known
+    without touching a device is said here, once; the rank's own `Device`
+    (workload/device.py) adds what needs the device itself."""
     cpu = "cpu"
     cuda = "cuda"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self is DeviceType.cuda
+
+    @property
+    def collective_backend(self) -> str:
+        """torch.distributed's backend: NCCL reduces only GPU tensors, gloo host tensors."""
+        return "nccl" if self.is_gpu else "gloo"
 
 
 @dataclass
 class HardwareConfig:
     name: str = "auto"  # auto | a preset name | your own name (then give peak_tflops)
-    device: Device = Device.cpu
+    device: DeviceType = DeviceType.cpu
     peak_tflops: PeakTflops = field(default_factory=PeakTflops)  # dense; null on cpu: measured
     memory_gib: Optional[float] = None  # null on cpu: the host's RAM
     # The step-time model's parameters (plan/compute.py); each preset says where its come from.
@@ -294,6 +305,12 @@ class DataDtype(StrEnum):
 FailMode = _choices("FailMode", ["raise", "exit", "oom"])
 
 
+# AdamW's betas and eps, the same in every engine (DeepSpeed's config and torch's AdamW):
+# GPT-3's (Brown et al., 2020, Appendix B).
+ADAMW_BETAS = (0.9, 0.95)
+ADAMW_EPS = 1e-8
+
+
 @dataclass
 class RunConfig:
     steps: int = 10
@@ -350,10 +367,13 @@ FIELD_GROUPS = ("parallel", "run")  # plain fields, no presets
 
 @dataclass
 class LauncherConfig:
-    """hydra/launcher=orchestrator: the launcher plugin every `run -m` goes through. It has
-    no settings of its own: where and how a trial runs is the `cluster` group."""
+    """hydra/launcher=orchestrator: the launcher plugin every `run -m` goes through. Where
+    and how a trial runs is the `cluster` group; these two fields are set by the command
+    (orchestrator/commands.py) for the sweep it started, not by a user."""
 
     _target_: str = "hydra_plugins.orchestrator_launcher.orchestrator_launcher.OrchestratorLauncher"
+    group: Optional[str] = None  # the W&B group of the sweep's runs: its directory's name
+    hydra_subdir: Optional[str] = ".hydra"  # hydra.output_subdir as the user set it: written masked by the trial
 
 
 @dataclass

@@ -15,9 +15,10 @@ from rich.table import Table
 
 from orchestrator.compose import swept_values
 from orchestrator.plan.memory import GIB
-from orchestrator.plan.planner import Plan
+from orchestrator.plan.prediction import Plan
 from orchestrator.report import COLUMNS
 from orchestrator.spec import TrialSpec
+from orchestrator.trial_dir import TrialPaths
 
 
 def console(stderr: bool = False) -> Console:
@@ -68,7 +69,7 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
             ("optimizer step", m.optimizer_step + m.optimizer_temporaries,
              "fp32 gradient copy and AdamW's temporaries inside step()" +
              ("" if m.peak_phase == "optimizer step" else "; not alive at the peak")),
-            ("runtime", m.runtime, "CUDA context + NCCL" if spec.cfg.hardware.device == "cuda" else "Python process")]
+            ("runtime", m.runtime, "CUDA context + NCCL" if spec.cfg.hardware.device.is_gpu else "Python process")]
     for name, value, note in rows:
         mem.add_row(name, gib(value), note)
     if m.offloaded:
@@ -137,7 +138,7 @@ def show_progress(p: dict, out: Console) -> None:
 def show_result(result: dict, trial_dir, out: Console) -> None:
     status = result["status"]
     colour = "green" if status == "ok" else "red"
-    out.print(f"[bold {colour}]{status}[/bold {colour}]  {trial_dir / 'result.json'}")
+    out.print(f"[bold {colour}]{status}[/bold {colour}]  {TrialPaths(trial_dir).result}")
     if result["error"]:
         e = result["error"]
         rank = f" on rank {e['rank']}" if e.get("rank") is not None else ""

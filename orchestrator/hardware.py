@@ -26,6 +26,14 @@ _GPU_PRESETS = (
 )
 
 
+CALIBRATED = "-calibrated"  # the preset `orchestrator calibrate` writes for NAME is NAME-calibrated
+
+
+def calibrated_name(name: str) -> str:
+    """The name of the calibrated preset of hardware preset `name`."""
+    return name if name.endswith(CALIBRATED) else name + CALIBRATED
+
+
 def preset_for_gpu(device_name: str) -> str | None:
     """The hardware preset for a CUDA device name, or None if there is none."""
     for fragment, preset in _GPU_PRESETS:

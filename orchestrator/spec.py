@@ -228,7 +228,7 @@ def _check_run(cfg: TrialConfig) -> str:
 
 def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
     hw = cfg.hardware
-    if hw.device == "cpu":
+    if not hw.device.is_gpu:
         if precision == "fp16":
             raise ConfigError("run.fp16", True, "DeepSpeed's CPU accelerator has no fp16; use run.bf16=true or fp32")
     else:
@@ -239,7 +239,7 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
                               f"{'preset' if known else 'unknown hardware'} '{hw.name}' needs its dense {precision} peak in TFLOPS; "
                               "MFU never uses a guessed peak")
         above_zero(hw.memory_gib, "hardware.memory_gib")  # a GPU's capacity cannot be read from here
-    if hw.device == "cpu" and hw.memory_gib is not None:
+    if not hw.device.is_gpu and hw.memory_gib is not None:
         above_zero(hw.memory_gib, "hardware.memory_gib")
     if hw.memory_bandwidth_gbps is not None:
         above_zero(hw.memory_bandwidth_gbps, "hardware.memory_bandwidth_gbps")
@@ -331,8 +331,8 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
     if preset is None:
         raise ConfigError("hardware", f"auto (found '{gpu}')", "no preset for this GPU: describe it with hardware.name=NAME "
                           "hardware.device=cuda hardware.peak_tflops.bf16=TFLOPS hardware.memory_gib=GIB")
-    if f"{preset}-calibrated" in presets_known:  # written by `orchestrator calibrate`
-        preset = f"{preset}-calibrated"
+    if hardware.calibrated_name(preset) in presets_known:  # written by `orchestrator calibrate`
+        preset = hardware.calibrated_name(preset)
     kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
     resolved = compose_trial(kept + [f"hardware={preset}"])
     return dataclasses.replace(resolved, overrides=composed.overrides)  # what the user typed

@@ -28,8 +28,7 @@ from pathlib import Path
 
 from orchestrator.files import atomic_write_json
 from orchestrator.spec import TrialSpec
-
-RUN_FILE = "wandb_run.json"  # the trial's run id, so that a requeued job resumes its run
+from orchestrator.trial_dir import TrialPaths
 
 HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_sec_per_gpu", "global_batch_size", "lr", "tokens_seen")
 SUMMARY_KEYS = ("tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "hfu", "step_time_s",
@@ -98,7 +97,7 @@ class Tracker:
 def run_id(trial_dir: Path) -> str:
     """The trial's W&B run id: the one an earlier attempt of it chose, else a new one
     (8 characters of [0-9a-f], as W&B's own ids)."""
-    path = trial_dir / RUN_FILE
+    path = TrialPaths(trial_dir).wandb_run
     try:
         return json.loads(path.read_text())["id"]
     except (OSError, ValueError, KeyError):
@@ -109,9 +108,10 @@ def run_id(trial_dir: Path) -> str:
 
 def sync_hint(trial_dirs: list[Path]) -> str | None:
     """How to upload the offline runs of these trials, or None if there are none."""
-    runs = {p.name.rsplit("-", 1)[-1] for d in trial_dirs for p in (d / "wandb").glob("offline-run-*")}
+    runs = {p.name.rsplit("-", 1)[-1] for d in trial_dirs for p in TrialPaths(d).wandb_dir.glob("offline-run-*")}
     if not runs:
         return None
-    pattern = f"{trial_dirs[0].parent}/*/wandb/offline-run-*" if len(trial_dirs) > 1 \
-        else f"{trial_dirs[0]}/wandb/offline-run-*"
+    wandb = TrialPaths(Path()).wandb_dir.name
+    pattern = f"{trial_dirs[0].parent}/*/{wandb}/offline-run-*" if len(trial_dirs) > 1 \
+        else f"{trial_dirs[0]}/{wandb}/offline-run-*"
     return f"W&B: {len(runs)} offline run(s) written; upload them with: wandb sync {pattern}"

@@ -20,7 +20,8 @@ from orchestrator.launchers.local import run_local
 from orchestrator import hardware
 from orchestrator.errors import ConfigError, Interrupted
 from orchestrator.display import show_plan, show_progress, show_result
-from orchestrator.plan.planner import Plan, make_plan
+from orchestrator.plan.planner import make_plan
+from orchestrator.plan.prediction import Plan
 from orchestrator.files import read_json
 from orchestrator.results import Status, error_record, now, outcome_status, write_result
 from orchestrator.spec import TrialSpec, load_spec
@@ -43,10 +44,10 @@ def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = N
 
 def check_runnable_here(spec: TrialSpec) -> None:
     """A local trial needs the device it names (plan and translate need nothing)."""
-    if spec.cfg.cluster.name == "local" and spec.cfg.hardware.device == "cuda" and hardware.local_gpu_name() is None:
+    if spec.cfg.cluster.name == "local" and spec.cfg.hardware.device.is_gpu and hardware.local_gpu_name() is None:
         raise ConfigError("hardware", spec.cfg.hardware.name, "this machine has no GPU to run it on; use hardware=auto "
                           "or cpu here (plan and translate take any hardware)")
-    if spec.cfg.engine.backend == "fsdp" and spec.cfg.zero.stage and spec.cfg.hardware.device == "cpu":
+    if spec.cfg.engine.backend == "fsdp" and spec.cfg.zero.stage and not spec.cfg.hardware.device.is_gpu:
         raise ConfigError("engine.backend", "fsdp", f"accelerate applies FSDP only on GPUs (on a CPU it quietly runs "
                           f"DDP instead, so zero.stage={spec.cfg.zero.stage} would not be what runs); use "
                           "engine.backend=deepspeed here, or zero.stage=0 for DDP")

@@ -31,23 +31,20 @@ from orchestrator.files import read_json
 
 CLAIM = "claim.json"
 SWEEP_CLAIM = "sweep.json"  # a sweep's own directory: the trials are its sub-directories
-RESERVE = "result.reserve"
 RESERVE_BYTES_PER_STEP = 600  # result.json carries the history twice over (metrics and steps)
 
 
 @dataclass(frozen=True)
 class TrialPaths:
-    """Every file of a trial directory, named here and nowhere else (as submitit's JobPaths).
+    """Every file of a trial directory, named here and nowhere else (as submitit's JobPaths);
+    tests/test_structure.py fails on a trial file's name written in any other module.
 
     Written before launch (translate): config.yaml, trial.json, plan.json, ds_config.json,
-    accelerate_config.yaml, launch.json, launch.sh, EXPLAIN.md; by Hydra: .hydra/; while it
-    runs: claim.json, logs/, errors/, checkpoints/, metrics.json (rank 0), slurm.json,
-    wandb_run.json; at its end: result.json."""
+    accelerate_config.yaml, launch.json, launch.sh, EXPLAIN.md, and .hydra/ (Hydra's names,
+    masked); while it runs: claim.json, result.reserve, logs/, errors/, checkpoint/,
+    metrics.json (rank 0), slurm.json, wandb_run.json, wandb/, profile/; at its end: result.json."""
 
     root: Path
-
-    def __truediv__(self, name: str) -> Path:
-        return self.root / name
 
     config = property(lambda self: self.root / "config.yaml")  # the resolved trial
     meta = property(lambda self: self.root / "trial.json")  # overrides, choices, sweep point
@@ -56,15 +53,21 @@ class TrialPaths:
     accelerate_config = property(lambda self: self.root / "accelerate_config.yaml")
     launch_json = property(lambda self: self.root / "launch.json")
     launch_sh = property(lambda self: self.root / "launch.sh")
+    explain = property(lambda self: self.root / "EXPLAIN.md")
     claim = property(lambda self: self.root / CLAIM)
+    reserve = property(lambda self: self.root / "result.reserve")  # disk space held for result.json
     metrics = property(lambda self: self.root / "metrics.json")
     slurm_job = property(lambda self: self.root / "slurm.json")
-    wandb_run = property(lambda self: self.root / "wandb_run.json")
+    wandb_run = property(lambda self: self.root / "wandb_run.json")  # the W&B run id a requeued job resumes
+    wandb_dir = property(lambda self: self.root / "wandb")  # W&B's own files (offline runs)
     result = property(lambda self: self.root / "result.json")
     logs = property(lambda self: self.root / "logs")
     launcher_log = property(lambda self: self.root / "logs" / "launcher.log")
     errors = property(lambda self: self.root / "errors")
-    checkpoints = property(lambda self: self.root / "checkpoints")
+    earlier_errors = property(lambda self: self.root / "errors" / "earlier")  # from attempts before a requeue
+    checkpoint = property(lambda self: self.root / "checkpoint")  # the engine's state, per step tag
+    checkpoint_latest = property(lambda self: self.root / "checkpoint" / "latest.json")  # written last: it counts
+    profile = property(lambda self: self.root / "profile")  # torch.profiler traces (run.profile)
 
     def rank_log(self, rank: int | None) -> Path:
         return self.launcher_log if rank is None else self.logs / f"rank{rank}.log"
@@ -72,12 +75,42 @@ class TrialPaths:
     def rank_error(self, rank: int) -> Path:
         return self.errors / f"rank{rank}.json"
 
+    def earlier_rank_error(self, rank: int, stamp: float) -> Path:
+        return self.earlier_errors / f"rank{rank}.{stamp:.0f}.json"
+
+    def checkpoint_rng(self, tag: str, rank: int) -> Path:
+        return self.checkpoint / tag / f"rng{rank}.pt"
+
+    def hydra_files(self, subdir: str) -> dict[str, Path]:
+        """.hydra/ under the name the user gave it: the three files Hydra itself writes."""
+        return {name: self.root / subdir / f"{name}.yaml" for name in ("config", "hydra", "overrides")}
+
     def markers(self) -> tuple[Path, ...]:
         """The files only a trial writes (.hydra/ alone is not a trial)."""
         return self.meta, self.result, self.slurm_job, self.claim
 
     def holds_trial(self) -> bool:
         return self.root.is_dir() and any(p.exists() for p in self.markers())
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    """Every file a sweep (or a tune) keeps in its own directory, beside its trials'
+    directories: named here and nowhere else."""
+
+    root: Path
+
+    claim = property(lambda self: self.root / SWEEP_CLAIM)
+    multirun_yaml = property(lambda self: self.root / "multirun.yaml")  # Hydra's record of the sweep, masked
+    slurm_logs = property(lambda self: self.root / "slurm-logs")  # submitit's folder, one per job
+    tune_json = property(lambda self: self.root / "tune.json")  # the search's state: resumes from it
+    tune_md = property(lambda self: self.root / "tune.md")
+    tune_png = property(lambda self: self.root / "tune.png")
+    report_csv = property(lambda self: self.root / "report.csv")
+    report_md = property(lambda self: self.root / "report.md")
+    scaling_png = property(lambda self: self.root / "scaling.png")
+    predicted_png = property(lambda self: self.root / "predicted_vs_measured.png")
+    warmup_png = property(lambda self: self.root / "warmup.png")
 
 
 HOLDS_A_TRIAL = tuple(p.name for p in TrialPaths(Path()).markers())
@@ -124,7 +157,7 @@ def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False,
 def _claim(path: Path, field: str, overwrite: bool, marker: str, check_held: bool = True) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(field, str(path), "a directory, but it is a file; choose another path")
-    if check_held and (holds_trial(path) or (path / SWEEP_CLAIM).exists() or (path.is_dir() and trials_below(path))):
+    if check_held and (holds_trial(path) or SweepPaths(path).claim.exists() or (path.is_dir() and trials_below(path))):
         if not overwrite:
             raise TrialDirHeld(field, str(path), "a directory that holds no trial, but it holds one; choose another "
                                "directory, or add --overwrite to delete the old trial and run this one in its place")
@@ -181,15 +214,16 @@ def claimant_gone(record: dict) -> bool:
 def reserve(path: Path, steps: int) -> None:
     """Hold room for result.json; a file system that is already full leaves no reserve."""
     size = 64 * 1024 + RESERVE_BYTES_PER_STEP * steps
+    held = TrialPaths(path).reserve
     try:
-        with open(path / RESERVE, "wb") as f:
+        with open(held, "wb") as f:
             os.posix_fallocate(f.fileno(), 0, size)
     except OSError:
-        (path / RESERVE).unlink(missing_ok=True)
+        held.unlink(missing_ok=True)
 
 
 def release(path: Path) -> None:
-    (path / RESERVE).unlink(missing_ok=True)
+    TrialPaths(path).reserve.unlink(missing_ok=True)
 
 
 def disk_full(exc: BaseException) -> bool:

@@ -9,15 +9,14 @@ Each point is composed (Hydra's config loader), validated and given its director
   submitit as one job array, and the launcher returns without waiting (unless
   cluster.wait=true).
 
-A point whose config is invalid (possible only with a sampling sweeper: the basic
+The work on the points is orchestrator/sweep_batch.py's; this class is only Hydra's
+side of it. A point whose config is invalid (possible only with a sampling sweeper: the basic
 sweeper's points are all validated before anything starts) is returned as failed, so
 Optuna records a failed trial and samples on.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -29,13 +28,15 @@ from omegaconf import DictConfig, open_dict
 from orchestrator import config
 from orchestrator.compose import config_error
 from orchestrator.errors import ConfigError
+from orchestrator.sweep_batch import SweepBatch, redact_sweep_record
 
-log = logging.getLogger(__name__)
 config.register()  # hydra/launcher=orchestrator, whichever app discovers this plugin first
 
 
 class OrchestratorLauncher(Launcher):
-    def __init__(self) -> None:
+    def __init__(self, group: str | None = None, hydra_subdir: str | None = ".hydra") -> None:
+        """group, hydra_subdir: LauncherConfig's fields, set by the command that started the sweep."""
+        self.group, self.hydra_subdir = group, hydra_subdir
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
@@ -44,12 +45,11 @@ class OrchestratorLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from orchestrator import hydra_app  # the orchestrator's side: what a point is and how it runs
-
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
-        sweep = hydra_app.Batch.of(job_overrides, initial_job_idx, Path(str(self.config.hydra.sweep.dir)))
-        hydra_app.redact_sweep_record(sweep.base)  # the basic sweeper's multirun.yaml, before any point runs
+        batch = SweepBatch([tuple(o) for o in job_overrides], initial_job_idx, Path(str(self.config.hydra.sweep.dir)),
+                           group=self.group, hydra_subdir=self.hydra_subdir)
+        redact_sweep_record(batch.base)  # the basic sweeper's multirun.yaml, before any point runs
         returns: list[JobReturn] = []
         for i, overrides in enumerate(job_overrides):
             try:
@@ -59,12 +59,11 @@ class OrchestratorLauncher(Launcher):
                 returns.append(_failed(overrides, error))
                 continue
             with open_dict(point_cfg):
-                point_cfg.hydra.job.id = f"{sweep.job_id}_{initial_job_idx + i}"
+                point_cfg.hydra.job.id = f"{batch.job_id}_{initial_job_idx + i}"
                 point_cfg.hydra.job.num = initial_job_idx + i
-            task = functools.partial(sweep.prepare if sweep.on_slurm(point_cfg) else sweep.run, i)
-            returns.append(run_job(hydra_context=self.hydra_context, task_function=task, config=point_cfg,
-                                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
-        sweep.submit()  # the SLURM points, as one array; nothing if all ran here
+            returns.append(run_job(hydra_context=self.hydra_context, task_function=batch.task(i, point_cfg),
+                                   config=point_cfg, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+        batch.submit()  # the SLURM points, as one array; nothing if all ran here
         return returns
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
-from orchestrator.plan.memory import GIB, max_micro_batch, model_states, phases, sample_bytes
+from orchestrator.launchers.binding import trial_binding
+from orchestrator.plan.memory import GIB, max_micro_batch, model_states, phases, sample_bytes, zero_layout
 
 if TYPE_CHECKING:
-    from orchestrator.plan.planner import Plan
+    from orchestrator.plan.prediction import Plan
     from orchestrator.spec import TrialSpec
 
 Rule = Callable[["TrialSpec", "Plan"], Optional[str]]
@@ -58,8 +59,6 @@ def what_would_fit(spec: TrialSpec, plan: Plan) -> str | None:
 def fitting_changes(spec: TrialSpec, plan: Plan) -> str:
     """The nearest changes that make the trial fit, by this plan: first the micro batch,
     then more recompute, then a higher ZeRO stage with full recompute."""
-    from orchestrator.plan.planner import zero_layout  # the planner imports this module
-
     mem = plan.memory
     m, precision, mode = spec.cfg.model, spec.precision, spec.cfg.recompute.mode
     options = [f"batch.micro_batch_size={plan.max_micro_batch}"] if plan.max_micro_batch else []
@@ -93,9 +92,7 @@ def little_headroom(spec: TrialSpec, plan: Plan) -> str | None:
 
 
 def numa_without_gpu(spec: TrialSpec, plan: Plan) -> str | None:
-    if spec.cfg.numa.mode != "none" and spec.cfg.hardware.device == "cpu":
-        return f"numa.mode={spec.cfg.numa.mode} binds ranks to GPUs' NUMA nodes; with no GPU nothing is bound"
-    return None
+    return "; ".join(trial_binding(spec).warnings) or None  # binding follows the GPU: said once, in binding.py
 
 
 RULES: tuple[Rule, ...] = (what_would_fit, vocab_multiple_of_64, head_size_power_of_two, swiglu_shape,

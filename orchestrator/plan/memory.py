@@ -27,10 +27,13 @@ freed). On a CPU bench/memory_matrix.py checks it against the allocator's own co
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from orchestrator.config import ModelConfig
+from orchestrator.config import DeviceType, ModelConfig
 from orchestrator.plan.params import element_bytes, module_sizes, parameter_tensors
+
+if TYPE_CHECKING:
+    from orchestrator.spec import TrialSpec
 
 GIB = 2**30
 # What a CUDA rank holds besides tensors: the CUDA context and preloaded kernels
@@ -275,7 +278,7 @@ def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, 
 
 
 def runtime_bytes(device: str, world_size: int) -> int:
-    if device == "cpu":
+    if not DeviceType(device).is_gpu:
         return CPU_PROCESS
     return CUDA_CONTEXT + (NCCL_BUFFERS if world_size > 1 else 0)
 
@@ -335,3 +338,13 @@ def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sam
     room_start = (capacity - runtime - empty["loss backward"]) // per_sample.at_start
     room_inside = (capacity - runtime - empty["backward"]) // per_sample.inside
     return max(0, min(room_start, room_inside))
+
+
+def zero_layout(spec: TrialSpec) -> ZeroLayout:
+    z = spec.cfg.zero
+    return ZeroLayout(stage=z.stage, dp=spec.dp, precision=spec.precision, reduce_bucket_size=z.reduce_bucket_size,
+                      overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
+                      prefetch_bucket_size=z.prefetch_bucket_size, max_live_parameters=z.max_live_parameters,
+                      param_persistence_threshold=z.param_persistence_threshold,
+                      offload_optimizer=z.offload_optimizer != "none", offload_param=z.offload_param != "none",
+                      adam_foreach=spec.cfg.hardware.device.is_gpu)

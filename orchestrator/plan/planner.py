@@ -10,74 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import asdict, dataclass, field
 
 from orchestrator import hardware
 from orchestrator.plan import advice
-from orchestrator.plan.comm import Collective, bytes_per_rank_per_step, links_for, step_time
-from orchestrator.plan.compute import ComputeTime, Rates, micro_batch_time
-from orchestrator.plan.flops import Flops, flops
-from orchestrator.plan.memory import (GIB, Memory, ZeroLayout, activation_bytes, loss_backward_bytes,
+from orchestrator.plan.comm import bytes_per_rank_per_step, links_for, step_time
+from orchestrator.plan.compute import Rates, micro_batch_time
+from orchestrator.plan.flops import flops
+from orchestrator.plan.memory import (GIB, activation_bytes, loss_backward_bytes,
                                      max_micro_batch, model_states, offloaded_step_s, optimizer_traffic_bytes,
-                                     peak_memory, recompute_bytes, runtime_bytes, sample_bytes)
+                                     peak_memory, recompute_bytes, runtime_bytes, sample_bytes, zero_layout)
 from orchestrator.plan.params import count_parameters, element_bytes, parameter_tensors
+from orchestrator.plan.prediction import Comm, Plan, Time
 from orchestrator.spec import TrialSpec
-
-
-@dataclass(frozen=True)
-class Comm:
-    bytes_per_rank_per_step: float
-    collectives: list[Collective]
-    time_s: float  # all collectives of a step, back to back
-    exposed_s: float  # what compute does not hide
-
-    def as_dict(self) -> dict:
-        return {"bytes_per_rank_per_step": self.bytes_per_rank_per_step,
-                "collectives": [c.as_dict() for c in self.collectives], "time_s": self.time_s, "exposed_s": self.exposed_s}
-
-
-@dataclass(frozen=True)
-class Time:
-    """One optimizer step, predicted. `micro_batch` breaks one micro batch's compute down."""
-
-    compute_s: float
-    comm_s: float
-    exposed_comm_s: float
-    optimizer_s: float
-    step_s: float
-    tokens_per_sec_per_gpu: float
-    mfu: float
-    hfu: float
-    peak_tflops: float
-    micro_batch: ComputeTime
-
-    def as_dict(self) -> dict:
-        return {**{k: v for k, v in asdict(self).items() if k != "micro_batch"}, "micro_batch": self.micro_batch.as_dict()}
-
-
-@dataclass(frozen=True)
-class Plan:
-    parameters: int
-    parallel: dict
-    batch: dict
-    memory: Memory
-    flops: Flops
-    comm: Comm
-    time: Time
-    max_micro_batch: int  # the largest micro batch that fits, by this plan
-    fitting_changes: str = ""  # where it does not fit: the changes that would make it fit
-    warnings: list[str] = field(default_factory=list)
-    assumptions: list[str] = field(default_factory=list)
-
-    @property
-    def fits(self) -> bool:
-        return self.memory.fits
-
-    def as_dict(self) -> dict:
-        return {"parameters": self.parameters, "parallel": self.parallel, "batch": self.batch,
-                "memory": self.memory.as_dict(), "flops": self.flops.as_dict(), "comm": self.comm.as_dict(),
-                "time": self.time.as_dict(), "max_micro_batch": self.max_micro_batch, "warnings": self.warnings,
-                "assumptions": self.assumptions}
 
 
 def make_plan(spec: TrialSpec) -> Plan:
@@ -99,7 +43,7 @@ def make_plan(spec: TrialSpec) -> Plan:
     micro_time = micro_batch_time(cfg.model, micro, mode, rates(spec, peak_tflops, bandwidth), low)
     links = links_for(spec.world_size, spec.nodes, hw.intra_node.bandwidth_gbps, hw.intra_node.latency_us,
                       hw.inter_node.bandwidth_gbps, hw.inter_node.latency_us,
-                      backend="nccl" if hw.device == "cuda" else "gloo", call_us=hw.collective_overhead_us)
+                      backend=hw.device.collective_backend, call_us=hw.collective_overhead_us)
     z = cfg.zero
     tensors = [p.numel for p in parameter_tensors(cfg.model)]
     t = step_time(stage=z.stage, tensors=tensors, param_bytes=low, grad_bytes=low, reduce_bucket=z.reduce_bucket_size,
@@ -108,7 +52,7 @@ def make_plan(spec: TrialSpec) -> Plan:
                   bwd_s=micro_time.backward_s, links=links)
     # The optimizer step is memory-bound: the bytes it moves at the device's bandwidth.
     updated = n if z.stage == 0 else -(-n // spec.dp)
-    if layout.offload_optimizer and z.stage and hw.device == "cuda":
+    if layout.offload_optimizer and z.stage and hw.device.is_gpu:
         optimizer_s = offloaded_step_s(updated, spec.precision, hw.host_memory_bandwidth_gbps, spec.gpus_per_node,
                                        hw.host_link_gbps)
     else:  # on a CPU the host is the device: offload moves nothing
@@ -142,7 +86,7 @@ def make_plan(spec: TrialSpec) -> Plan:
             "data loading takes no time; times are for the global batch after any warm-up",
             *([f"offloaded optimizer step: CPU Adam at {hw.host_memory_bandwidth_gbps:g} GB/s of host memory "
                f"shared by {spec.gpus_per_node} rank(s), {hw.host_link_gbps:g} GB/s host link (assumed)"]
-              if layout.offload_optimizer and z.stage and hw.device == "cuda" else []),
+              if layout.offload_optimizer and z.stage and hw.device.is_gpu else []),
         ],
     )
     if not plan.fits:
@@ -157,7 +101,7 @@ def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> 
     memory = bandwidth_gbps * 1e9 * hw.memory_efficiency if bandwidth_gbps else float("inf")
     kn = kn_efficiency(hw)
     threads = hardware.threads_per_rank(spec.gpus_per_node)
-    if hw.device == "cpu" and hw.gemm_kn_efficiency is not None and threads > 1:
+    if not hw.device.is_gpu and hw.gemm_kn_efficiency is not None and threads > 1:
         # That layout's kernel runs on one thread (1.0-1.35x on two here, bench/RESULTS.md):
         # its share is of one thread's peak, whatever the rank's.
         kn *= hardware.peak_tflops(hw, spec.precision, 1)[0] / peak_tflops
@@ -171,7 +115,7 @@ def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> 
 
 def saturates_on(hw) -> str:
     """Which dimension of a GEMM sets its share of the peak: the preset's, or the device's kind."""
-    return hw.gemm_saturates_on or ("reduction" if hw.device == "cpu" else "smallest")
+    return hw.gemm_saturates_on or ("reduction" if not hw.device.is_gpu else "smallest")
 
 
 def kn_efficiency(hw) -> float:
@@ -191,22 +135,12 @@ def compute_assumption(hw) -> str:
             f"of the memory bandwidth; {hw.op_overhead_us:g} us per kernel")
 
 
-def zero_layout(spec: TrialSpec) -> ZeroLayout:
-    z = spec.cfg.zero
-    return ZeroLayout(stage=z.stage, dp=spec.dp, precision=spec.precision, reduce_bucket_size=z.reduce_bucket_size,
-                      overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
-                      prefetch_bucket_size=z.prefetch_bucket_size, max_live_parameters=z.max_live_parameters,
-                      param_persistence_threshold=z.param_persistence_threshold,
-                      offload_optimizer=z.offload_optimizer != "none", offload_param=z.offload_param != "none",
-                      adam_foreach=spec.cfg.hardware.device == "cuda")
-
-
 def capacity_bytes(spec: TrialSpec) -> int:
     """Device memory per rank; on CPU the host's RAM shared by the ranks on this node."""
     hw = spec.cfg.hardware
     if hw.memory_gib is not None:
         total = int(hw.memory_gib * GIB)
-        return total if hw.device == "cuda" else total // spec.gpus_per_node
+        return total if hw.device.is_gpu else total // spec.gpus_per_node
     return hardware.host_memory_bytes() // spec.gpus_per_node
 
 
@@ -215,7 +149,7 @@ def memory_bandwidth(spec: TrialSpec) -> tuple[float | None, str]:
     hw = spec.cfg.hardware
     if hw.memory_bandwidth_gbps:
         return float(hw.memory_bandwidth_gbps), f"{hw.memory_bandwidth_gbps:g} GB/s ({hw.name}, published)"
-    if hw.device == "cpu":  # the ranks on a node share its memory bandwidth
+    if not hw.device.is_gpu:  # the ranks on a node share its memory bandwidth
         node = hardware.measured_cpu_bandwidth_gbps(os.cpu_count() or 1)
         return node / spec.gpus_per_node, f"{node:.3g} GB/s measured on this host, shared by {spec.gpus_per_node} rank(s)"
     return None, "no memory bandwidth given (hardware.memory_bandwidth_gbps), so not counted"

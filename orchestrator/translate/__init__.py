@@ -29,6 +29,7 @@ from orchestrator.spec import TrialSpec
 from orchestrator.redact import secret_exports
 from orchestrator.token_file import few_windows_warning
 from orchestrator.translate import accelerate, deepspeed
+from orchestrator.trial_dir import TrialPaths
 
 
 @dataclass(frozen=True)
@@ -44,21 +45,22 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
                       sweep: dict | None = None) -> TrialFiles:
     """sweep: {"group", "name", "index", "swept"} for W&B; plan: the plan's dict (plan.json)."""
     trial_dir = trial_dir.resolve()
+    paths = TrialPaths(trial_dir)
     bind = trial_binding(spec)
-    files: dict[str, str | dict] = {
-        "config.yaml": OmegaConf.to_yaml(spec.resolved()),
-        "trial.json": {"overrides": list(spec.overrides), "choices": spec.choices, "sweep": sweep or {}},
+    files: dict[Path, str | dict] = {
+        paths.config: OmegaConf.to_yaml(spec.resolved()),
+        paths.meta: {"overrides": list(spec.overrides), "choices": spec.choices, "sweep": sweep or {}},
     }
     if plan is not None:
-        files["plan.json"] = plan
+        files[paths.plan] = plan
     explain = ["# How this trial's configs follow from it", "", f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`", ""]
-    ds_path = trial_dir / "ds_config.json"
     if spec.cfg.engine.backend == "deepspeed":
-        files["ds_config.json"] = deepspeed.ds_config(spec)
-        explain += ["## ds_config.json (DeepSpeed)", ""] + [f"- {line}" for line in deepspeed.explain(spec)] + [""]
+        files[paths.ds_config] = deepspeed.ds_config(spec)
+        explain += [f"## {paths.ds_config.name} (DeepSpeed)", ""] + [f"- {line}" for line in deepspeed.explain(spec)] + [""]
     if spec.cfg.engine.name == "accelerate":
-        files["accelerate_config.yaml"] = yaml.safe_dump(accelerate.accelerate_config(spec, ds_path), sort_keys=False)
-        explain += ["## accelerate_config.yaml", ""] + [f"- {line}" for line in accelerate.explain(spec)] + [""]
+        files[paths.accelerate_config] = yaml.safe_dump(accelerate.accelerate_config(spec, paths.ds_config),
+                                                        sort_keys=False)
+        explain += [f"## {paths.accelerate_config.name}", ""] + [f"- {line}" for line in accelerate.explain(spec)] + [""]
 
     command, slurm_launch, warnings = None, None, list(bind.warnings)
     run = spec.cfg.run
@@ -69,31 +71,30 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
         if spec.cfg.engine.name == "accelerate" and bind.accelerate_args and spec.cfg.numa.mode != "node":
             warnings.append(f"numa.mode={spec.cfg.numa.mode}: accelerate launch binds to the GPU's NUMA node only")
         command = local_command(spec, trial_dir, bind)
-        files["launch.json"] = {"cluster": "local", "argv": command.argv, "env": command.env}
-        files["launch.sh"] = _local_script(command)
+        files[paths.launch_json] = {"cluster": "local", "argv": command.argv, "env": command.env}
+        files[paths.launch_sh] = _local_script(command)
         explain += ["## launch", "", f"- {spec.world_size} processes on this machine: "
                     + ("accelerate launch" if spec.cfg.engine.name == "accelerate" else "torchrun --standalone")
                     + (f", NUMA binding {bind.torchrun_args or bind.accelerate_args}" if bind.torchrun_args else "")]
     else:
         slurm_launch = {"submitit": slurm.submitit_parameters(spec, bind), "sbatch": slurm.sbatch_options(spec, bind),
                         "srun": slurm.srun_options(spec, bind), "task": slurm.task_command(trial_dir)}
-        files["launch.json"] = {"cluster": "slurm", **slurm_launch}
-        files["launch.sh"] = _sbatch_script(spec, slurm_launch)
+        files[paths.launch_json] = {"cluster": "slurm", **slurm_launch}
+        files[paths.launch_sh] = _sbatch_script(spec, slurm_launch)
         explain += ["## launch (SLURM)", "", f"- {spec.nodes} node(s) x {spec.gpus_per_node} tasks, one per GPU "
                     f"(ntasks-per-node = ranks per node); time {spec.cfg.cluster.time}",
                     f"- binding: srun {bind.srun_args or 'none'}, sbatch {bind.sbatch_options or 'none'}"]
     explain += [f"- warning: {w}" for w in warnings]
-    files["EXPLAIN.md"] = "\n".join(explain) + "\n"
+    files[paths.explain] = "\n".join(explain) + "\n"
 
     written = []
-    for name, content in files.items():
-        path = trial_dir / name
+    for path, content in files.items():
         if isinstance(content, dict):
             atomic_write_json(path, content)
         else:
             atomic_write_text(path, content)
         written.append(path)
-    (trial_dir / "launch.sh").chmod(0o755)
+    paths.launch_sh.chmod(0o755)
     return TrialFiles(directory=trial_dir, written=written, warnings=warnings, command=command, slurm=slurm_launch)
 
 

@@ -20,7 +20,7 @@ MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
     cfg = spec.cfg
-    cpu = cfg.hardware.device == "cpu"
+    cpu = not cfg.hardware.device.is_gpu
     common = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,

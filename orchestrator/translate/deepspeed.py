@@ -7,10 +7,10 @@ can lift the JSON into their own training script. DeepSpeed's own parser
 
 from __future__ import annotations
 
+from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
+from orchestrator.plan.batch import grad_accum_steps
 from orchestrator.spec import TrialSpec
 
-ADAM_BETAS = [0.9, 0.95]
-ADAM_EPS = 1e-8
 STEPS_PER_PRINT = 10**9  # the orchestrator reports progress itself; keep DeepSpeed quiet
 
 
@@ -20,7 +20,7 @@ def ds_config(spec: TrialSpec) -> dict:
     config: dict = {
         "train_batch_size": first_batch,
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
-        "gradient_accumulation_steps": first_batch // (spec.micro_batch_size * spec.dp),
+        "gradient_accumulation_steps": grad_accum_steps(first_batch, spec.micro_batch_size, spec.dp),
         "gradient_clipping": cfg.run.grad_clip,
         "bf16": {"enabled": spec.precision == "bf16"},
         "fp16": _fp16(spec.precision == "fp16"),
@@ -69,7 +69,7 @@ def _zero(spec: TrialSpec) -> dict:
 
 def _optimizer(spec: TrialSpec) -> dict:
     run = spec.cfg.run
-    params: dict = {"lr": run.lr, "betas": ADAM_BETAS, "eps": ADAM_EPS, "weight_decay": run.weight_decay}
+    params: dict = {"lr": run.lr, "betas": list(ADAMW_BETAS), "eps": ADAMW_EPS, "weight_decay": run.weight_decay}
     if spec.cfg.zero.offload_optimizer == "none":
         # torch.optim.AdamW: runs on CPU and GPU alike and needs no compiled DeepSpeed op.
         # With optimizer offload DeepSpeed insists on its DeepSpeedCPUAdam (the default).
@@ -86,7 +86,7 @@ def explain(spec: TrialSpec) -> list[str]:
            f"engine.set_train_batch_size along {spec.schedule}" if len(spec.schedule) > 1 else
            " (batch.global_batch_size, null = micro x dp)"),
         f"train_micro_batch_size_per_gpu = {spec.micro_batch_size}: batch.micro_batch_size",
-        f"gradient_accumulation_steps = {spec.schedule[0][1] // (spec.micro_batch_size * spec.dp)}: "
+        f"gradient_accumulation_steps = {grad_accum_steps(spec.schedule[0][1], spec.micro_batch_size, spec.dp)}: "
         f"train_batch_size / (micro {spec.micro_batch_size} x dp {spec.dp})",
         f"gradient_clipping = {spec.cfg.run.grad_clip}: run.grad_clip",
         f"bf16.enabled / fp16.enabled: run.bf16={str(spec.cfg.run.bf16).lower()}, run.fp16={str(spec.cfg.run.fp16).lower()}"
@@ -104,7 +104,7 @@ def explain(spec: TrialSpec) -> list[str]:
     if z.offload_optimizer != "none" or z.offload_param != "none":
         lines.append(f"offload_optimizer / offload_param: zero.offload_optimizer={z.offload_optimizer}, "
                      f"zero.offload_param={z.offload_param}, pin_memory=zero.pin_memory")
-    lines.append(f"optimizer = AdamW(lr={spec.cfg.run.lr}, betas={ADAM_BETAS}, eps={ADAM_EPS}, "
+    lines.append(f"optimizer = AdamW(lr={spec.cfg.run.lr}, betas={list(ADAMW_BETAS)}, eps={ADAMW_EPS}, "
                  f"weight_decay={spec.cfg.run.weight_decay}): run.lr, run.weight_decay"
                  + ("; torch_adam: torch.optim.AdamW" if z.offload_optimizer == "none" else "; DeepSpeedCPUAdam for offload"))
     if spec.cfg.recompute.mode != "none":

@@ -19,16 +19,13 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.files import atomic_write_json, atomic_write_text, read_json
-from orchestrator.trial_dir import TrialPaths, trials_below
+from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
 from orchestrator.tune.search import Outcome, Search
-
-TUNE_JSON, TUNE_MD, TUNE_PNG = "tune.json", "tune.md", "tune.png"
-
 
 def resume(base: Path, search: Search) -> int:
     """Record the candidates an earlier run of this search finished; the next job number."""
     by_overrides = {tuple(c.overrides): c for c in search.space.candidates}
-    previous = read_json(base / TUNE_JSON) or {}
+    previous = read_json(SweepPaths(base).tune_json) or {}
     rounds = {row["trial_dir"]: row["round"] for row in previous.get("rows", []) if row.get("trial_dir")}
     numbers = [-1]
     for trial_dir in trials_below(base):
@@ -93,18 +90,19 @@ def write(base: Path, search: Search) -> list[Path]:
              "uncertainty": search.uncertainty,
              "oom_bound_gib": search.oom_bound / 2**30 if search.oom_bound else None,
              "winner": winner(search), "rows": rows}
-    atomic_write_json(base / TUNE_JSON, state)
-    return [base / TUNE_JSON, *render(base, state)]
+    atomic_write_json(SweepPaths(base).tune_json, state)
+    return [SweepPaths(base).tune_json, *render(base, state)]
 
 
 def render(base: Path, state: dict | None = None) -> list[Path]:
     """tune.md and tune.png from the search's state, read from tune.json when not given
     (`orchestrator report` on a tune's directory)."""
-    state = state or read_json(base / TUNE_JSON)
+    state = state or read_json(SweepPaths(base).tune_json)
     if not state:
         return []
-    atomic_write_text(base / TUNE_MD, markdown(state))
-    return [base / TUNE_MD, plot(state["rows"], base / TUNE_PNG)]
+    paths = SweepPaths(base)
+    atomic_write_text(paths.tune_md, markdown(state))
+    return [paths.tune_md, plot(state["rows"], paths.tune_png)]
 
 
 def markdown(state: dict) -> str:
@@ -188,4 +186,4 @@ def show_winner(base: Path, search: Search, out: Console) -> None:
     if w["launch_script"]:
         out.print(f"  launch: {w['launch_script']}")
     out.print(f"  again: {w['command']}")
-    out.print(f"  the search: {base / TUNE_MD}, {base / TUNE_PNG}")
+    out.print(f"  the search: {SweepPaths(base).tune_md}, {SweepPaths(base).tune_png}")

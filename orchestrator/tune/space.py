@@ -23,7 +23,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 
 from orchestrator.errors import ConfigError
-from orchestrator.plan.planner import Plan, make_plan
+from orchestrator.plan.planner import make_plan
+from orchestrator.plan.prediction import Plan
 from orchestrator.spec import TrialSpec, build_spec
 
 GIB = 2**30

@@ -15,16 +15,19 @@ from pathlib import Path
 
 import torch
 
+from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
+from orchestrator.plan.batch import grad_accum_steps
 from orchestrator.spec import TrialSpec
+from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model
 from orchestrator.trial_dir import TrialPaths
 
 
 class DeepSpeedEngine:
-    def __init__(self, spec: TrialSpec, trial_dir: Path, device: torch.device):
+    def __init__(self, spec: TrialSpec, trial_dir: Path, device: Device):
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
+        deepspeed.init_distributed(dist_backend=device.backend, auto_mpi_discovery=False)
         self.config = json.loads(TrialPaths(trial_dir).ds_config.read_text())
         # ZeRO-3 builds the model partitioned (no rank holds it whole); the other stages
         # build it whole on the host and deepspeed.initialize moves it to the device.
@@ -33,7 +36,7 @@ class DeepSpeedEngine:
         self.built_partitioned = built_partitioned(model)
         apply_recompute(model, spec.cfg.recompute.mode)
         # DeepSpeed would take cuda:LOCAL_RANK; the rank's own pick (placement.py) wins.
-        args = argparse.Namespace(device_rank=device.index) if device.type == "cuda" else None
+        args = argparse.Namespace(device_rank=device.index) if device.is_gpu else None
         self.engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
                                                config=self.config)
         if spec.cfg.run.compile:
@@ -72,16 +75,16 @@ class DeepSpeedEngine:
 
 
 class AccelerateEngine:
-    def __init__(self, spec: TrialSpec, trial_dir: Path, device: torch.device):
+    def __init__(self, spec: TrialSpec, trial_dir: Path, device: Device):
         from accelerate import Accelerator
         from accelerate.utils import DummyOptim
 
         # Configured by accelerate launch from accelerate_config.yaml. Without a GPU, DDP
         # needs cpu=True (else accelerate runs each rank alone); DeepSpeed finds the CPU itself.
         self.deepspeed = spec.cfg.engine.backend == "deepspeed"
-        self.accelerator = Accelerator(cpu=device.type == "cpu" and not self.deepspeed)
-        if device.type == "cuda" and self.accelerator.device != device:  # accelerate takes cuda:LOCAL_RANK
-            raise RuntimeError(f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device}: with one "
+        self.accelerator = Accelerator(cpu=not device.is_gpu and not self.deepspeed)
+        if device.is_gpu and self.accelerator.device != device.torch:  # accelerate takes cuda:LOCAL_RANK
+            raise RuntimeError(f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device.torch}: with one "
                                "GPU per task (srun --gpus-per-task) use engine=deepspeed")
         expected = "DEEPSPEED" if self.deepspeed else "FSDP" if spec.cfg.zero.stage else "MULTI_"
         if spec.world_size > 1 and expected not in str(self.accelerator.distributed_type):
@@ -96,19 +99,19 @@ class AccelerateEngine:
         if self.deepspeed:  # the optimizer is in ds_config.json
             optimizer = DummyOptim(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
         else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=(0.9, 0.95), eps=1e-8,
+            optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS,
                                           weight_decay=run.weight_decay)
         if run.compile:
             model = torch.compile(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.grad_clip = run.grad_clip
-        self.micro_per_rank = spec.micro_batch_size * spec.world_size
+        self.micro_batch_size, self.dp = spec.micro_batch_size, spec.world_size
         self.global_batch = spec.schedule[0][1]
         self._micro = 0
 
     @property
     def grad_accum(self) -> int:
-        return self.global_batch // self.micro_per_rank
+        return grad_accum_steps(self.global_batch, self.micro_batch_size, self.dp)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=tokens, labels=tokens).loss
@@ -161,6 +164,6 @@ def built_partitioned(model) -> bool:
     return all(hasattr(p, "ds_id") for p in model.parameters())
 
 
-def make_engine(spec: TrialSpec, trial_dir: Path, device: torch.device):
+def make_engine(spec: TrialSpec, trial_dir: Path, device: Device):
     cls = DeepSpeedEngine if spec.cfg.engine.name == "deepspeed" else AccelerateEngine
     return cls(spec, trial_dir, device)

@@ -8,7 +8,7 @@ really are.
 static_bytes: a census of the unique tensor storages on the rank's device alive after the
 first optimizer step (parameters, gradient buffers, master weights, optimizer states,
 DeepSpeed's flat buffers and buckets).
-peak_bytes: the CUDA allocator's peak on a GPU; the process's max RSS on a CPU.
+peak_bytes: the device's own statistic (workload/device.py).
 AllocatorPeak: on a CPU, the most bytes of tensor storage alive at once during one step,
 from the CPU allocator's own count (torch.profiler's memory events), not RSS.
 """
@@ -16,7 +16,6 @@ from the CPU allocator's own count (torch.profiler's memory events), not RSS.
 from __future__ import annotations
 
 import gc
-import resource
 import warnings
 import weakref
 
@@ -102,12 +101,6 @@ def _heap_tensors(device_type: str | None) -> list[torch.Tensor]:
         warnings.simplefilter("ignore")
         return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)
                 and (device_type is None or o.device.type == device_type)]
-
-
-def peak_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 class AllocatorPeak:

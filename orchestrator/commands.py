@@ -1,0 +1,292 @@
+"""`orchestrator run | plan | translate | tune`: the commands that take overrides, as Hydra apps.
+
+Each reads its command line with Hydra's own argument parser, so every Hydra flag means
+what it means in any Hydra app: --help and --hydra-help, --cfg job|hydra|all with
+--resolve and --package, --info, -cp/-cn/-cd, --shell-completion, -m. Those that only
+show something are handed to Hydra's entry (`hydra.main`) as they are.
+
+What the command does is then, per command:
+- run: every point is composed and validated first (a bad point fails the whole sweep in
+  about a second, exit 2, nothing written), the output directory is claimed, and then
+  `hydra.main` runs: Hydra composes, makes the directory (hydra.run.dir, or for -m
+  hydra.sweep.dir/hydra.sweep.subdir) and calls `run_task`; for -m, Hydra's sweeper
+  (basic, or a plugin such as Optuna) hands the points to our launcher plugin
+  (hydra_plugins/orchestrator_launcher). Either way a `SweepBatch` (sweep_batch.py) runs
+  each point here or submits it to SLURM, and when Hydra returns the command reads what
+  the points did from their files (result.json, slurm.json).
+- tune: `run -m` with the plan-guided search as Hydra's sweeper
+  (hydra_plugins/orchestrator_tuner).
+- plan and translate launch nothing and make no output directory, so they compose every
+  point with Hydra (compose.py: the same tree, overrides and sweep grammar) and print or
+  write, without Hydra's run machinery. A sampling sweeper means nothing to them.
+
+Our own flags (--out, --overwrite, --json, --trials, --minutes) are taken off the command
+line before Hydra reads it; `run --out DIR` is hydra.run.dir=DIR (hydra.sweep.dir=DIR with -m).
+Hydra's private API (its argument parser) is reached through hydra_compat.py only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
+from omegaconf import DictConfig
+
+from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
+from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
+from orchestrator.compose import (Source, compose_trial, current_source, expand_sweep, fixed_part, foreign_launcher,
+                                  use_source)
+from orchestrator.config import OBJECTIVES
+from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
+from orchestrator.errors import ConfigError, PlanRefused
+from orchestrator.files import read_json
+from orchestrator.hydra_compat import hydra_arguments
+from orchestrator.plan.planner import make_plan
+from orchestrator.report import collect
+from orchestrator.spec import TrialSpec, build_spec
+from orchestrator.sweep_batch import SweepBatch, TaskReturn
+from orchestrator.tracking import sync_hint
+from orchestrator.translate import write_trial_files
+from orchestrator.trial import check_runnable_here, wait_for
+from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, claim, trials_below, writable_dir
+from orchestrator.tune.space import plan_space
+
+OWN_FLAGS = {"run": {"--out": True, "--overwrite": False}, "plan": {"--json": False}, "translate": {"--out": True},
+             "tune": {"--out": True, "--overwrite": False, "--trials": True, "--minutes": True}}
+TUNER = "orchestrator_tune"  # hydra/sweeper=orchestrator_tune: hydra_plugins/orchestrator_tuner
+COMMANDS = tuple(OWN_FLAGS)
+OUR_LAUNCHER = "orchestrator"
+
+
+@dataclass
+class Invocation:
+    """One command line: the command and our own flags (taken off before Hydra reads it)."""
+
+    command: str
+    flags: dict[str, str | bool] = field(default_factory=dict)
+
+
+def main(command: str, argv: list[str]) -> int:
+    try:
+        return _main(command, argv)
+    finally:
+        use_source(Source())  # the next command in this process reads conf/ again
+
+
+def _main(command: str, argv: list[str]) -> int:
+    invocation = Invocation(command)
+    rest = _take_own_flags(invocation, argv)
+    args = hydra_arguments(rest)
+    use_source(Source(config_dir=str(Path(args.config_path).resolve()) if args.config_path else "",
+                      config_name=args.config_name or "config",
+                      extra_dirs=(str(Path(args.config_dir).resolve()),) if args.config_dir else ()))
+    flags = invocation.flags
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+        if args.overrides and not args.shell_completion:
+            compose_trial(fixed_part(args.overrides))  # a bad override: exit 2 with our paragraph, not Hydra's 1
+        _hydra(command, rest, _unused_task)
+        return 0
+    if command == "plan":
+        return plan(args.overrides, args.multirun, bool(flags.get("--json")))
+    if command == "translate":
+        if "--out" not in flags:
+            raise ConfigError("--out", "(missing)", "translate writes its files into a directory: --out DIR")
+        return translate(args.overrides, args.multirun, flags["--out"])
+    if command == "tune":
+        return tune(args.overrides, rest, flags)
+    return run(args.overrides, args.multirun, rest, flags)
+
+
+def _take_own_flags(invocation: Invocation, argv: list[str]) -> list[str]:
+    own, rest, i = OWN_FLAGS[invocation.command], [], 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in own and own[name]:  # takes a value: --out DIR or --out=DIR
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ConfigError(name, "(nothing)", "a directory: --out DIR")
+                value, i = argv[i + 1], i + 1
+            invocation.flags[name] = value
+        elif name in own and not eq:
+            invocation.flags[name] = True
+        else:
+            rest.append(argv[i])
+        i += 1
+    return rest
+
+
+def _hydra(command: str, argv: list[str], task) -> None:
+    """Hand the command line to Hydra's entry, `hydra.main`, as a Hydra app would be run."""
+    # Installed from the wheel Hydra finds the plugins itself; an editable install hides the
+    # hydra_plugins namespace from its scan, so they are registered by hand (public API).
+    Plugins.instance().register(OrchestratorLauncher)
+    Plugins.instance().register(TuneSweeper)
+    source = current_source()
+    saved = sys.argv
+    sys.argv = [f"orchestrator {command}", *with_overrides(argv, [f"hydra.job.name={command}"])]
+    try:
+        hydra.main(config_path=source.primary, config_name=source.config_name, version_base="1.3")(task)()
+    finally:
+        sys.argv = saved
+
+
+def with_overrides(argv: list[str], extra: list[str]) -> list[str]:
+    """argv with `extra` overrides added to its own: argparse (Hydra's parser) takes the
+    overrides as one run of words, so they go right after the last one, or first."""
+    overrides = hydra_arguments(argv).overrides
+    at = max((i for i, a in enumerate(argv) if a in overrides), default=-1) + 1
+    return argv[:at] + extra + argv[at:]
+
+
+def _unused_task(cfg: DictConfig) -> None:
+    raise AssertionError("Hydra only shows here (--cfg, --info, --help); it runs nothing")
+
+
+# --- plan and translate -------------------------------------------------------------------
+
+
+def specs_from(overrides: list[str], multirun: bool) -> list[TrialSpec]:
+    """Every trial the command line asks for, composed and validated (ConfigError if not)."""
+    sweep_files = [o for o in overrides if o.lstrip("+").partition("=")[0] == "sweep"]
+    if sweep_files and not multirun:  # its axes would be silently ignored
+        raise ConfigError("+sweep", sweep_files[0].partition("=")[2], "a sweep file runs with -m: add -m")
+    points = expand_sweep(overrides) if multirun else [overrides]
+    specs = []
+    for i, point in enumerate(points):
+        try:
+            specs.append(build_spec(point))
+        except ConfigError as exc:
+            if len(points) > 1:
+                exc.args = (f"sweep point {i + 1} of {len(points)} ({' '.join(point)}): {exc}",)
+            raise
+    return specs
+
+
+def plan(overrides: list[str], multirun: bool, as_json: bool) -> int:
+    points = [(spec, make_plan(spec)) for spec in specs_from(overrides, multirun)]
+    if as_json:
+        data = ([{"overrides": list(spec.overrides), "plan": p.as_dict()} for spec, p in points]
+                if multirun else points[0][1].as_dict())
+        print(json.dumps(data, indent=2))
+    elif len(points) == 1 and not multirun:
+        show_plan(*points[0], console())
+    else:
+        show_sweep(points, console())
+    refused = [spec for spec, p in points if not p.fits]
+    if refused:
+        print(f"orchestrator plan: {len(refused)} of {len(points)} trial(s) do not fit in device memory "
+              "(run.force=true launches anyway)", file=sys.stderr)
+        return PlanRefused.exit_code
+    return 0
+
+
+def translate(overrides: list[str], multirun: bool, out_dir) -> int:
+    specs = specs_from(overrides, multirun)
+    out = writable_dir(Path(str(out_dir)), "--out")
+    for i, spec in enumerate(specs):
+        trial_dir = out / point_name(i, spec) if multirun else out
+        files = write_trial_files(spec, trial_dir, plan=make_plan(spec).as_dict())
+        print(f"{trial_label(spec)}\n  wrote {', '.join(p.name for p in files.written)} in {files.directory}")
+        for w in files.warnings:
+            print(f"  warning: {w}", file=sys.stderr)
+    return 0
+
+
+def point_name(index: int, spec: TrialSpec) -> str:
+    """translate -m: a point's directory, its index then its overrides made file-name safe."""
+    slug = re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(spec.overrides))[:120]
+    return f"{index}_{slug}" if slug else f"{index}"
+
+
+# --- run ------------------------------------------------------------------------------------
+
+
+def run(overrides: list[str], multirun: bool, argv: list[str], flags: dict) -> int:
+    settings = compose_trial(fixed_part(overrides))
+    launcher = settings.hydra_choices.get("hydra/launcher")
+    if launcher != OUR_LAUNCHER:
+        raise foreign_launcher(str(launcher))
+    sweeper = settings.hydra_choices.get("hydra/sweeper", "basic")
+    sampler = multirun and sweeper != "basic"
+    # A sampling sweeper (Optuna) chooses its points as it goes: only what they share can
+    # be checked now; a sampled point that is invalid is reported to it as a failed trial.
+    specs = [build_spec(fixed_part(overrides))] if sampler else specs_from(overrides, multirun)
+    for spec in specs:
+        check_runnable_here(spec)
+    key = "sweep" if multirun else "run"
+    named = [o for o in overrides if o.partition("=")[0] == f"hydra.{key}.dir"]
+    out = flags.get("--out")
+    target = str(out) if out else settings.hydra_dirs[key]
+    tuning = multirun and sweeper == TUNER
+    overwrite = bool(flags.get("--overwrite"))
+    base = claim(Path(target), "--out" if out else f"hydra.{key}.dir", overwrite=overwrite, unique=not (out or named),
+                 marker=SWEEP_CLAIM if multirun else CLAIM,
+                 resume=tuning and not overwrite and SweepPaths(Path(target)).tune_json.is_file())
+    group = base.name if (out or named) else "_".join(base.parts[-2:])  # multirun/DATE/TIME -> DATE_TIME
+    # Hydra would write .hydra/ with the overrides as typed, secrets included; each trial
+    # writes it instead, masked (sweep_batch.write_hydra_files), under the name Hydra would use.
+    subdir = settings.hydra_dirs.get("output_subdir")
+    extra = [f"hydra.{key}.dir='{base.resolve()}'", "hydra.output_subdir=null", f"hydra.launcher.group='{group}'",
+             "hydra.launcher.hydra_subdir=" + ("null" if subdir is None else f"'{subdir}'")]
+    if sampler and not tuning and not any(o.startswith("hydra.sweeper.direction=") for o in overrides):
+        extra.append(f"hydra.sweeper.direction={OBJECTIVES[specs[0].cfg.run.objective][1]}")
+    _hydra("run", with_overrides([a for a in argv if a not in named], extra), run_task)
+    return _finish(base, specs, tuning)
+
+
+def _finish(base: Path, specs: list[TrialSpec], tuning: bool) -> int:
+    """After Hydra returns: wait for SLURM where asked, say how the sweep went, the exit code.
+    What each point did is in its files: result.json, or slurm.json for one submitted."""
+    out = console()
+    dirs = trials_below(base)
+    if any(TrialPaths(d).slurm_job.is_file() for d in dirs):
+        if not all(spec.cfg.cluster.wait for spec in specs):
+            out.print(f"follow with: orchestrator status {base}   |   orchestrator wait {base}")
+            return 0
+        wait_for(base, out)
+        show_report(collect(base)[0], out)
+    if hint := sync_hint(dirs):
+        out.print(f"[dim]{hint}[/dim]")
+    if tuning:  # a failed candidate is part of a search: only no winner at all is a failure
+        return 0 if (read_json(SweepPaths(base).tune_json) or {}).get("winner") else 1
+    return sweep_outcome([r for r in (read_json(TrialPaths(d).result) for d in dirs) if r], base, out)
+
+
+def tune(overrides: list[str], argv: list[str], flags: dict) -> int:
+    """`orchestrator tune`: `run -m` with the plan-guided search as Hydra's sweeper. The
+    space is planned first, so an empty one, or one where nothing can run, says why before
+    any directory is made; --out DIR holding an earlier tune resumes it."""
+    if "-m" in argv or "--multirun" in argv:
+        raise ConfigError("-m", "-m", "tune is always a multirun; leave -m out")
+    plan_space([o for o in overrides if not o.startswith(("hydra.", "hydra/"))])
+    budget = {"--trials": "budget_trials", "--minutes": "budget_min"}
+    extra = [f"hydra/sweeper={TUNER}", *(f"hydra.sweeper.{name}={flags[flag]}"
+                                         for flag, name in budget.items() if flag in flags)]
+    return run([*overrides, *extra], True, with_overrides(["-m", *argv], extra), flags)
+
+
+def run_task(cfg: DictConfig) -> TaskReturn:
+    """`orchestrator run` without -m: Hydra calls this in the claimed hydra.run.dir."""
+    hydra_cfg = HydraConfig.get()
+    batch = SweepBatch([tuple(hydra_cfg.overrides.task)], 0, Path(hydra_cfg.runtime.output_dir),
+                       group=hydra_cfg.launcher.get("group"), hydra_subdir=hydra_cfg.launcher.get("hydra_subdir"),
+                       single=True)
+    returned = batch.task(0, cfg)(cfg)
+    batch.submit()
+    return returned
+
+
+def sweep_outcome(results: list[dict], base: Path, out) -> int:
+    """Say how a sweep went; its exit code (a failure outranks a refusal)."""
+    if len(results) > 1:
+        failed = [r for r in results if r["status"] != "ok"]
+        out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not ({', '.join(r['status'] for r in failed)})"
+                  f" in {base}" if failed else f"sweep: all {len(results)} ok in {base}")
+    codes = {r["exit_code"] for r in results} or {0}
+    return 1 if codes - {0, 3} else max(codes)

@@ -1,0 +1,49 @@
+"""Process plumbing shared by the launchers and the ranks they start.
+
+- `PROGRESS`: the prefix of the one line per step rank 0 writes to its launcher's pipe.
+- `die_with_parent`: a child ends when the process that started it dies, even by SIGKILL.
+- `redirect_output`: a rank's stdout and stderr into its log file, file descriptors and all.
+- `leave`: exit without C++ static destructors, once everything worth keeping is flushed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+PROGRESS = "ORCH|"
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send `sig` to this process when its parent (torchrun, the SLURM task,
+    the orchestrator) dies (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request: nobody will send it
+        os.kill(os.getpid(), sig)
+
+
+def redirect_output(log: Path) -> None:
+    """stdout and stderr (fds 1 and 2, so C++ and child output too) appended to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def leave(code: int, *streams) -> None:
+    """Exit without running C++ static destructors: gloo's and DeepSpeed's threads can abort
+    a process at interpreter exit ("terminate called without an active exception") after
+    the work is done. Everything worth keeping is flushed (and written atomically) first."""
+    for stream in (*streams, sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

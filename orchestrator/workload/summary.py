@@ -1,0 +1,71 @@
+"""The measured figures of result.json: what rank 0 makes of the steps every rank ran.
+
+Throughput and MFU are over the timed steps only (after run.warmup_steps); MFU and HFU
+divide by the peak `hardware.peak_tflops` gives (a preset's published figure, or on a
+CPU this machine's measured matmul rate), never a guessed one.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata as md
+import os
+import platform
+
+import torch
+
+from orchestrator import hardware
+from orchestrator.plan.flops import flops_per_token
+from orchestrator.spec import TrialSpec
+from orchestrator.trial_dir import TrialPaths
+from orchestrator.workload.device import Device
+
+LIVE_PEAK_SOURCE = "static census + the CPU allocator's most bytes held during step 2 (torch.profiler memory events)"
+
+
+def summarize(spec: TrialSpec, history: list[dict], world: int, device: Device, trial_dir, memory: dict) -> dict:
+    """The measured figures of result.json, over the timed steps."""
+    run = spec.cfg.run
+    timed = [h for h in history if h["timed"]]
+    seconds = sum(h["step_time_s"] for h in timed)
+    tokens = sum(h["global_batch_size"] for h in timed) * spec.cfg.model.seq_len
+    model_flops, hardware_flops, _ = flops_per_token(spec.cfg.model, spec.cfg.recompute.mode)
+    peak_tflops, peak_source = hardware.peak_tflops(spec.cfg.hardware, spec.precision, torch.get_num_threads())
+    per_gpu = tokens / seconds / world if seconds else 0.0
+    return {
+        "tokens_per_sec": tokens / seconds if seconds else 0.0,
+        "tokens_per_sec_per_gpu": per_gpu,
+        "tflops_per_gpu": model_flops * per_gpu / 1e12,
+        "mfu": model_flops * per_gpu / (peak_tflops * 1e12),
+        "hfu": hardware_flops * per_gpu / (peak_tflops * 1e12),
+        "peak_tflops": peak_tflops,
+        "peak_source": peak_source,
+        "step_time_s": seconds / len(timed) if timed else None,
+        "step_times_s": [h["step_time_s"] for h in history],
+        "steps": run.steps,
+        "timed_steps": len(timed),
+        "tokens": tokens,
+        "loss_first": history[0]["loss"],
+        "loss_last": history[-1]["loss"],
+        "losses": [h["loss"] for h in history],
+        "global_batch_sizes": [h["global_batch_size"] for h in history],
+        "memory": {**memory, "peak_source": device.peak_source,
+                   "live_peak_source": None if memory.get("live_peak_bytes") is None else LIVE_PEAK_SOURCE},
+        "history": history,
+        "tuning": {"compile": run.compile, "gc_collect_every": run.gc_collect_every,
+                   "gc_enabled": gc.isenabled(), "dataloader_workers": run.dataloader_workers,
+                   "pin_memory": run.pin_memory,
+                   "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device.is_gpu else None,
+                   "profile": str(TrialPaths(trial_dir).profile) if run.profile else None},
+    }
+
+
+def versions() -> dict:
+    """The versions a result was measured with."""
+    out = {"python": platform.python_version()}
+    for name in ("torch", "deepspeed", "accelerate", "transformers", "hydra-core"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
