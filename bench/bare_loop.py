@@ -20,34 +20,35 @@ from pathlib import Path  # noqa: E402
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
 
+from orchestrator.plan.batch import grad_accum_steps  # noqa: E402
 from orchestrator.spec import load_spec  # noqa: E402
+from orchestrator.trial_dir import TrialPaths  # noqa: E402
 from orchestrator.workload.data import batches  # noqa: E402
+from orchestrator.workload.device import Device  # noqa: E402
 from orchestrator.workload.model import apply_recompute, build_model  # noqa: E402
 
 
 def main(trial_dir: Path) -> None:
     spec = load_spec(trial_dir)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = spec.cfg.hardware.device.is_gpu
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    device = Device.for_rank(spec.cfg.hardware.device, os.environ)  # the rank's GPU as the workload picks it
+    deepspeed.init_distributed(dist_backend=device.backend, auto_mpi_discovery=False)
     torch.manual_seed(spec.cfg.run.seed)
-    config = json.loads((trial_dir / "ds_config.json").read_text())
+    config = json.loads(TrialPaths(trial_dir).ds_config.read_text())
     zero3 = config if config["zero_optimization"]["stage"] == 3 else None
     model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed, zero3_config=zero3)
     apply_recompute(model, spec.cfg.recompute.mode)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     data = iter(batches(spec, rank, world))
-    grad_accum = config["train_batch_size"] // (config["train_micro_batch_size_per_gpu"] * world)
+    grad_accum = grad_accum_steps(config["train_batch_size"], config["train_micro_batch_size_per_gpu"], world)
     starts = []
     for _ in range(spec.cfg.run.steps):
         starts.append(time.time())
         for _ in range(grad_accum):
-            tokens = next(data).to(device)
+            tokens = next(data).to(device.torch)
             engine.backward(engine(input_ids=tokens, labels=tokens).loss)
             engine.step()
-    if cuda:
-        torch.cuda.synchronize()
+    device.synchronize()
     starts.append(time.time())  # the end of the last step
     if rank == 0:
         (trial_dir / "bare.json").write_text(json.dumps({"process_started": PROCESS_STARTED, "step_starts": starts}))

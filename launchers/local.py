@@ -63,7 +63,7 @@ def environment(command: Command) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class LocalExit:
     returncode: int
     timed_out: bool
     seconds: float
@@ -71,7 +71,7 @@ class Outcome:
 
 
 def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
-              on_progress: Callable[[dict], None]) -> Outcome:
+              on_progress: Callable[[dict], None]) -> LocalExit:
     """Run the ranks and wait. A rank's crash ends torchrun (max restarts 0), which ends
     the other ranks; a timeout ends the whole process group."""
     log = TrialPaths(trial_dir).launcher_log
@@ -96,7 +96,7 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
             _end_group(proc)
             raise
         reader.join(timeout=10)
-    return Outcome(returncode=proc.returncode, timed_out=timed_out, seconds=time.monotonic() - start, log=log)
+    return LocalExit(returncode=proc.returncode, timed_out=timed_out, seconds=time.monotonic() - start, log=log)
 
 
 def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:

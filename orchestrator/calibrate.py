@@ -156,11 +156,10 @@ def calibrated_params(hardware_name: str) -> dict | None:
     return {k: float(data[k]) for k in FITTED if data.get(k) is not None}
 
 
-def calibrated_step_s(trial_dir: Path) -> float | None:
-    """The step time the calibrated preset predicts for a trial that ran (report's "after")."""
+def calibrated_step_s(trial_dir: Path, params: dict) -> float | None:
+    """The step time calibrated `params` predict for a trial that ran (report's "after")."""
     try:
         spec = load_spec(trial_dir)
     except (OSError, ValueError, KeyError):
         return None
-    params = calibrated_params(spec.cfg.hardware.name)
-    return predicted_step_s(spec, params) if params else None
+    return predicted_step_s(spec, params)

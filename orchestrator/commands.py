@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 
 from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
-from orchestrator.compose import (Source, compose_trial, current_source, expand_sweep, fixed_part, foreign_launcher,
+from orchestrator.compose import (CONFIG_NAME, Source, compose_trial, current_source, expand_sweep, fixed_part, foreign_launcher,
                                   use_source)
 from orchestrator.config import OBJECTIVES
 from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
@@ -84,7 +84,7 @@ def _main(command: str, argv: list[str]) -> int:
     rest = _take_own_flags(invocation, argv)
     args = hydra_arguments(rest)
     use_source(Source(config_dir=str(Path(args.config_path).resolve()) if args.config_path else "",
-                      config_name=args.config_name or "config",
+                      config_name=args.config_name or CONFIG_NAME,
                       extra_dirs=(str(Path(args.config_dir).resolve()),) if args.config_dir else ()))
     flags = invocation.flags
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:

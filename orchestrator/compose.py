@@ -38,6 +38,7 @@ from orchestrator.errors import ConfigError, did_you_mean, one_of
 from orchestrator.hydra_compat import apply_value_changes, hydra_config_as, split_sweep
 
 _REPO = Path(__file__).resolve().parent.parent
+CONFIG_NAME = "config"  # the tree's primary config (Hydra's --config-name)
 
 
 def conf_dir() -> Path:
@@ -49,7 +50,7 @@ def conf_dir() -> Path:
     if env := os.environ.get("ORCHESTRATOR_CONF"):
         return Path(env).resolve()
     installed = Path(__file__).resolve().parent / "conf"
-    return installed if (installed / "config.yaml").is_file() else _REPO / "conf"
+    return installed if (installed / f"{CONFIG_NAME}.yaml").is_file() else _REPO / "conf"
 
 
 def user_conf_dir() -> Path:
@@ -67,7 +68,7 @@ class Source:
     --config-dir (more preset folders, searched first)."""
 
     config_dir: str = ""  # absolute; "" = conf_dir()
-    config_name: str = "config"
+    config_name: str = CONFIG_NAME
     extra_dirs: tuple[str, ...] = ()  # -cd's, then the user's own (user_conf_dir) where it exists
 
     @property

@@ -20,6 +20,7 @@ from orchestrator.launchers.local import run_local
 from orchestrator import hardware
 from orchestrator.errors import ConfigError, Interrupted
 from orchestrator.display import show_plan, show_progress, show_result
+from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import Plan
 from orchestrator.files import read_json
@@ -34,8 +35,8 @@ def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = N
     if spec.cfg.run.force:
         return None
     if not plan.fits:
-        return (f"does not fit: predicted {plan.memory.total / 2**30:.2f} GiB per rank > "
-                f"{plan.memory.capacity / 2**30:.2f} GiB capacity; {plan.fitting_changes}; "
+        return (f"does not fit: predicted {plan.memory.total / GIB:.2f} GiB per rank > "
+                f"{plan.memory.capacity / GIB:.2f} GiB capacity; {plan.fitting_changes}; "
                 "run.force=true launches anyway")
     if nodes is not None and (why := slurm.partition_refusal(spec, nodes)):
         return f"SLURM could never start it: {why}; run.force=true submits anyway"
@@ -53,7 +54,7 @@ def check_runnable_here(spec: TrialSpec) -> None:
                           "engine.backend=deepspeed here, or zero.stage=0 for DDP")
 
 
-def prepare(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,
+def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,
             nodes: list[slurm.NodeShape] | None = None) -> tuple[dict | None, TrialFiles | None, dict]:
     """Plan the trial and write its files: (the refused result if the plan says no, files, plan)."""
     started = now()
@@ -76,7 +77,7 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None
     W&B group, name and swept values. Interrupted (Ctrl-C, SIGTERM) ends the ranks, records
     the trial as interrupted and goes on up to the command."""
     started = now()
-    refused, files, plan = prepare(spec, trial_dir, out, sweep)
+    refused, files, plan = plan_and_write(spec, trial_dir, out, sweep)
     if refused:
         return refused
     out.print(f"[bold]run[/bold] {trial_dir}")
@@ -102,7 +103,7 @@ def submit_trials(points: list[tuple[TrialSpec, Path, dict]], logs: Path, out: C
     refused, to_submit = [], []
     partitions = {p: slurm.partition_nodes(p) for p in {spec.cfg.cluster.partition for spec, _, _ in points}}
     for spec, trial_dir, sweep in points:
-        result, _, _ = prepare(spec, trial_dir, out, sweep, partitions[spec.cfg.cluster.partition])
+        result, _, _ = plan_and_write(spec, trial_dir, out, sweep, partitions[spec.cfg.cluster.partition])
         if result:
             refused.append(result)
         else:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.tune.search import Outcome, Search
+from orchestrator.tune.search import CandidateRun, Search
 from orchestrator.tune.space import DEFAULT_AXES, axes_of, plan_space, points
 from tests.conftest import run_cli
 
@@ -49,7 +49,7 @@ def test_an_oom_drops_every_candidate_planned_at_or_above_its_memory_and_says_wh
     search = Search(plan_space([*GPU, "zero=stage2", "zero.offload_optimizer=none"]))
     by_memory = sorted(search.space.fitting, key=lambda c: c.predicted_memory)
     middle = by_memory[len(by_memory) // 2]
-    search.record(middle, Outcome("oom", "t", 1, error="CUDA out of memory"))
+    search.record(middle, CandidateRun("oom", "t", 1, error="CUDA out of memory"))
     assert all(c.predicted_memory < middle.predicted_memory for c in search.runnable())
     assert search.runnable() and search.dropped_by_oom()
     rows = {r["candidate"]: r for r in search.table()}
@@ -63,7 +63,7 @@ def test_calibration_on_measured_candidates_moves_the_predictions_toward_them():
     the candidates not measured follow, and nothing predicted far below the best is run."""
     search = Search(plan_space([*GPU, "zero=stage1", "zero.offload_optimizer=none", "recompute=full,none"]))
     for c in search.next_batch(2):
-        search.record(c, Outcome("ok", "t", 1, 0.6 * c.predicted_tokens_per_sec_per_gpu, c.predicted_step_s / 0.6))
+        search.record(c, CandidateRun("ok", "t", 1, 0.6 * c.predicted_tokens_per_sec_per_gpu, c.predicted_step_s / 0.6))
     search.calibrate()
     assert search.uncertainty is not None and search.uncertainty < 0.1
     others = [c for c in search.runnable() if c.key not in search.outcomes]

@@ -19,8 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.files import atomic_write_json, atomic_write_text, read_json
+from orchestrator.plan.memory import GIB
+from orchestrator.plots import tune_plot
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
-from orchestrator.tune.search import Outcome, Search
+from orchestrator.tune.search import CandidateRun, Search
 
 def resume(base: Path, search: Search) -> int:
     """Record the candidates an earlier run of this search finished; the next job number."""
@@ -46,9 +48,9 @@ def job_number(trial_dir: Path) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def outcome(result: dict, trial_dir: Path, round_: int) -> Outcome:
+def outcome(result: dict, trial_dir: Path, round_: int) -> CandidateRun:
     metrics = result.get("metrics") or {}
-    return Outcome(result["status"], str(trial_dir), round_, metrics.get("tokens_per_sec_per_gpu"),
+    return CandidateRun(result["status"], str(trial_dir), round_, metrics.get("tokens_per_sec_per_gpu"),
                    metrics.get("step_time_s"), ((result.get("error") or {}).get("message") or "")[:300])
 
 
@@ -63,7 +65,7 @@ def take(base: Path, search: Search, batch: list, returns: list, out: Console) -
     for candidate, trial_dir, ret in zip(batch, dirs, returns):
         result = read_json(TrialPaths(trial_dir).result) if trial_dir else None
         if result is None:  # Hydra could not even compose it
-            search.record(candidate, Outcome("failed", str(trial_dir or ""), search.rounds, error=str(ret.return_value)))
+            search.record(candidate, CandidateRun("failed", str(trial_dir or ""), search.rounds, error=str(ret.return_value)))
         else:
             search.record(candidate, outcome(result, trial_dir, search.rounds))
 
@@ -88,7 +90,7 @@ def write(base: Path, search: Search) -> list[Path]:
              "fitting": len(search.space.fitting), "ran": len(search.outcomes), "rounds": search.rounds,
              "stopped": search.stopped, "elapsed_s": search.elapsed_s, "calibrated_params": search.params,
              "uncertainty": search.uncertainty,
-             "oom_bound_gib": search.oom_bound / 2**30 if search.oom_bound else None,
+             "oom_bound_gib": search.oom_bound / GIB if search.oom_bound else None,
              "winner": winner(search), "rows": rows}
     atomic_write_json(SweepPaths(base).tune_json, state)
     return [SweepPaths(base).tune_json, *render(base, state)]
@@ -102,7 +104,9 @@ def render(base: Path, state: dict | None = None) -> list[Path]:
         return []
     paths = SweepPaths(base)
     atomic_write_text(paths.tune_md, markdown(state))
-    return [paths.tune_md, plot(state["rows"], paths.tune_png)]
+    ran = sorted((r for r in state["rows"] if r["round"] is not None),
+                 key=lambda r: job_number(Path(r["trial_dir"])) or 0)
+    return [paths.tune_md, tune_plot(ran, paths.tune_png)]
 
 
 def markdown(state: dict) -> str:
@@ -125,41 +129,6 @@ def markdown(state: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from orchestrator.report import _identity, _save
-
-    ran = sorted((r for r in rows if r["round"] is not None), key=lambda r: job_number(Path(r["trial_dir"])) or 0)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    best, running = 0.0, []
-    for i, r in enumerate(ran):
-        value = r["measured_tokens_per_sec_per_gpu"]
-        a.scatter([i + 1], [value or 0], color="tab:blue" if value else "tab:red", marker="o" if value else "x")
-        best = max(best, value or 0)
-        running.append(best)
-    a.step(range(1, len(ran) + 1), running, where="post", color="tab:green", label="best so far")
-    a.set(title="The search", xlabel="candidate run (in order)", ylabel="measured tokens/s/GPU (x: failed / OOM)")
-    values = []
-    for key, label in (("predicted_tokens_per_sec_per_gpu", "plan"), ("calibrated_tokens_per_sec_per_gpu",
-                                                                        "calibrated")):
-        pairs = [(r[key], r["measured_tokens_per_sec_per_gpu"]) for r in ran
-                 if r[key] and r["measured_tokens_per_sec_per_gpu"]]
-        if pairs:
-            b.scatter(*zip(*pairs), label=label)
-            values += [v for p in pairs for v in p]
-    _identity(b, values)
-    b.set(title="Predicted against measured", xlabel="predicted tokens/s/GPU", ylabel="measured tokens/s/GPU",
-          xscale="log", yscale="log")
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
 def show_ranking(search: Search, out: Console, top: int = 10) -> None:
     space = search.space
     dropped = len(space.candidates) - len(space.fitting)
@@ -169,7 +138,7 @@ def show_ranking(search: Search, out: Console, top: int = 10) -> None:
     for column in ("candidate", "tokens/s/GPU", "GiB/rank"):
         table.add_column(column, justify="left" if column == "candidate" else "right")
     for c in sorted(search.runnable(), key=search.predicted, reverse=True)[:top]:
-        table.add_row(c.label(), f"{search.predicted(c):,.0f}", f"{(c.predicted_memory or 0) / 2**30:.2f}")
+        table.add_row(c.label(), f"{search.predicted(c):,.0f}", f"{(c.predicted_memory or 0) / GIB:.2f}")
     out.print(table)
 
 

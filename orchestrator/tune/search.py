@@ -26,7 +26,7 @@ MIN_UNCERTAINTY = 0.05  # a model is never trusted closer than this (log scale, 
 
 
 @dataclass
-class Outcome:
+class CandidateRun:
     """What running a candidate gave."""
 
     status: str  # result.json's status: ok, oom, failed, ...
@@ -40,7 +40,7 @@ class Outcome:
 @dataclass
 class Search:
     space: Space
-    outcomes: dict[tuple[str, ...], Outcome] = field(default_factory=dict)
+    outcomes: dict[tuple[str, ...], CandidateRun] = field(default_factory=dict)
     params: dict | None = None  # the calibrated step-time parameters, once anything ran
     calibrated: dict[tuple[str, ...], float] = field(default_factory=dict)  # key -> tokens/s/GPU
     uncertainty: float | None = None  # the calibrated model's log error on what it was fitted to
@@ -60,11 +60,11 @@ class Search:
         runnable = {c.key for c in self.runnable()}
         return [c for c in self.space.fitting if c.key not in runnable and c.key not in self.outcomes]
 
-    def measured_ok(self) -> list[tuple[Candidate, Outcome]]:
+    def measured_ok(self) -> list[tuple[Candidate, CandidateRun]]:
         by_key = {c.key: c for c in self.space.candidates}
         return [(by_key[k], o) for k, o in self.outcomes.items() if o.status == "ok" and o.tokens_per_sec_per_gpu]
 
-    def best(self) -> tuple[Candidate, Outcome] | None:
+    def best(self) -> tuple[Candidate, CandidateRun] | None:
         ok = self.measured_ok()
         return max(ok, key=lambda pair: pair[1].tokens_per_sec_per_gpu) if ok else None
 
@@ -74,7 +74,7 @@ class Search:
 
     # --- learning ---------------------------------------------------------------------------
 
-    def record(self, c: Candidate, outcome: Outcome) -> None:
+    def record(self, c: Candidate, outcome: CandidateRun) -> None:
         self.outcomes[c.key] = outcome
         if outcome.status == "oom" and c.predicted_memory:
             self.oom_bound = min(self.oom_bound or c.predicted_memory, c.predicted_memory)

@@ -23,11 +23,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 
 from orchestrator.errors import ConfigError
+from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import Plan
 from orchestrator.spec import TrialSpec, build_spec
 
-GIB = 2**30
 
 # DeepSpeed's default bucket is 5e8 elements; the axis tries it and two smaller ones.
 BUCKETS = ["5e7", "2e8", "5e8"]

@@ -1,0 +1,145 @@
+"""Every plot the orchestrator draws: matplotlib, Agg backend, PNG files written atomically.
+
+The report's (`orchestrator report DIR`):
+  scaling.png                 tokens/s/GPU, MFU and scaling efficiency against DP degree,
+                              one line per reduce bucket size
+  predicted_vs_measured.png   peak and activation memory, and step time, measured
+                              against the plan, with the identity line
+  warmup.png                  the global batch of every step against tokens consumed
+and a tune's (tune.png): the search in the order it ran, and its predictions against
+what was measured.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
+
+from orchestrator.trial_dir import SweepPaths  # noqa: E402
+
+
+def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> list[Path]:
+    """The report's three plots of the ok results. labels: what distinguishes each result
+    (its swept values), for legends."""
+    ok = [(r, label) for r, label in zip(results, labels) if r["status"] == "ok" and r.get("metrics")]
+    if not ok:
+        return []
+    results_ok = [r for r, _ in ok]
+    return [scaling_plot(results_ok, paths.scaling_png), predicted_vs_measured_plot(results_ok, paths.predicted_png),
+            warmup_plot(ok, paths.warmup_png)]
+
+
+def scaling_plot(ok: list[dict], path: Path) -> Path:
+    """tokens/s/GPU, MFU and scaling efficiency against the DP degree, a line per reduce bucket size."""
+    lines: dict[int, list[tuple[int, float, float]]] = defaultdict(list)
+    for r in ok:
+        lines[r["config"]["zero"]["reduce_bucket_size"]].append(
+            (r["config"]["parallel"]["dp"], r["metrics"]["tokens_per_sec_per_gpu"], r["metrics"]["mfu"]))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.5))
+    for bucket, points in sorted(lines.items()):
+        points.sort()
+        dp, tps, mfu = zip(*points)
+        label = f"reduce bucket {bucket:.0e} elements"
+        a.plot(dp, tps, marker="o", label=label)
+        b.plot(dp, [100 * x for x in mfu], marker="o", label=label)
+        c.plot(dp, [100 * t / tps[0] for t in tps], marker="o", label=label)
+    for ax, title, ylabel in ((a, "Throughput per GPU", "tokens/s/GPU"), (b, "Model FLOPs utilisation", "MFU (%)"),
+                              (c, "Scaling efficiency", "tokens/s/GPU vs smallest DP (%)")):
+        ax.set(title=title, xlabel="data-parallel degree (ranks)", ylabel=ylabel)
+        ax.set_xscale("log", base=2)
+        dps = sorted({r["config"]["parallel"]["dp"] for r in ok})
+        ax.set_xticks(dps, [str(d) for d in dps])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def predicted_vs_measured_plot(ok: list[dict], path: Path) -> Path:
+    """Peak and activation memory, and step time: measured against the plan, with the identity line."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 5))
+    memory = []
+    for key, plan_key, label in (("peak_bytes", "total", "peak"), ("activation_bytes", "activations", "activations")):
+        pairs = [(r["plan"]["memory"][plan_key] / 2**20, r["metrics"]["memory"][key] / 2**20) for r in ok
+                 if r.get("plan") and r["metrics"]["memory"].get(key)]
+        if pairs:
+            a.scatter(*zip(*pairs), label=label)
+            memory += pairs
+    times = [(r["plan"]["time"]["step_s"], r["metrics"]["step_time_s"]) for r in ok if r.get("plan")]
+    b.scatter(*zip(*times), label="step time", color="tab:green")
+    for ax, pairs, title, unit in ((a, memory, "Memory per rank", "MiB"), (b, times, "Step time", "s")):
+        identity_line(ax, [v for pair in pairs for v in pair])
+        ax.set(title=title, xlabel=f"predicted ({unit})", ylabel=f"measured ({unit})", xscale="log", yscale="log")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return save_figure(fig, path)
+
+
+def warmup_plot(ok: list[tuple[dict, str]], path: Path) -> Path:
+    """The global batch of every step against the tokens consumed, a line per distinct schedule."""
+    curves: dict[tuple, list[str]] = defaultdict(list)  # one line per distinct schedule
+    for r, label in ok:
+        sizes = r["metrics"]["global_batch_sizes"]
+        consumed = [0]
+        for size in sizes[:-1]:
+            consumed.append(consumed[-1] + size * r["config"]["model"]["seq_len"])
+        curves[(tuple(consumed), tuple(sizes))].append(label)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (consumed, sizes), labels in curves.items():
+        label = labels[0] if len(labels) == 1 else f"{len(labels)} trials, e.g. {labels[0]}"
+        ax.step(consumed, sizes, where="post", marker=".", label=label[:90])
+    ax.set(title="Global batch per optimizer step", xlabel="tokens consumed", ylabel="global batch (sequences)")
+    ax.grid(alpha=0.3)
+    if len(curves) <= 10:
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1, frameon=False)
+    return save_figure(fig, path)
+
+
+def identity_line(ax, values: list[float]) -> None:
+    positive = [v for v in values if v > 0] or [1.0]
+    lo, hi = min(positive) / 1.5, max(positive) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="grey", linestyle="--", linewidth=1, label="measured = predicted")
+
+
+def save_figure(fig, path: Path) -> Path:
+    """The figure as a PNG, written atomically (a reader never sees half a file)."""
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def tune_plot(ran: list[dict], path: Path) -> Path:
+    """A tune's search: measured tokens/s/GPU of the candidates in the order they ran, with
+    the best so far; and predicted (plan, calibrated) against measured. ran: tune.json's
+    rows of the candidates that ran, in that order."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    best, running = 0.0, []
+    for i, r in enumerate(ran):
+        value = r["measured_tokens_per_sec_per_gpu"]
+        a.scatter([i + 1], [value or 0], color="tab:blue" if value else "tab:red", marker="o" if value else "x")
+        best = max(best, value or 0)
+        running.append(best)
+    a.step(range(1, len(ran) + 1), running, where="post", color="tab:green", label="best so far")
+    a.set(title="The search", xlabel="candidate run (in order)", ylabel="measured tokens/s/GPU (x: failed / OOM)")
+    values = []
+    for key, label in (("predicted_tokens_per_sec_per_gpu", "plan"), ("calibrated_tokens_per_sec_per_gpu",
+                                                                        "calibrated")):
+        pairs = [(r[key], r["measured_tokens_per_sec_per_gpu"]) for r in ran
+                 if r[key] and r["measured_tokens_per_sec_per_gpu"]]
+        if pairs:
+            b.scatter(*zip(*pairs), label=label)
+            values += [v for p in pairs for v in p]
+    identity_line(b, values)
+    b.set(title="Predicted against measured", xlabel="predicted tokens/s/GPU", ylabel="measured tokens/s/GPU",
+          xscale="log", yscale="log")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)

@@ -1,0 +1,54 @@
+"""Every private Hydra call the orchestrator makes (orchestrator/hydra_compat.py), checked
+against the installed hydra-core, which pyproject bounds to >=1.3.2,<1.4. A hydra-core
+that moves or changes one of them fails here, by name."""
+
+from importlib.metadata import version
+
+import pytest
+from hydra.conf import HydraConf
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import setup_globals
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from orchestrator import config
+from orchestrator.hydra_compat import apply_value_changes, hydra_arguments, hydra_config_as, split_sweep
+
+
+def test_the_installed_hydra_core_is_in_the_range_pyproject_allows():
+    major, minor, patch = (int(x) for x in version("hydra-core").split(".")[:3])
+    assert (1, 3, 2) <= (major, minor, patch) < (1, 4, 0)
+
+
+def test_hydra_arguments_reads_a_command_line_as_hydra_main_does():
+    args = hydra_arguments(["-m", "--cfg", "job", "-cd", "/tmp/x", "zero=stage2", "parallel.dp=1,2"])
+    assert args.multirun and args.cfg == "job" and args.config_dir == "/tmp/x"
+    assert args.overrides == ["zero=stage2", "parallel.dp=1,2"]
+
+
+def test_apply_value_changes_checks_types_against_the_schema():
+    cfg = OmegaConf.structured(config.TrialConfig)
+    parsed = OverridesParser.create().parse_overrides(["zero.stage=2", "run.lr=0.5", "run.extra=1"])
+    with pytest.raises(Exception):  # the schema is closed: run.extra is not a field (only +run.extra adds one)
+        apply_value_changes(parsed, cfg)
+    apply_value_changes(parsed[:2], cfg)
+    assert cfg.zero.stage == 2 and cfg.run.lr == 0.5
+    with pytest.raises(Exception):  # a string where the schema wants an int
+        apply_value_changes(OverridesParser.create().parse_overrides(["zero.stage=two"]), cfg)
+
+
+def test_split_sweep_gives_the_basic_sweepers_points_in_its_order():
+    parsed = OverridesParser.create().parse_overrides(["a=1,2", "b=x,y", "c=3"])
+    points = [p for batch in split_sweep(parsed) for p in batch]
+    assert points == [["a=1", "b=x", "c=3"], ["a=1", "b=y", "c=3"], ["a=2", "b=x", "c=3"], ["a=2", "b=y", "c=3"]]
+
+
+def test_hydra_config_as_sets_and_restores_hydras_state():
+    setup_globals()  # Hydra's ${hydra:...} resolver, as every Hydra app has it
+    before = HydraConfig.instance().cfg
+    cfg = OmegaConf.create({"hydra": OmegaConf.structured(HydraConf)})
+    cfg.hydra.job.name = "probe"
+    with hydra_config_as(cfg):
+        assert HydraConfig.get().job.name == "probe"
+        assert OmegaConf.create({"d": "${hydra:job.name}"}).d == "probe"
+    assert HydraConfig.instance().cfg is before
