@@ -12,6 +12,7 @@ import time
 
 PROCESS_STARTED = time.time()  # noqa: E402 - before the imports, which are part of the start-up
 
+import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -38,7 +39,8 @@ def main(trial_dir: Path) -> None:
     zero3 = config if config["zero_optimization"]["stage"] == 3 else None
     model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed, zero3_config=zero3)
     apply_recompute(model, spec.cfg.recompute.mode)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    args = argparse.Namespace(device_rank=device.index) if device.is_gpu else None  # as engines.py: not LOCAL_RANK
+    engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(), config=config)
     data = iter(batches(spec, rank, world))
     grad_accum = grad_accum_steps(config["train_batch_size"], config["train_micro_batch_size_per_gpu"], world)
     starts = []

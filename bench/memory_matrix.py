@@ -14,7 +14,7 @@ OUT_DIR are not run again; the plan is always recomputed. About 50 minutes on th
 2-core CI machine (17 of them the 128k-vocabulary Llama's 24). tests/test_plan_drift.py
 runs a few of these points in CI.
 On a GPU node the table adds the CUDA allocator's peak against the plan's peak less the
-CUDA context, and measured against predicted MFU; issue 8's GPU check is
+CUDA context, and measured against predicted MFU; the GPU check is
 `--hardware auto --models gpt2-125m,gpt2-350m,gpt2-1.3b --dp 1` (not yet run on a GPU).
 """
 

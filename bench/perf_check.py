@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/perf_check.py [--csv PATH] [--fit]
 
-Each row of ../shared/perf/llm-foundry.csv (H100 80GB and A100 80GB, bf16, FSDP
+Each row of bench/data/llm-foundry.csv (H100 80GB and A100 80GB, bf16, FSDP
 FULL_SHARD, flash attention) becomes a plan: MPT is GPT-2's block without biases or
 position embeddings (neither costs FLOPs), a GELU MLP of 4 x d_model, vocab 50368, tied
 embeddings; FULL_SHARD is ZeRO-3; activation checkpointing of whole blocks is
@@ -27,7 +27,7 @@ from orchestrator.calibrate import BOUNDS, FITTED, current_params, fit, with_par
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import TrialSpec, build_spec
 
-CSV = Path(__file__).resolve().parents[2] / "shared" / "perf" / "llm-foundry.csv"
+CSV = Path(__file__).resolve().parent / "data" / "llm-foundry.csv"  # its source: bench/data/README.md
 PRESET = {"h100-80gb": "h100-sxm", "a100-80gb": "a100-80gb"}
 # On a GPU the plausible ranges are narrower than calibrate's: a kernel launch costs
 # microseconds, not milliseconds, and no kernel reaches 90 % of a peak.

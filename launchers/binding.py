@@ -3,7 +3,7 @@
 - torchrun: --numa-binding=MODE (node, socket, exclusive, core-complex: torch's names).
 - accelerate launch: --enable_cpu_affinity, which binds each process to its GPU's NUMA
   node (other modes fall back to that; translate warns).
-- SLURM (003_0448ac9f835ea7a3.txt): srun --cpu-bind and the sbatch options
+- SLURM (Bekman, Machine Learning Engineering Open Book, "NUMA affinity"): srun --cpu-bind and the sbatch options
   --gres-flags=enforce-binding (GPUs allocated next to the task's cores) and, for
   socket, --ntasks-per-socket = GPUs per node / sockets.
 Binding follows the GPU, so without GPUs there is nothing to bind to: the result is a

@@ -331,7 +331,7 @@ class RunConfig:
     timeout_min: Optional[float] = None  # end the trial (status timeout) after this long
     data: Optional[str] = None  # binary file of token ids; null: synthetic tokens
     data_dtype: DataDtype = DataDtype.uint16
-    # Tuning knobs (003_0448ac9f835ea7a3.txt), each applied for real and recorded.
+    # Tuning knobs (Bekman, Machine Learning Engineering Open Book, "Software tune-up"), each applied for real and recorded.
     compile: bool = False  # torch.compile the model
     gc_collect_every: int = 0  # 0: Python's automatic gc; N: gc disabled, collected every N steps
     dataloader_workers: int = 0

@@ -1,6 +1,6 @@
 """result.json: what one trial did, written atomically, also when it failed or was refused.
 
-Keys (DESIGN.md): status (ok | failed | oom | refused | timeout | preempted | interrupted), exit_code,
+Keys (docs/architecture.md, "Files of record"): status (ok | failed | oom | refused | timeout | preempted | interrupted), exit_code,
 config (resolved), plan, metrics, env, error {type, message, rank, host, log_tail} or null,
 started_at, finished_at. The workload's rank 0 supplies metrics and env (metrics.json);
 a failing rank supplies its error (errors/rank{R}.json); the launcher's outcome says

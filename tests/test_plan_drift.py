@@ -3,9 +3,9 @@
 A few points of bench/memory_matrix.py's matrix at small shapes, so it runs in CI: every
 ZeRO stage and every recompute mode, GPT-2 and Llama (GQA, untied head), dp 1 and 2, bf16
 and fp32 (DeepSpeed's CPU accelerator has no fp16).
-Real engines, 1-2 CPU ranks under torchrun. Targets (issue 8): static memory (what
+Real engines, 1-2 CPU ranks under torchrun. Targets: static memory (what
 stays allocated between optimizer steps) within 3 %, activations within 15 %; and
-(issue 16) the plan's total less the runtime within 5 % of the live-tensor peak of the
+the plan's total less the runtime within 5 % of the live-tensor peak of the
 second (untimed) step, counted by the CPU allocator. At most of these shapes the peak is the
 start of backward, where the loss's fp32 gradients join the saved activations (a
 large-vocabulary Llama point makes that term dominate); at ZeRO 2 dp 1 it is inside AdamW's

@@ -55,7 +55,8 @@ def test_stage0_mixed_precision_is_16n_and_20n_inside_the_optimizer_step(preset)
 
 @pytest.mark.parametrize("billions,gb16,gb20", [(1, 16, 20), (7, 112, 140), (70, 1120, 1400), (405, 6480, 8100)])
 def test_theory_memory_table(billions, gb16, gb20):
-    # The table of 000_a4a0a3c0c1f9bbb5.txt, section 6.4, from the bytes per parameter of stage 0.
+    # 16 bytes per parameter with bf16 mixed precision and Adam, 20 with fp32 gradient
+    # accumulation (ZeRO, Rajbhandari et al., 2020, section 3.1), from the plan's stage-0 states.
     m = model("llama3-8b")
     s = model_states(m, layout(0, dp=1))
     per_param_16 = states_bytes(s) / count_parameters(m)

@@ -1,1 +1,1 @@
-"""Analytic models of a trial, computed before launch (see ../shared/theory/)."""
+"""Analytic models of a trial, computed before launch (docs/theory.md says what each rests on)."""

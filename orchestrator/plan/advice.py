@@ -1,4 +1,4 @@
-"""Warnings a plan attaches: shape advice (003_0448ac9f835ea7a3.txt) and memory headroom.
+"""Warnings a plan attaches: shape advice (Bekman, Machine Learning Engineering Open Book; NVIDIA's Matrix Multiplication Background guide) and memory headroom.
 
 Each rule is a small function of the spec and the plan that returns a sentence or None,
 so a rule can be read, tested and removed on its own.

@@ -15,7 +15,7 @@ Schedule = list[tuple[int, int]]
 
 
 def grad_accum_steps(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
-    """gbs = mbs x ga x dp (000_a4a0a3c0c1f9bbb5.txt); the caller checks divisibility."""
+    """gbs = mbs x ga x dp (DeepSpeed's train_batch_size); the caller checks divisibility."""
     return global_batch_size // (micro_batch_size * dp)
 
 

@@ -21,7 +21,7 @@ from orchestrator.trial_dir import TrialPaths
 # The issue's targets: |predicted / measured - 1| at most this.
 STATIC_TOLERANCE = 0.03
 ACTIVATION_TOLERANCE = 0.15
-PEAK_TOLERANCE = 0.05  # issue 16: the plan's total (less the runtime) against the live-tensor peak
+PEAK_TOLERANCE = 0.05  # the plan's total (less the runtime) against the live-tensor peak
 
 
 def deepspeed_estimate(n_params: int, largest_layer: int, stage: int, dp: int) -> int:

@@ -1,7 +1,7 @@
-"""Communication per step and the step time it leaves exposed (004_1ae5a1789ea8901b.txt).
+"""Communication per step and the step time it leaves exposed (docs/theory.md).
 
 Ring collectives over n ranks (NCCL's ring; trees do better at scale, so this is an
-upper bound, as the note says): an all-reduce takes 2(n-1) steps, a reduce-scatter or
+upper bound): an all-reduce takes 2(n-1) steps, a reduce-scatter or
 all-gather n-1. The ring moves in lock step, so once it spans nodes every step waits for
 the slowest link: its latency and bytes/n over its bandwidth (the alpha-beta model):
 

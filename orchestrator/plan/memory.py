@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 # What a CUDA rank holds besides tensors: the CUDA context and preloaded kernels
-# (~0.55 GB on H100, 003_0448ac9f835ea7a3.txt) and NCCL's buffers once a collective
+# (~0.55 GB on H100: Bekman, Machine Learning Engineering Open Book) and NCCL's buffers once a collective
 # ran (~1.5 GB there). On CPU: the Python process with torch and DeepSpeed imported.
 CUDA_CONTEXT = int(0.6 * GIB)
 NCCL_BUFFERS = int(1.5 * GIB)

@@ -2,7 +2,7 @@
 
 `make_plan(spec)` is pure arithmetic on the TrialSpec (plus, on a CPU, one cached
 matmul measurement for the peak) and returns a Plan whose `as_dict()` has the keys of
-DESIGN.md's `plan --json`. Every figure in it is a prediction; `assumptions` lists what
+docs/architecture.md's `plan --json`. Every figure in it is a prediction; `assumptions` lists what
 it rests on (compute efficiency, peak, links) so the output can say so.
 """
 
