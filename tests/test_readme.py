@@ -1,8 +1,13 @@
-"""The README stays true: CI runs its test command, and its commands name real things."""
+"""The README stays true: CI runs its test command, and its commands and the documents
+name real things."""
 
+import re
 from pathlib import Path
 
+import pytest
+
 from orchestrator.compose import presets
+from orchestrator.trial_dir import SweepPaths, TrialPaths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,3 +29,46 @@ def test_readme_sweeps_exist():
     for name in presets("sweep"):
         assert (ROOT / "sweeps" / f"{name}.yaml").is_file()
     assert "+sweep=dp_bucket_local" in text and "dp_bucket_local" in presets("sweep")
+
+
+TOP = {"conf", "sweeps", "orchestrator", "launchers", "hydra_plugins", "bench", "tests", "docs", ".ci"}
+
+
+def _named_paths(text: str) -> set[str]:
+    """Every repository path a document names in backticks: a word that starts with one of
+    the repository's folders, or a file name with a source or document suffix; less
+    placeholders (DATE, NAME, DIR, ...) and globs."""
+    words = set()
+    for span in re.findall(r"`([^`\n]+)`", text):
+        for word in span.split():
+            word = word.strip(",;:()'\"").rstrip(".")
+            if not re.fullmatch(r"[\w./-]+", word) or re.search(r"[A-Z]{3,}", word):
+                continue  # not a path, or a placeholder (multirun/DATE/TIME, hardware/NAME-calibrated.yaml)
+            if word.split("/")[0] in TOP or ("/" not in word and re.fullmatch(r"\w[\w.-]*\.(py|md|yaml|sh|csv)", word)):
+                words.add(word)
+    return words
+
+
+def _exists(path: str) -> bool:
+    """A path from the repository root (or orchestrator/, as module paths are written), a
+    bare file name found in the repository, or a file a trial or sweep writes (named by
+    TrialPaths / SweepPaths)."""
+    owned = {getattr(TrialPaths(Path("/t")), a).name for a, v in vars(TrialPaths).items() if isinstance(v, property)}
+    owned |= {getattr(SweepPaths(Path("/s")), a).name for a, v in vars(SweepPaths).items() if isinstance(v, property)}
+    if "/" not in path:
+        return path in owned or any(".venv" not in p.parts for p in ROOT.rglob(path))
+    return any((base / path.rstrip("/")).exists() for base in (ROOT, ROOT / "orchestrator"))
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+def test_every_path_a_document_names_exists(doc):
+    path = ROOT / doc if doc == "README.md" else ROOT / "docs" / doc
+    named = _named_paths(path.read_text())
+    assert named, "the check found no path to check"
+    assert sorted(p for p in named if not _exists(p)) == []
+
+
+def test_no_document_points_outside_the_repository():
+    docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "RESULTS.md"]
+    for doc in docs:
+        assert "../shared" not in doc.read_text() and "DESIGN.md" not in doc.read_text(), doc
