@@ -20,7 +20,8 @@ import warnings
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from orchestrator.workload.torch_compat import TorchDispatchMode, allocator_events
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
@@ -124,19 +125,8 @@ class AllocatorPeak:
         return self
 
     def __exit__(self, *exc) -> None:
-        from torch._C._profiler import _EventType
-
         self._profile.__exit__(*exc)
-        # (start ns, address, bytes: + allocated / - freed, the ops it happened in, when its top-level op ended)
-        events: list[tuple[int, int, int, str, int]] = []
-        stack = [(e, "", e.end_time_ns) for e in self._profile.profiler.kineto_results.experimental_event_tree()]
-        while stack:
-            event, where, top_end = stack.pop()
-            inside = f"{where} > {event.name}" if where else event.name
-            stack.extend((child, inside, top_end) for child in event.children)
-            if event.tag == _EventType.Allocation and event.extra_fields.device.type == torch.device("cpu").type:
-                fields = event.extra_fields
-                events.append((event.start_time_ns, fields.ptr, fields.alloc_size, where, top_end))
+        events = allocator_events(self._profile)
         events.sort()
         # A block allocated here that no event freed and no tensor holds now was freed on a
         # thread the profiler does not watch: a gloo worker drops the last reference to a
