@@ -2,6 +2,9 @@
 against the installed hydra-core, which pyproject bounds to >=1.3.2,<1.4. A hydra-core
 that moves or changes one of them fails here, by name."""
 
+import os
+import subprocess
+import sys
 from importlib.metadata import version
 
 import pytest
@@ -16,8 +19,11 @@ from orchestrator.hydra_compat import apply_value_changes, hydra_arguments, hydr
 
 
 def test_the_installed_hydra_core_is_in_the_range_pyproject_allows():
-    major, minor, patch = (int(x) for x in version("hydra-core").split(".")[:3])
+    import hydra
+
+    major, minor, patch = (int(x) for x in hydra.__version__.split(".")[:3])
     assert (1, 3, 2) <= (major, minor, patch) < (1, 4, 0)
+    assert version("hydra-core").startswith("1.3.")
 
 
 def test_hydra_arguments_reads_a_command_line_as_hydra_main_does():
@@ -52,3 +58,22 @@ def test_hydra_config_as_sets_and_restores_hydras_state():
         assert HydraConfig.get().job.name == "probe"
         assert OmegaConf.create({"d": "${hydra:job.name}"}).d == "probe"
     assert HydraConfig.instance().cfg is before
+
+
+@pytest.mark.slow
+def test_the_oldest_hydra_core_allowed_passes_these_tests_too(tmp_path):
+    """hydra-core 1.3.2, the bottom of pyproject's range, installed beside the current one
+    and put first on the path of a child pytest that runs this file's other tests."""
+    target = tmp_path / "hydra-1.3.2"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                          "hydra-core==1.3.2"], capture_output=True, text=True, timeout=300)
+    if pip.returncode != 0:
+        pytest.skip(f"hydra-core 1.3.2 could not be installed here: {pip.stderr.strip()[-300:]}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
+    seen = subprocess.run([sys.executable, "-c", "import hydra; print(hydra.__version__)"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert seen.stdout.strip() == "1.3.2", seen.stdout + seen.stderr
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                            "-m", "not slow", __file__], capture_output=True, text=True, timeout=300, env=env)
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-2000:]
+    assert "5 passed" in child.stdout
