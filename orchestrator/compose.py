@@ -33,7 +33,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator import config
+from orchestrator import config, hydra_registry
 from orchestrator.errors import ConfigError, did_you_mean, one_of
 from orchestrator.hydra_compat import apply_value_changes, hydra_config_as, split_sweep
 
@@ -189,7 +189,7 @@ def _parse(override: str) -> Override:
 @contextlib.contextmanager
 def _session(source: Source) -> Iterator[None]:
     """Hydra initialised on `source` (GlobalHydra holds its config loader meanwhile)."""
-    config.register()
+    hydra_registry.register()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=source.primary, version_base=None):

@@ -9,7 +9,7 @@ batch's other points as one SLURM job array (cluster=slurm).
 
 Everything a batch needs comes in explicitly: the sweep's directory, its W&B group and the
 name of Hydra's output subdirectory arrive through the launcher's own config
-(hydra.launcher.group, hydra.launcher.hydra_subdir: `LauncherConfig`, which Hydra hands
+(hydra.launcher.group, hydra.launcher.hydra_subdir: `hydra_registry.LauncherConfig`, which Hydra hands
 the plugin's constructor). What the points did
 goes back to the command the way it goes to every later reader: as the files of each
 trial (result.json, slurm.json), which the command reads when Hydra returns.

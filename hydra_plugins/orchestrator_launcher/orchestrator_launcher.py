@@ -25,12 +25,12 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-from orchestrator import config
+from orchestrator import hydra_registry
 from orchestrator.compose import config_error
 from orchestrator.errors import ConfigError
 from orchestrator.sweep_batch import SweepBatch, redact_sweep_record
 
-config.register()  # hydra/launcher=orchestrator, whichever app discovers this plugin first
+hydra_registry.register()  # hydra/launcher=orchestrator, whichever app discovers this plugin first
 
 
 class OrchestratorLauncher(Launcher):

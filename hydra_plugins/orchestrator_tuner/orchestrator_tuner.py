@@ -20,9 +20,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from orchestrator import config
+from orchestrator import hydra_registry
 
-config.register()  # hydra/sweeper=orchestrator_tune, whichever app discovers this plugin first
+hydra_registry.register()  # hydra/sweeper=orchestrator_tune, whichever app discovers this plugin first
 
 
 class TuneSweeper(Sweeper):

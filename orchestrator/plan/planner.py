@@ -50,13 +50,8 @@ def make_plan(spec: TrialSpec) -> Plan:
                   allgather_bucket=z.allgather_bucket_size, prefetch_bucket=z.prefetch_bucket_size,
                   overlap_comm=z.overlap_comm, grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
                   bwd_s=micro_time.backward_s, links=links)
-    # The optimizer step is memory-bound: the bytes it moves at the device's bandwidth.
-    updated = n if z.stage == 0 else -(-n // spec.dp)
-    if layout.offload_optimizer and z.stage and hw.device.is_gpu:
-        optimizer_s = offloaded_step_s(updated, spec.precision, hw.host_memory_bandwidth_gbps, spec.gpus_per_node,
-                                       hw.host_link_gbps)
-    else:  # on a CPU the host is the device: offload moves nothing
-        optimizer_s = optimizer_traffic_bytes(updated, spec.precision) / (bandwidth * 1e9) if bandwidth else 0.0
+    offloaded = bool(layout.offload_optimizer and z.stage and hw.device.is_gpu)
+    optimizer_s = optimizer_step_s(spec, n, offloaded, bandwidth)
     step_s = t.step_s + optimizer_s
     denominator = step_s * spec.world_size * peak_tflops * 1e12
     max_micro = max_micro_batch(states, runtime, capacity, sample_bytes(cfg.model, mode, spec.precision))
@@ -75,24 +70,42 @@ def make_plan(spec: TrialSpec) -> Plan:
                   mfu=f.model_per_token * spec.tokens_per_step / denominator, hfu=f.per_step / denominator,
                   peak_tflops=peak_tflops, micro_batch=micro_time),
         max_micro_batch=max_micro,
-        assumptions=[
-            f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})",
-            compute_assumption(hw),
-            f"links: {hw.intra_node.bandwidth_gbps:g} GB/s, {hw.intra_node.latency_us:g} us intra-node; "
-            f"{hw.inter_node.bandwidth_gbps:g} GB/s, {hw.inter_node.latency_us:g} us inter-node; ring collectives, "
-            f"{hw.collective_overhead_us:g} us fixed cost each (hardware.collective_overhead_us)",
-            f"memory-bound kernels and the optimizer step ({optimizer_traffic_bytes(1, spec.precision)} bytes moved per "
-            f"parameter updated on the device) at {bandwidth_note}",
-            "data loading takes no time; times are for the global batch after any warm-up",
-            *([f"offloaded optimizer step: CPU Adam at {hw.host_memory_bandwidth_gbps:g} GB/s of host memory "
-               f"shared by {spec.gpus_per_node} rank(s), {hw.host_link_gbps:g} GB/s host link (assumed)"]
-              if layout.offload_optimizer and z.stage and hw.device.is_gpu else []),
-        ],
+        assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded),
     )
     if not plan.fits:
         plan = dataclasses.replace(plan, fitting_changes=advice.fitting_changes(spec, plan))
     plan.warnings.extend(advice.warnings(spec, plan))
     return plan
+
+
+def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: float | None) -> float:
+    """The optimizer step is memory-bound: the bytes AdamW moves for the parameters this
+    rank updates, at the device's bandwidth, or the host's where it is offloaded."""
+    hw = spec.cfg.hardware
+    updated = n if spec.cfg.zero.stage == 0 else -(-n // spec.dp)
+    if offloaded:
+        return offloaded_step_s(updated, spec.precision, hw.host_memory_bandwidth_gbps, spec.gpus_per_node,
+                                hw.host_link_gbps)
+    # on a CPU the host is the device: offload moves nothing
+    return optimizer_traffic_bytes(updated, spec.precision) / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
+
+
+def assumptions(spec: TrialSpec, peak_tflops: float, peak_note: str, bandwidth_note: str, offloaded: bool) -> list[str]:
+    """What the plan's figures rest on, said with their sources (the plan prints them)."""
+    hw = spec.cfg.hardware
+    return [
+        f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})",
+        compute_assumption(hw),
+        f"links: {hw.intra_node.bandwidth_gbps:g} GB/s, {hw.intra_node.latency_us:g} us intra-node; "
+        f"{hw.inter_node.bandwidth_gbps:g} GB/s, {hw.inter_node.latency_us:g} us inter-node; ring collectives, "
+        f"{hw.collective_overhead_us:g} us fixed cost each (hardware.collective_overhead_us)",
+        f"memory-bound kernels and the optimizer step ({optimizer_traffic_bytes(1, spec.precision)} bytes moved per "
+        f"parameter updated on the device) at {bandwidth_note}",
+        "data loading takes no time; times are for the global batch after any warm-up",
+        *([f"offloaded optimizer step: CPU Adam at {hw.host_memory_bandwidth_gbps:g} GB/s of host memory "
+           f"shared by {spec.gpus_per_node} rank(s), {hw.host_link_gbps:g} GB/s host link (assumed)"]
+          if offloaded else []),
+    ]
 
 
 def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> Rates:

@@ -1,0 +1,60 @@
+"""What the orchestrator registers with Hydra: the trial's schema, its plugins' configs, a resolver.
+
+`register()` runs before any composition (compose.py) and when Hydra discovers either
+plugin, whichever comes first; registering twice is harmless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from orchestrator.config import TrialConfig
+
+
+@dataclass
+class LauncherConfig:
+    """hydra/launcher=orchestrator: the launcher plugin every `run -m` goes through. Where
+    and how a trial runs is the `cluster` group; these two fields are set by the command
+    (orchestrator/commands.py) for the sweep it started, not by a user."""
+
+    _target_: str = "hydra_plugins.orchestrator_launcher.orchestrator_launcher.OrchestratorLauncher"
+    group: Optional[str] = None  # the W&B group of the sweep's runs: its directory's name
+    hydra_subdir: Optional[str] = ".hydra"  # hydra.output_subdir as the user set it: written masked by the trial
+
+
+@dataclass
+class TuneConfig:
+    """hydra/sweeper=orchestrator_tune: the plan-guided search `orchestrator tune` runs
+    (orchestrator/tune/). Its space is the command line's: see tune/space.py."""
+
+    _target_: str = "hydra_plugins.orchestrator_tuner.orchestrator_tuner.TuneSweeper"
+    budget_trials: int = 8  # at most this many candidates run for real
+    budget_min: Optional[float] = None  # and no new round starts after this many minutes
+    batch_size: int = 2  # candidates per round (a SLURM round runs them at once)
+
+
+def register() -> None:
+    """Make the schema known to Hydra as `trial` (conf/config.yaml's first default), the
+    launcher plugin's config as hydra/launcher=orchestrator and the search's as
+    hydra/sweeper=orchestrator_tune."""
+    store = ConfigStore.instance()
+    store.store(name="trial", node=TrialConfig)
+    if not OmegaConf.has_resolver("orchestrator.dirname"):
+        OmegaConf.register_new_resolver("orchestrator.dirname", dirname)
+    store.store(group="hydra/launcher", name="orchestrator", node=LauncherConfig, provider="orchestrator")
+    store.store(group="hydra/sweeper", name="orchestrator_tune", node=TuneConfig, provider="orchestrator")
+
+
+def dirname(overrides: str, limit: int = 120) -> str:
+    """hydra.job.override_dirname cut to fit a file name (255 bytes): a sweep with many
+    overrides would name its points past that. What is cut is replaced by a hash of it,
+    so two points never share a name."""
+    if len(overrides) <= limit:
+        return overrides
+    import hashlib
+
+    return f"{overrides[:limit - 9]}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
