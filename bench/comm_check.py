@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.plan.comm import Links, ring_rounds, ring_time
+from orchestrator.plan.collectives import Level, Network, ring_steps, ring_time
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
 
@@ -68,8 +68,8 @@ def measure_collectives(reps: int) -> list[dict]:
 
 def ring_terms(op: str, nbytes: float, n: int) -> tuple[float, float]:
     """(latency hops, bytes over the slowest link) of one gloo ring collective: t = hops*lat + bytes/bw."""
-    rounds = ring_rounds(op, "gloo")
-    return rounds * (n - 1), rounds * (n - 1) * nbytes / n
+    steps = ring_steps(op, n, "gloo")
+    return steps, steps * nbytes / n
 
 
 def fit_link(rows: list[tuple[str, int, int, float]]) -> tuple[float, float]:
@@ -99,9 +99,9 @@ def collectives(args) -> None:
     for w, k, row in flat:
         if row["bytes"] < PROBE:  # the latency probes: a few bytes, not a size the model is checked at
             continue
-        links = Links(ranks=w, nodes=k, intra_bw=intra_bw, intra_lat=intra_lat, inter_bw=inter_bw,
-                      inter_lat=inter_lat, backend="gloo")
-        predicted = ring_time(row["op"], row["bytes"], links)
+        net = Network(ranks=w, nodes=k, intra=Level(intra_bw, intra_lat), inter=Level(inter_bw, inter_lat),
+                      backend="gloo")
+        predicted = ring_time(row["op"], row["bytes"], net)
         ratio = predicted / row["seconds"]
         role = "fit" if k == 1 else ("ok" if abs(ratio - 1) <= COLLECTIVE_TOLERANCE else "MISS")
         if k > 1:
@@ -183,7 +183,7 @@ def fit_call_cost(fit: list[dict], links: list[str]) -> float:
 def trials(args) -> None:
     start_cluster(args.link_mbit)
     latency = inter_node_latency()
-    links = [f"hardware.inter_node.bandwidth_gbps={args.link_mbit / 8000:g}",
+    links = [f"hardware.inter_node.busbw_gbps={args.link_mbit / 8000:g}",
              f"hardware.inter_node.latency_us={latency * 1e6:.0f}"]
     rows = run_trials(Path(args.out), links)
     fit = [x for x in rows if x["per_node"] == 2]

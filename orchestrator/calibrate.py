@@ -62,8 +62,16 @@ class Calibration:
 
 
 def with_params(spec: TrialSpec, params: dict) -> TrialSpec:
-    """The trial with its hardware's step-time parameters replaced."""
-    hw = dataclasses.replace(spec.cfg.hardware, **params)
+    """The trial with its hardware's parameters replaced; a dotted name ("inter_node.busbw_gbps")
+    is a field of one network level."""
+    hw = spec.cfg.hardware
+    flat = {k: v for k, v in params.items() if "." not in k}
+    levels: dict[str, dict] = {}
+    for key, value in params.items():
+        if "." in key:
+            level, field = key.split(".", 1)
+            levels.setdefault(level, {})[field] = value
+    hw = dataclasses.replace(hw, **flat, **{lv: dataclasses.replace(getattr(hw, lv), **f) for lv, f in levels.items()})
     return dataclasses.replace(spec, cfg=dataclasses.replace(spec.cfg, hardware=hw))
 
 

@@ -105,6 +105,13 @@ class Offload(StrEnum):
     cpu = "cpu"
 
 
+class WireDtype(StrEnum):
+    """A gradient dtype DeepSpeed can accumulate and reduce in."""
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
 @dataclass
 class ZeroConfig:
     stage: int = 0
@@ -121,6 +128,12 @@ class ZeroConfig:
     offload_optimizer: Offload = Offload.none
     offload_param: Offload = Offload.none  # stage 3 only
     pin_memory: bool = True
+    # The dtype gradients are reduced in (DeepSpeed's communication_data_type); null: the
+    # dtype they are accumulated in, below.
+    communication_dtype: Optional[WireDtype] = None
+    # The dtype gradients are accumulated in across micro batches (DeepSpeed's
+    # data_types.grad_accum_dtype); null: the training precision.
+    grad_accum_dtype: Optional[WireDtype] = None
 
 
 @dataclass
@@ -199,8 +212,13 @@ class PeakTflops:
 
 @dataclass
 class LinkConfig:
-    bandwidth_gbps: float = 5.0  # GB/s per rank, one direction
-    latency_us: float = 50.0  # per ring hop
+    """One level of the network, as collectives reach it (plan/collectives.py). A cluster
+    whose network is not its preset's says so here (hardware.inter_node.busbw_gbps=...),
+    or measures it: `orchestrator calibrate --links`."""
+
+    name: str = ""  # what it is, e.g. "8x InfiniBand NDR 400 Gb/s per node"
+    busbw_gbps: float = 5.0  # GB/s per rank: nccl-tests' busbw at large sizes (all channels, all NICs)
+    latency_us: float = 50.0  # per ring hop (NCCL's Simple protocol: 3.4 NVLink, 9.6 network)
 
 
 class GemmSaturation(StrEnum):

@@ -99,11 +99,38 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     tt.add_row("MFU / HFU", f"{t.mfu:.1%} / {t.hfu:.1%}", "")
     tt.add_row("model FLOPs/token", f"{plan.flops.model_per_token:.4g}", f"attention: {plan.flops.attention_flops}")
     out.print(tt)
-    for c in plan.comm.collectives:
-        out.print(f"  {c.op} x{c.calls} ({c.phase}): {c.bytes_per_rank / 1e9:.3g} GB per rank, {c.time_s:.3g} s")
+    if any(c.calls for c in plan.comm.collectives):
+        out.print(comm_table(plan))
     for w in plan.warnings:
         out.print(f"[yellow]warning:[/yellow] {w}")
     out.print("[dim]assumptions: " + "; ".join(plan.assumptions) + "[/dim]")
+
+
+def comm_table(plan: Plan) -> Table:
+    """Each kind of collective a step makes: where, how NCCL (gloo) runs it, what it costs."""
+    table = Table(title="Communication per step, predicted", title_justify="left")
+    for name in ("collective", "when", "level", "algorithm", "calls", "MB a call", "on the wire", "GB a rank",
+                 "busbw GB/s", "time s", "exposed s"):
+        table.add_column(name, justify="left" if name in ("collective", "when", "level", "algorithm") else "right")
+    for c in plan.comm.collectives:
+        table.add_row(c.op, c.phase, c.level, c.algorithm, f"{c.calls:,}", f"{c.bytes_per_call / 1e6:,.1f}",
+                      f"{c.dtype_bytes} B/elem", f"{c.bytes_per_rank / 1e9:.3g}", f"{c.busbw_gbps:,.4g}",
+                      f"{c.time_s:.3g}", f"{c.exposed_s:.3g}")
+    return table
+
+
+def scaling_efficiency(points: list[tuple[TrialSpec, Plan]], swept: list[dict]) -> list[float | None]:
+    """tokens/s/GPU against the smallest dp among the points that differ only in dp."""
+    def others(values: dict) -> tuple:
+        return tuple(sorted((k, v) for k, v in values.items() if k != "parallel.dp"))
+
+    base: dict[tuple, tuple[int, float]] = {}
+    for (spec, plan), values in zip(points, swept):
+        key, dp = others(values), spec.dp
+        if key not in base or dp < base[key][0]:
+            base[key] = (dp, plan.time.tokens_per_sec_per_gpu)
+    return [plan.time.tokens_per_sec_per_gpu / base[others(values)][1] if base[others(values)][1] else None
+            for (_, plan), values in zip(points, swept)]
 
 
 def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
@@ -113,18 +140,21 @@ def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
     table = Table(title=f"Sweep of {len(points)} plans, predicted", title_justify="left")
     for key in keys:
         table.add_column(key, justify="right")
-    for name in ("memory GiB", "fits", "step s", "exposed comm s", "tokens/s/GPU", "MFU"):
+    for name in ("memory GiB", "fits", "step s", "exposed comm s", "tokens/s/GPU", "MFU", "scaling"):
         table.add_column(name, justify="right")
-    for (spec, plan), values in zip(points, swept):
+    efficiency = scaling_efficiency(points, swept)
+    for (spec, plan), values, eff in zip(points, swept, efficiency):
         t = plan.time
         table.add_row(*[values.get(k, " ".join(spec.overrides)) for k in keys], gib(plan.memory.total),
                       "yes" if plan.fits else "[red]no[/red]", f"{t.step_s:.4g}", f"{t.exposed_comm_s:.3g}",
-                      f"{t.tokens_per_sec_per_gpu:,.0f}", f"{t.mfu:.1%}")
+                      f"{t.tokens_per_sec_per_gpu:,.0f}", f"{t.mfu:.1%}", f"{eff:.0%}" if eff else "")
     out.print(table)
     for (spec, plan), values in zip(points, swept):
         if not plan.fits:  # the point's own way out, as a single plan would print it
             label = " ".join(f"{k}={v}" for k, v in values.items()) or " ".join(spec.overrides)
             out.print(f"[red]{label}[/red] does not fit; {plan.fitting_changes}")
+    if "parallel.dp" in keys:
+        out.print("[dim]scaling: tokens/s/GPU against the smallest dp of the same other values[/dim]")
     out.print("[dim]assumptions: " + "; ".join(points[0][1].assumptions) + "[/dim]")
 
 

@@ -143,6 +143,13 @@ def _check_zero(cfg: TrialConfig) -> None:
         raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "needs zero.stage 1, 2 or 3 (stage 0 keeps the optimizer on the device)")
     if z.offload_param != "none" and z.stage < 3:
         raise ConfigError("zero.offload_param", z.offload_param, f"needs zero.stage=3 (parameters are partitioned only there; stage is {z.stage})")
+    precision = "bf16" if cfg.run.bf16 else "fp16" if cfg.run.fp16 else "fp32"
+    if z.grad_accum_dtype not in (None, precision) and not (z.stage == 1 and precision == "bf16"):
+        # DeepSpeed runs other mixes as "unsupported mix of model_dtype and grad_accum_dtype"
+        # (stage 0), or ignores the setting (stages 2 and 3 accumulate in their partitions).
+        raise ConfigError("zero.grad_accum_dtype", z.grad_accum_dtype, f"null or {precision} (the training precision) "
+                          f"at zero.stage={z.stage}; fp32 accumulation of bf16 gradients runs at zero.stage=1 "
+                          "(DeepSpeed's BF16_Optimizer)")
 
 
 def _check_choices(cfg: TrialConfig) -> None:
@@ -256,7 +263,7 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
     if hw.op_overhead_us < 0:
         raise ConfigError("hardware.op_overhead_us", hw.op_overhead_us, "a time >= 0")
     for link in ("intra_node", "inter_node"):
-        above_zero(getattr(hw, link).bandwidth_gbps, f"hardware.{link}.bandwidth_gbps")
+        above_zero(getattr(hw, link).busbw_gbps, f"hardware.{link}.busbw_gbps")
         if getattr(hw, link).latency_us < 0:
             raise ConfigError(f"hardware.{link}.latency_us", getattr(hw, link).latency_us, "a latency >= 0")
     if hw.collective_overhead_us < 0:

@@ -5,7 +5,6 @@ import dataclasses
 import pytest
 
 from orchestrator.config import ModelConfig
-from orchestrator.plan import comm
 from orchestrator.plan.flops import attention_forward_per_token, flops_per_token, layer_matmul_forward_per_token
 from orchestrator.plan.memory import (ZeroLayout, activation_bytes, activations_per_layer, model_states,
                                      recompute_bytes)
@@ -194,84 +193,3 @@ def test_recompute_adds_forward_work_to_hardware_flops_only():
     assert hw_full - model_full == layer_matmul_forward_per_token(m) + attention_forward_per_token(m)
     assert model_none < hw_sel < hw_full
     assert 1.25 < hw_full / model_full < 4 / 3 + 1e-9  # "8N instead of 6N", less the lm_head
-
-
-# --- communication ------------------------------------------------------------------
-
-
-def _step(stage: int, dp: int, ga: int = 1, nodes: int = 1, overlap: bool = True, n: int = 10**9):
-    links = comm.links_for(dp, nodes, 450, 3, 50, 10)
-    return comm.step_time(stage=stage, tensors=[n // 2, n - n // 2], param_bytes=2, grad_bytes=2, reduce_bucket=5 * 10**8,
-                          allgather_bucket=5 * 10**8, prefetch_bucket=5 * 10**7, overlap_comm=overlap,
-                          grad_accum=ga, fwd_s=0.1, bwd_s=0.2, links=links)
-
-
-@pytest.mark.parametrize("stage,factor", [(0, 2), (1, 3), (2, 3), (3, 3)])
-def test_communication_volume_is_2x_3x_3x_3x_the_parameter_bytes(stage, factor):
-    # Stages 1-2: DeepSpeed all-reduces the gradient buckets (use_multi_rank_bucket_allreduce),
-    # then all-gathers the updated parameters.
-    dp, n = 64, 10**9
-    volume = comm.bytes_per_rank_per_step(_step(stage, dp, n=n).collectives)
-    assert volume == pytest.approx(factor * 2 * n * (dp - 1) / dp)
-
-
-def test_stage2_reduces_every_micro_batch_stage1_only_the_last():
-    v1 = comm.bytes_per_rank_per_step(_step(1, 8, ga=4).collectives)
-    v2 = comm.bytes_per_rank_per_step(_step(2, 8, ga=4).collectives)
-    assert v2 > v1 and v1 == comm.bytes_per_rank_per_step(_step(1, 8, ga=1).collectives)
-
-
-def test_ring_time_follows_the_latency_bandwidth_model():
-    one_node = comm.links_for(8, 1, 100, 5, 10, 20)
-    assert comm.ring_time("all_reduce", 8e9, one_node) == pytest.approx(14 * 5e-6 + 14 * 1e9 / 100e9)
-    two_nodes = comm.links_for(16, 2, 100, 5, 10, 20)
-    # Lock step: once the ring crosses nodes, every one of its steps waits for the inter-node
-    # hop, whose traffic NCCL's per-channel rings spread over the node's 8 links (8 x 10 GB/s).
-    assert comm.ring_time("all_reduce", 16e9, two_nodes) == pytest.approx(30 * (20e-6 + 1e9 / 80e9))
-    assert comm.ring_time("all_gather", 16e9, two_nodes) == pytest.approx(15 * (20e-6 + 1e9 / 80e9))
-    one_per_node = comm.links_for(2, 2, 100, 5, 10, 20)  # the CPU test cluster: the link itself
-    assert comm.ring_time("all_gather", 2e9, one_per_node) == pytest.approx(20e-6 + 1e9 / 10e9)
-    assert comm.ring_time("all_reduce", 1e9, comm.links_for(1, 1, 1, 1, 1, 1)) == 0
-
-
-def test_a_fixed_cost_per_collective_makes_many_small_buckets_slower_than_few_large_ones():
-    # The bandwidth term is the same for any bucketing; only the call count differs.
-    tensors = [1000] * 200
-    cheap, costly = (comm.links_for(2, 2, 100, 5, 1, 20, backend="gloo", call_us=us) for us in (0, 5000))
-    assert comm.ring_time("all_reduce", 1e6, costly) == pytest.approx(comm.ring_time("all_reduce", 1e6, cheap) + 5e-3)
-
-    def step(bucket, links):
-        return comm.step_time(stage=2, tensors=tensors, param_bytes=4, grad_bytes=4, reduce_bucket=bucket,
-                              allgather_bucket=10**6, prefetch_bucket=10**6, overlap_comm=False, grad_accum=1,
-                              fwd_s=0.01, bwd_s=0.02, links=links).step_s
-
-    assert step(1000, costly) - step(10**6, costly) == pytest.approx(199 * 5e-3 + step(1000, cheap) - step(10**6, cheap))
-    assert step(1000, costly) > step(10**6, costly)
-    assert comm.ring_time("all_reduce", 1e6, comm.links_for(1, 1, 1, 1, 1, 1, call_us=5000)) == 0  # no collective
-
-
-def test_gloo_reduce_scatters_with_an_all_reduce_nccl_does_not():
-    nccl, gloo = comm.links_for(4, 2, 100, 5, 1, 20), comm.links_for(4, 2, 100, 5, 1, 20, backend="gloo")
-    assert comm.ring_time("reduce_scatter", 1e8, gloo) == comm.ring_time("all_reduce", 1e8, gloo)
-    assert comm.ring_time("reduce_scatter", 1e8, nccl) == pytest.approx(comm.ring_time("all_reduce", 1e8, nccl) / 2)
-
-
-def test_gradient_buckets_hold_whole_tensors_as_deepspeed_fills_them():
-    # backward order (3, 200, 5, 5, 100): 200 overflows the first bucket, 5 + 5 share one
-    assert comm.packed_buckets([100, 5, 5, 200, 3], 50) == [3, 200, 10, 100]
-    assert comm.packed_buckets([100, 5, 5, 200, 3], 10**6) == [313]
-    # a bucket smaller than every tensor: one collective per tensor, not 313 / 1
-    assert len(comm.packed_buckets([100, 5, 5, 200, 3], 1)) == 5
-
-
-def test_bucketed_overlap_of_004():
-    # compute-bound: the backward hides all but the last bucket's communication
-    assert comm.overlapped(10.0, [1.0, 1.0, 1.0, 1.0]) == pytest.approx(2.5 + 7.5 + 1.0)
-    # communication-bound: the buckets queue up behind each other
-    assert comm.overlapped(1.0, [2.0, 2.0]) == pytest.approx(0.5 + 2.0 + 2.0)
-    assert comm.buckets(10, 4) == [4, 4, 2]
-
-
-def test_overlap_hides_communication_and_one_rank_has_none():
-    assert _step(2, 8, overlap=True).exposed_s < _step(2, 8, overlap=False).exposed_s
-    assert _step(0, 1).exposed_s == 0 and _step(0, 1).comm_s == 0

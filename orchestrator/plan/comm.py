@@ -1,39 +1,32 @@
-"""Communication per step and the step time it leaves exposed (docs/theory.md).
+"""Communication per step, as each engine schedules it, and the step time it leaves exposed.
 
-Ring collectives over n ranks (NCCL's ring; trees do better at scale, so this is an
-upper bound): an all-reduce takes 2(n-1) steps, a reduce-scatter or
-all-gather n-1. The ring moves in lock step, so once it spans nodes every step waits for
-the slowest link: its latency and bytes/n over its bandwidth (the alpha-beta model):
+What one call costs is plan/collectives.py's (NCCL's ring or tree, gloo's ring). This
+module says which calls a step makes, on what, and what they can hide behind.
 
-    t = call + steps * (lat + (bytes / n) / bw),   lat, bw = the inter-node link's if nodes > 1
+Per optimizer step and rank (g micro batches; gradients on the wire in the dtype the
+engine reduces in, `wire_bytes`: DeepSpeed's communication_data_type, else the
+gradients' own dtype):
+- DeepSpeed stage 0: all-reduce of the gradients after the last micro batch's backward
+  (its engine does not overlap it), in buckets of a fixed 5e8 elements
+  (MEMORY_OPT_ALLREDUCE_SIZE: zero.reduce_bucket_size does not reach it).
+- DDP (engine=accelerate, zero.stage=0; torch's DistributedDataParallel, as nanotron and
+  most trainers reduce): gradient buckets of zero.reduce_bucket_size all-reduced while
+  the last micro batch's backward still runs (Li et al., 2020); the other micro batches
+  accumulate without communicating (no_sync).
+- DeepSpeed stages 1 and 2: the gradient buckets are all-reduced, not reduce-scattered
+  (DeepSpeed's use_multi_rank_bucket_allreduce, on by default: each rank then keeps its
+  partition), then the updated parameters are all-gathered after step(). Stage 1 reduces
+  during the last micro batch's backward; stage 2 during every micro batch's (gradients
+  live only as partitions).
+- DeepSpeed stage 3: all-gather in forward + all-gather in backward + reduce-scatter,
+  every micro batch.
 
-Across nodes NCCL runs one ring per channel, each crossing at a different GPU, so a node's
-g GPUs' NICs share the inter-node hops: bw there is g x the per-GPU link (or the intra-node
-link, if slower). With one rank per node (the CPU test cluster) that is the link itself.
-
-`call` is a fixed cost per collective that the engine issues, whatever its size: DeepSpeed
-flattens each bucket, launches the collective and copies the result back
-(hardware.collective_overhead_us). On the 2-core test nodes it is milliseconds, and it
-orders the bucket sizes: many small buckets pay it many times (bench/RESULTS.md).
-
-gloo (the CPU backend) reduce-scatters with an all-reduce's traffic: on the shaped
-test cluster its reduce_scatter_tensor took 1.0-1.1x an all-reduce of the same buffer at
-4-16 MB (bench/comm_check.py, bench/RESULTS.md), so it is charged as one.
-
-Per optimizer step and rank, as DeepSpeed schedules them:
-- stage 0: all-reduce of the gradients at the last micro batch, after the backward
-  (DeepSpeed's engine does not overlap it), in buckets of its fixed 5e8 elements
-  (MEMORY_OPT_ALLREDUCE_SIZE: zero.reduce_bucket_size does not reach it): 2x the gradient bytes.
-- stages 1 and 2: the gradient buckets are all-reduced, not reduce-scattered (DeepSpeed's
-  use_multi_rank_bucket_allreduce, on by default: each rank then keeps its partition),
-  then the updated parameters are all-gathered after step(): 3x. Stage 1 reduces at the
-  last micro batch; stage 2 at EVERY micro batch (gradients live only as partitions), so
-  its volume grows with grad accumulation.
-- stage 3: all-gather in forward + all-gather in backward + reduce-scatter, every
-  micro batch: 3x.
-Overlap (overlap_comm=true, stages 1-3): step = fwd + first bucket of bwd +
-max(rest of bwd, comm of all but the last bucket) + comm of the last bucket. ZeRO-3's
-forward gathers are prefetched under the forward's compute the same way.
+Overlap (overlap_comm=true): a pass's buckets go out as its backward produces them, so
+the pass takes the first bucket's backward, then the longer of the rest of the backward
+and the communication of all but the last bucket, then the last bucket's communication.
+Only the backward of the micro batch that communicates can hide it: with one micro batch
+per step that is all there is, and the all-gather after step() hides behind nothing.
+ZeRO-3's forward gathers are prefetched under the forward's compute the same way.
 """
 
 from __future__ import annotations
@@ -41,52 +34,27 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-
-@dataclass(frozen=True)
-class Links:
-    ranks: int
-    nodes: int
-    intra_bw: float  # bytes/s per rank, one direction
-    intra_lat: float  # seconds per hop
-    inter_bw: float
-    inter_lat: float
-    backend: str = "nccl"  # nccl | gloo: how a reduce-scatter is carried out
-    call: float = 0.0  # seconds of fixed cost per collective the engine issues
+from orchestrator.plan.collectives import Network, call_time
 
 
 @dataclass(frozen=True)
 class Collective:
+    """One kind of call a step makes: how many, on how much, how, and what it costs."""
+
     op: str  # all_reduce | reduce_scatter | all_gather
     phase: str  # where it happens, for the reader
+    dtype_bytes: int  # bytes per element on the wire
     bytes_per_call: float  # mean size of the buffer handed to the collective
     calls: int  # per optimizer step
-    bytes_per_rank: float  # sent by one rank per step: (n-1)/n of each buffer per ring pass
+    bytes_per_rank: float  # sent by one rank per step, as a ring sends it
+    algorithm: str  # the one NCCL (gloo) runs at that size: ring | tree (the larger share of the calls)
+    level: str  # intra | inter: the slowest level the calls cross
+    busbw_gbps: float  # the bus bandwidth the bandwidth term used
     time_s: float  # all calls, run back to back
+    exposed_s: float = 0.0  # of time_s, what compute did not hide
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def ring_rounds(op: str, backend: str = "nccl") -> int:
-    """Passes around the ring: 2 for an all-reduce (reduce-scatter + all-gather), else 1;
-    gloo reduce-scatters with an all-reduce."""
-    return 2 if op == "all_reduce" or (op == "reduce_scatter" and backend == "gloo") else 1
-
-
-def ring_time(op: str, nbytes: float, links: Links) -> float:
-    """Seconds for one ring collective of an `nbytes` buffer, its fixed cost included."""
-    n = links.ranks
-    if n == 1 or nbytes <= 0:
-        return 0.0
-    steps = ring_rounds(op, links.backend) * (n - 1)
-    chunk = nbytes / n
-    if links.nodes == 1:
-        return links.call + steps * (links.intra_lat + chunk / links.intra_bw)
-    # NCCL runs one ring per channel, each crossing between nodes at a different GPU, so
-    # the ring's inter-node traffic is spread over all of a node's NICs (one per GPU).
-    per_node = n / links.nodes
-    hop = max(chunk / links.intra_bw, chunk / (links.inter_bw * per_node))
-    return links.call + steps * (links.inter_lat + hop)
 
 
 def buckets(total_elements: int, bucket_elements: int) -> list[int]:
@@ -96,9 +64,9 @@ def buckets(total_elements: int, bucket_elements: int) -> list[int]:
 
 
 def packed_buckets(tensors: list[int], bucket_elements: int) -> list[int]:
-    """Gradient buckets as DeepSpeed fills them: whole tensors in backward order (the
-    model's, reversed) until the next would overflow the bucket; a tensor larger than the
-    bucket goes alone. So a bucket far smaller than the tensors gives one collective per
+    """Gradient buckets as DeepSpeed (and DDP) fill them: whole tensors in backward order
+    (the model's, reversed) until the next would overflow the bucket; a tensor larger than
+    the bucket goes alone. So a bucket far smaller than the tensors gives one collective per
     tensor, not total / bucket of them."""
     out, current = [], 0
     for numel in reversed(tensors):
@@ -109,17 +77,27 @@ def packed_buckets(tensors: list[int], bucket_elements: int) -> list[int]:
     return out + ([current] if current else [])
 
 
-def collective(op: str, phase: str, sizes_bytes: list[float], links: Links, per_step: int = 1) -> Collective:
-    n = links.ranks
-    passes = ring_rounds(op, links.backend) * (n - 1) / n
-    mean = sum(sizes_bytes) / len(sizes_bytes) if sizes_bytes else 0.0
-    return Collective(op=op, phase=phase, bytes_per_call=mean, calls=per_step * len(sizes_bytes),
-                      bytes_per_rank=per_step * passes * sum(sizes_bytes),
-                      time_s=per_step * sum(ring_time(op, b, links) for b in sizes_bytes))
+def collective(op: str, phase: str, sizes_elements: list[int], dtype_bytes: int, net: Network,
+               per_step: int = 1, exposed_s: float = 0.0) -> Collective:
+    """The calls of one op on buffers of `sizes_elements`, `per_step` times a step."""
+    calls = [call_time(op, e * dtype_bytes, net) for e in sizes_elements]
+    total = sum(sizes_elements) * dtype_bytes
+    steps = (2 if op == "all_reduce" else 1) * (net.ranks - 1) / net.ranks
+    algorithm = max(("ring", "tree", "none"), key=lambda a: sum(1 for c in calls if c.algorithm == a))
+    busbw = max((c.busbw for c in calls), default=0.0)
+    return Collective(op=op, phase=phase, dtype_bytes=dtype_bytes,
+                      bytes_per_call=total / len(calls) if calls else 0.0, calls=per_step * len(calls),
+                      bytes_per_rank=per_step * steps * total, algorithm=algorithm, level=net.level,
+                      busbw_gbps=busbw / 1e9, time_s=per_step * sum(c.seconds for c in calls),
+                      exposed_s=min(exposed_s, per_step * sum(c.seconds for c in calls)))
+
+
+def call_seconds(op: str, sizes_elements: list[int], dtype_bytes: int, net: Network) -> list[float]:
+    return [call_time(op, e * dtype_bytes, net).seconds for e in sizes_elements]
 
 
 def overlapped(compute_s: float, comm_bucket_s: list[float]) -> float:
-    """004's bucketed overlap: time from the start of a pass to its last bucket's end."""
+    """A pass whose buckets communicate while it computes: from its start to its last bucket's end."""
     if not comm_bucket_s:
         return compute_s
     k = len(comm_bucket_s)
@@ -139,46 +117,72 @@ class StepTime:
 STAGE0_BUCKET = 500_000_000  # elements: DeepSpeed's engine all-reduces stage 0 gradients in these
 
 
-def step_time(*, stage: int, tensors: list[int], param_bytes: int, grad_bytes: int, reduce_bucket: int,
-              allgather_bucket: int, prefetch_bucket: int, overlap_comm: bool, grad_accum: int,
-              fwd_s: float, bwd_s: float, links: Links) -> StepTime:
-    """Step time of `grad_accum` micro batches of forward `fwd_s` and backward `bwd_s`.
+@dataclass(frozen=True)
+class Schedule:
+    """What the engine communicates and how: the plan's inputs to step_time."""
 
-    tensors: the elements of each parameter tensor, in the model's order (params.py)."""
-    n_params = sum(tensors)
-    g = [e * grad_bytes for e in packed_buckets(tensors, STAGE0_BUCKET if stage == 0 else reduce_bucket)]
-    p_gather = [e * param_bytes for e in buckets(n_params, allgather_bucket)]
-    p_fetch = [e * param_bytes for e in buckets(n_params, prefetch_bucket)]
+    stage: int
+    tensors: list[int]  # elements of each parameter tensor, in the model's order (params.py)
+    param_bytes: int  # bytes per element of a gathered parameter
+    wire_bytes: int  # bytes per element of a gradient on the wire
+    reduce_bucket: int
+    allgather_bucket: int
+    prefetch_bucket: int
+    overlap_comm: bool
+    ddp: bool = False  # stage 0 as torch DDP (engine=accelerate): bucketed, overlapped
+
+
+def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: Network) -> StepTime:
+    """Step time of `grad_accum` micro batches of forward `fwd_s` and backward `bwd_s`."""
     micro = fwd_s + bwd_s
-    overlap = overlap_comm and links.ranks > 1
-    if stage == 0:
-        c = [collective("all_reduce", "after backward, last micro batch", g, links)]
-        step = grad_accum * micro + c[0].time_s
-    elif stage in (1, 2):
-        every = grad_accum if stage == 2 else 1
-        ar = collective("all_reduce", "backward, gradient buckets" + (", every micro batch" if stage == 2
-                                                                      else ", last micro batch"), g, links, per_step=every)
-        ag = collective("all_gather", "after step(), updated parameters", p_gather, links)
-        c = [ar, ag]
-        ar_buckets = [ring_time("all_reduce", b, links) for b in g]
-        with_comm = fwd_s + (overlapped(bwd_s, ar_buckets) if overlap else bwd_s + sum(ar_buckets))
-        step = (grad_accum - every) * micro + every * with_comm + ag.time_s
+    overlap = s.overlap_comm and net.ranks > 1
+    if s.stage == 0:
+        grads = packed_buckets(s.tensors, s.reduce_bucket if s.ddp else STAGE0_BUCKET)
+        reduce = call_seconds("all_reduce", grads, s.wire_bytes, net)
+        last = overlapped(bwd_s, reduce) if s.ddp and overlap else bwd_s + sum(reduce)
+        step = (grad_accum - 1) * micro + fwd_s + last
+        phase = "backward of the last micro batch, gradient buckets" if s.ddp else "after the last backward"
+        c = [collective("all_reduce", phase, grads, s.wire_bytes, net, exposed_s=last - bwd_s)]
+    elif s.stage in (1, 2):
+        every = grad_accum if s.stage == 2 else 1
+        grads = packed_buckets(s.tensors, s.reduce_bucket)
+        reduce = call_seconds("all_reduce", grads, s.wire_bytes, net)
+        with_comm = overlapped(bwd_s, reduce) if overlap else bwd_s + sum(reduce)
+        params = buckets(sum(s.tensors), s.allgather_bucket)
+        gather = collective("all_gather", "after step(), updated parameters", params, s.param_bytes, net,
+                            exposed_s=math.inf)
+        where = ", every micro batch" if s.stage == 2 else ", last micro batch"
+        c = [collective("all_reduce", "backward, gradient buckets" + where, grads, s.wire_bytes, net,
+                        per_step=every, exposed_s=every * (with_comm - bwd_s)), gather]
+        step = (grad_accum - every) * micro + every * (fwd_s + with_comm) + gather.time_s
     else:
-        ag_f = collective("all_gather", "forward, every micro batch", p_fetch, links, per_step=grad_accum)
-        ag_b = collective("all_gather", "backward, every micro batch", p_fetch, links, per_step=grad_accum)
-        rs = collective("reduce_scatter", "backward, every micro batch", g, links, per_step=grad_accum)
-        c = [ag_f, ag_b, rs]
-        fetch = [ring_time("all_gather", b, links) for b in p_fetch]
-        reduce = [ring_time("reduce_scatter", b, links) for b in g]
-        if overlap:
-            fwd = overlapped(fwd_s, fetch)
-            bwd = overlapped(bwd_s, _interleave(fetch, reduce))
-        else:
-            fwd, bwd = fwd_s + sum(fetch), bwd_s + sum(fetch) + sum(reduce)
-        step = grad_accum * (fwd + bwd)
+        step, c = _stage3(s, grad_accum, fwd_s, bwd_s, net, overlap)
     compute = grad_accum * micro
-    comm = sum(x.time_s for x in c)
+    comm = math.fsum(x.time_s for x in c)
     return StepTime(compute_s=compute, comm_s=comm, exposed_s=max(0.0, step - compute), step_s=step, collectives=c)
+
+
+def _stage3(s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Network,
+            overlap: bool) -> tuple[float, list[Collective]]:
+    """ZeRO-3: gather in forward and backward, reduce-scatter in backward, every micro batch."""
+    fetch_sizes = buckets(sum(s.tensors), s.prefetch_bucket)
+    grads = packed_buckets(s.tensors, s.reduce_bucket)
+    fetch = call_seconds("all_gather", fetch_sizes, s.param_bytes, net)
+    reduce = call_seconds("reduce_scatter", grads, s.wire_bytes, net)
+    if overlap:
+        fwd = overlapped(fwd_s, fetch)
+        bwd = overlapped(bwd_s, _interleave(fetch, reduce))
+    else:
+        fwd, bwd = fwd_s + sum(fetch), bwd_s + sum(fetch) + sum(reduce)
+    per_micro = {"forward": fwd - fwd_s, "backward": bwd - bwd_s}
+    b_total = sum(fetch) + sum(reduce)
+    c = [collective("all_gather", "forward, every micro batch", fetch_sizes, s.param_bytes, net, per_step=grad_accum,
+                    exposed_s=grad_accum * per_micro["forward"]),
+         collective("all_gather", "backward, every micro batch", fetch_sizes, s.param_bytes, net, per_step=grad_accum,
+                    exposed_s=grad_accum * per_micro["backward"] * (sum(fetch) / b_total if b_total else 0)),
+         collective("reduce_scatter", "backward, every micro batch", grads, s.wire_bytes, net, per_step=grad_accum,
+                    exposed_s=grad_accum * per_micro["backward"] * (sum(reduce) / b_total if b_total else 0))]
+    return grad_accum * (fwd + bwd), c
 
 
 def _interleave(fetch: list[float], reduce: list[float]) -> list[float]:
@@ -186,12 +190,6 @@ def _interleave(fetch: list[float], reduce: list[float]) -> list[float]:
     k = max(len(fetch), len(reduce))
     total = sum(fetch) + sum(reduce)
     return [total / k] * k if k else []
-
-
-def links_for(ranks: int, nodes: int, intra_gbps: float, intra_us: float, inter_gbps: float, inter_us: float,
-              backend: str = "nccl", call_us: float = 0.0) -> Links:
-    return Links(ranks=ranks, nodes=nodes, intra_bw=intra_gbps * 1e9, intra_lat=intra_us * 1e-6,
-                 inter_bw=inter_gbps * 1e9, inter_lat=inter_us * 1e-6, backend=backend, call=call_us * 1e-6)
 
 
 def bytes_per_rank_per_step(collectives: list[Collective]) -> float:

@@ -60,6 +60,7 @@ class ZeroLayout:
     offload_optimizer: bool
     offload_param: bool
     adam_foreach: bool = True  # torch's AdamW on CUDA runs all tensors at once; on a CPU tensor by tensor
+    fp32_grad_accum: bool = False  # stage 1, bf16, grad_accum_dtype=fp32: DeepSpeed's BF16_Optimizer
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,9 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
         n_buckets = 2 if z.overlap_comm else 1
         buffers = low * z.reduce_bucket_size * n_buckets if z.contiguous_gradients else 0
         static = params + optimizer  # gradients and the ipg buckets are released after step()
+        if z.fp32_grad_accum:  # BF16_Optimizer: a whole fp32 gradient buffer, kept; no ipg buckets
+            grads, buffers, step = 4 * n, 0, 0
+            static += grads
     else:
         # Each parameter is split into ceil(numel / dp) elements per rank. Parameters of at
         # most param_persistence_threshold elements also stay whole on every rank (dp > 1).
@@ -347,4 +351,5 @@ def zero_layout(spec: TrialSpec) -> ZeroLayout:
                       prefetch_bucket_size=z.prefetch_bucket_size, max_live_parameters=z.max_live_parameters,
                       param_persistence_threshold=z.param_persistence_threshold,
                       offload_optimizer=z.offload_optimizer != "none", offload_param=z.offload_param != "none",
-                      adam_foreach=spec.cfg.hardware.device.is_gpu)
+                      adam_foreach=spec.cfg.hardware.device.is_gpu,
+                      fp32_grad_accum=z.stage == 1 and spec.precision == "bf16" and z.grad_accum_dtype == "fp32")

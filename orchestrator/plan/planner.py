@@ -13,7 +13,8 @@ import os
 
 from orchestrator import hardware
 from orchestrator.plan import advice
-from orchestrator.plan.comm import bytes_per_rank_per_step, links_for, step_time
+from orchestrator.plan.collectives import Network, network
+from orchestrator.plan.comm import Schedule, bytes_per_rank_per_step, step_time
 from orchestrator.plan.compute import Rates, micro_batch_time
 from orchestrator.plan.flops import flops
 from orchestrator.plan.memory import (GIB, activation_bytes, loss_backward_bytes,
@@ -41,16 +42,9 @@ def make_plan(spec: TrialSpec) -> Plan:
     bandwidth, bandwidth_note = memory_bandwidth(spec)
     low = element_bytes(spec.precision)
     micro_time = micro_batch_time(cfg.model, micro, mode, rates(spec, peak_tflops, bandwidth), low)
-    links = links_for(spec.world_size, spec.nodes, hw.intra_node.bandwidth_gbps, hw.intra_node.latency_us,
-                      hw.inter_node.bandwidth_gbps, hw.inter_node.latency_us,
-                      backend=hw.device.collective_backend, call_us=hw.collective_overhead_us)
-    z = cfg.zero
-    tensors = [p.numel for p in parameter_tensors(cfg.model)]
-    t = step_time(stage=z.stage, tensors=tensors, param_bytes=low, grad_bytes=low, reduce_bucket=z.reduce_bucket_size,
-                  allgather_bucket=z.allgather_bucket_size, prefetch_bucket=z.prefetch_bucket_size,
-                  overlap_comm=z.overlap_comm, grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
-                  bwd_s=micro_time.backward_s, links=links)
-    offloaded = bool(layout.offload_optimizer and z.stage and hw.device.is_gpu)
+    t = step_time(schedule_of(spec), grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
+                  bwd_s=micro_time.backward_s, net=network_of(spec))
+    offloaded = bool(layout.offload_optimizer and cfg.zero.stage and hw.device.is_gpu)
     optimizer_s = optimizer_step_s(spec, n, offloaded, bandwidth)
     step_s = t.step_s + optimizer_s
     denominator = step_s * spec.world_size * peak_tflops * 1e12
@@ -96,9 +90,10 @@ def assumptions(spec: TrialSpec, peak_tflops: float, peak_note: str, bandwidth_n
     return [
         f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})",
         compute_assumption(hw),
-        f"links: {hw.intra_node.bandwidth_gbps:g} GB/s, {hw.intra_node.latency_us:g} us intra-node; "
-        f"{hw.inter_node.bandwidth_gbps:g} GB/s, {hw.inter_node.latency_us:g} us inter-node; ring collectives, "
-        f"{hw.collective_overhead_us:g} us fixed cost each (hardware.collective_overhead_us)",
+        f"network: {_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}; "
+        f"{hw.device.collective_backend}'s " + ("ring or tree, the faster per call" if hw.device.is_gpu else "ring")
+        + f"; gradients on the wire in {wire_dtype(spec)}; {hw.collective_overhead_us:g} us fixed cost per call "
+        "(hardware.collective_overhead_us)",
         f"memory-bound kernels and the optimizer step ({optimizer_traffic_bytes(1, spec.precision)} bytes moved per "
         f"parameter updated on the device) at {bandwidth_note}",
         "data loading takes no time; times are for the global batch after any warm-up",
@@ -106,6 +101,35 @@ def assumptions(spec: TrialSpec, peak_tflops: float, peak_note: str, bandwidth_n
            f"shared by {spec.gpus_per_node} rank(s), {hw.host_link_gbps:g} GB/s host link (assumed)"]
           if offloaded else []),
     ]
+
+
+def _level(link, where: str) -> str:
+    return f"{where} {link.name + ' ' if link.name else ''}{link.busbw_gbps:g} GB/s busbw, {link.latency_us:g} us a hop"
+
+
+def network_of(spec: TrialSpec) -> Network:
+    """The trial's ranks on its nodes, over the preset's (or the user's) two network levels."""
+    hw = spec.cfg.hardware
+    return network(spec.world_size, spec.nodes, hw.intra_node.busbw_gbps, hw.intra_node.latency_us,
+                   hw.inter_node.busbw_gbps, hw.inter_node.latency_us, backend=hw.device.collective_backend,
+                   call_us=hw.collective_overhead_us)
+
+
+def wire_dtype(spec: TrialSpec) -> str:
+    """The dtype gradients are reduced in: communication_dtype, else the dtype they were
+    accumulated in (BF16_Optimizer's fp32 at stage 1), else the training precision."""
+    z = spec.cfg.zero
+    return str(z.communication_dtype or (z.grad_accum_dtype if z.stage == 1 else None) or spec.precision)
+
+
+def schedule_of(spec: TrialSpec) -> Schedule:
+    """What the trial's engine communicates, in which dtypes and buckets."""
+    z, engine = spec.cfg.zero, spec.cfg.engine
+    return Schedule(stage=z.stage, tensors=[p.numel for p in parameter_tensors(spec.cfg.model)],
+                    param_bytes=element_bytes(spec.precision), wire_bytes=element_bytes(wire_dtype(spec)),
+                    reduce_bucket=z.reduce_bucket_size, allgather_bucket=z.allgather_bucket_size,
+                    prefetch_bucket=z.prefetch_bucket_size, overlap_comm=z.overlap_comm,
+                    ddp=engine.name == "accelerate" and engine.backend == "fsdp" and z.stage == 0)
 
 
 def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> Rates:

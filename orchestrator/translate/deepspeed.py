@@ -29,6 +29,11 @@ def ds_config(spec: TrialSpec) -> dict:
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": cfg.run.profile,
     }
+    z = cfg.zero
+    if z.communication_dtype:  # the dtype gradients are reduced in (the plan's wire bytes)
+        config["communication_data_type"] = str(z.communication_dtype)
+    if z.grad_accum_dtype:
+        config["data_types"] = {"grad_accum_dtype": str(z.grad_accum_dtype)}
     if cfg.recompute.mode != "none":
         # Recompute itself is applied to the transformers model by the workload (torch
         # checkpointing); this section only configures DeepSpeed's checkpointing helper
@@ -101,6 +106,12 @@ def explain(spec: TrialSpec) -> list[str]:
         lines += [f"stage3_prefetch_bucket_size = {z.prefetch_bucket_size:,}: zero.prefetch_bucket_size",
                   f"stage3_max_live_parameters = {z.max_live_parameters:,}: zero.max_live_parameters",
                   f"stage3_param_persistence_threshold = {z.param_persistence_threshold:,}: zero.param_persistence_threshold"]
+    if z.communication_dtype:
+        lines.append(f"communication_data_type = {z.communication_dtype}: zero.communication_dtype (gradients are "
+                     "reduced in it; the plan puts these bytes on the wire)")
+    if z.grad_accum_dtype:
+        lines.append(f"data_types.grad_accum_dtype = {z.grad_accum_dtype}: zero.grad_accum_dtype (and, without a "
+                     "communication_data_type, the dtype gradients are reduced in)")
     if z.offload_optimizer != "none" or z.offload_param != "none":
         lines.append(f"offload_optimizer / offload_param: zero.offload_optimizer={z.offload_optimizer}, "
                      f"zero.offload_param={z.offload_param}, pin_memory=zero.pin_memory")

@@ -1,0 +1,129 @@
+"""The time of one collective call, as NCCL (or gloo) runs it.
+
+Each call costs a latency and its bytes over a bandwidth (the alpha-beta model of Thakur
+et al., 2005), with the terms NCCL's own tuning model uses to choose between its
+algorithms (NCCL, src/graph/tuning.cc, Simple protocol; the constants below are its):
+
+- **ring** (every collective). An all-reduce is 2(n-1) steps, a reduce-scatter or an
+  all-gather n-1, each moving 1/n of the buffer; the bandwidth term is the buffer times
+  2(n-1)/n (or (n-1)/n) over the bus bandwidth of the slowest level the ring crosses. Its
+  latency is the sum of its steps' hops: of an all-reduce's steps, 2 per node cross the
+  network and the rest stay inside a node, so it grows linearly with the ranks.
+- **tree** (all-reduce across nodes only). A reduce up a tree and a broadcast down it:
+  2 x (the node's ranks - 1) hops inside a node and 2 x log2(nodes) across the network, so
+  its latency grows with the logarithm of the node count; its bandwidth term is 2 x the
+  buffer over 0.92 of the bus bandwidth.
+
+NCCL runs the faster of the two for a call's size and node count, and so does the plan.
+A hop's latency is the level's `latency_us` for a ring; a tree moves its data in chunks
+and waits for a whole chunk per level (NCCL charges 28 us), so a tree hop costs at least
+that. The bus bandwidth of each level is what nccl-tests reports as busbw at large sizes
+(all of a node's channels and NICs at work): the hardware preset's, with its source.
+
+gloo (the CPU backend) has rings only, advances them in lock step (each step waits for the
+slowest link) and reduce-scatters with an all-reduce's traffic (bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ALGORITHMS = ("ring", "tree")
+RING_BASE_US = 8.4  # NCCL's base latency of a ring call (Simple protocol)
+TREE_HOP_US = 28.0  # NCCL's latency of a tree level (Simple): one 256 kB chunk in flight
+TREE_BANDWIDTH_SHARE = 0.92  # NCCL: a tree reaches 0.92 of the bus bandwidth a ring does
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of the network (inside a node, or between nodes)."""
+
+    busbw: float  # bytes/s per rank: nccl-tests' busbw at large sizes
+    latency: float  # seconds per ring hop
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where a collective runs: its ranks, nodes and the two levels between them."""
+
+    ranks: int
+    nodes: int
+    intra: Level
+    inter: Level
+    backend: str = "nccl"  # nccl | gloo
+    call: float = 0.0  # seconds of fixed cost per call the engine issues (flatten, launch, copy back)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(1, self.ranks // max(1, self.nodes))
+
+    @property
+    def ring_busbw(self) -> float:
+        """A ring crossing nodes moves at the slower level's rate."""
+        return self.intra.busbw if self.nodes == 1 else min(self.intra.busbw, self.inter.busbw)
+
+    @property
+    def level(self) -> str:
+        return "intra" if self.nodes == 1 else "inter"
+
+
+@dataclass(frozen=True)
+class CallTime:
+    seconds: float
+    algorithm: str  # ring | tree | none (a single rank: nothing to do)
+    busbw: float  # bytes/s the bandwidth term used
+
+
+def ring_steps(op: str, ranks: int, backend: str = "nccl") -> int:
+    """Steps around the ring; gloo reduce-scatters with an all-reduce's traffic."""
+    passes = 2 if op == "all_reduce" or (op == "reduce_scatter" and backend == "gloo") else 1
+    return passes * (ranks - 1)
+
+
+def ring_time(op: str, nbytes: float, net: Network) -> float:
+    n = net.ranks
+    steps = ring_steps(op, n, net.backend)
+    data = nbytes * steps / n / net.ring_busbw  # every rank sends steps/n of the buffer
+    if net.backend == "gloo":  # lock step: every step waits for the slowest link's latency
+        latency = steps * (net.inter.latency if net.nodes > 1 else net.intra.latency)
+        return net.call + latency + data
+    if net.nodes == 1:
+        inter_steps = 0
+    else:
+        inter_steps = 2 * net.nodes if op == "all_reduce" else net.nodes - 1
+    inter_steps = min(inter_steps, steps)
+    latency = RING_BASE_US * 1e-6 + (steps - inter_steps) * net.intra.latency + inter_steps * net.inter.latency
+    return net.call + latency + data
+
+
+def tree_time(nbytes: float, net: Network) -> float:
+    """An all-reduce as NCCL's tree: up and down, 2 hops per level."""
+    hop_intra = max(TREE_HOP_US * 1e-6, net.intra.latency)
+    hop_inter = max(TREE_HOP_US * 1e-6, net.inter.latency)
+    latency = 2 * ((net.ranks_per_node - 1) * hop_intra + math.log2(net.nodes) * hop_inter)
+    return net.call + latency + 2 * nbytes / (TREE_BANDWIDTH_SHARE * net.ring_busbw)
+
+
+def algorithms(op: str, net: Network) -> tuple[str, ...]:
+    """What the backend can run for this collective here."""
+    if net.backend == "nccl" and op == "all_reduce" and net.nodes > 1:
+        return ALGORITHMS
+    return ("ring",)
+
+
+def call_time(op: str, nbytes: float, net: Network) -> CallTime:
+    """The time of one call of `op` on an `nbytes` buffer, by the fastest algorithm there."""
+    if net.ranks <= 1 or nbytes <= 0:
+        return CallTime(0.0, "none", 0.0)
+    times = {a: ring_time(op, nbytes, net) if a == "ring" else tree_time(nbytes, net) for a in algorithms(op, net)}
+    best = min(times, key=times.get)
+    busbw = net.ring_busbw * (TREE_BANDWIDTH_SHARE if best == "tree" else 1.0)
+    return CallTime(times[best], best, busbw)
+
+
+def network(ranks: int, nodes: int, intra_busbw_gbps: float, intra_latency_us: float, inter_busbw_gbps: float,
+            inter_latency_us: float, backend: str = "nccl", call_us: float = 0.0) -> Network:
+    """A Network from a hardware preset's units (GB/s, microseconds)."""
+    return Network(ranks=ranks, nodes=nodes, intra=Level(intra_busbw_gbps * 1e9, intra_latency_us * 1e-6),
+                   inter=Level(inter_busbw_gbps * 1e9, inter_latency_us * 1e-6), backend=backend, call=call_us * 1e-6)
