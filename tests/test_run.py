@@ -132,12 +132,15 @@ def test_a_sweep_records_an_oom_point_and_runs_the_others(tmp_path):
     assert results[0]["error"]["rank"] == 0 and results[1]["metrics"]["tokens"] > 0
 
 
-def test_accelerate_runs_deepspeed_and_ddp_on_cpu(tmp_path):
-    proc, _ = run(tmp_path, "engine=accelerate", "engine.backend=deepspeed,fsdp", "zero=stage0", *QUICK, multirun=True)
+def test_accelerate_runs_deepspeed_and_ddp_on_cpu_with_the_plans_buckets(tmp_path):
+    proc, _ = run(tmp_path, "engine=accelerate", "engine.backend=deepspeed,fsdp", "zero=stage0",
+                  "zero.reduce_bucket_size=1000000", *QUICK, multirun=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     engines = [r["metrics"]["engine"] for r in results_below(tmp_path)]
     assert engines[0]["distributed_type"].endswith("DEEPSPEED") and engines[0]["model_wrapper"] == "DeepSpeedEngine"
     assert engines[1]["distributed_type"].endswith("MULTI_CPU") and engines[1]["model_wrapper"] == "DistributedDataParallel"
+    # DDP reduces in the buckets the plan counts: a million bf16 elements
+    assert engines[1]["ddp_bucket_bytes"] == 1_000_000 * 2
 
 
 def test_accelerate_fsdp_says_clearly_that_the_cpu_cannot_run_it(tmp_path):

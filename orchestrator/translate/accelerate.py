@@ -12,10 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.plan.params import element_bytes
 from orchestrator.spec import TrialSpec
 
 LAYER_CLASS = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer"}
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+
+
+def ddp_bucket_mb(spec: TrialSpec) -> float:
+    """DDP's bucket_cap_mb: zero.reduce_bucket_size elements of the gradients' dtype (the plan's buckets)."""
+    return spec.cfg.zero.reduce_bucket_size * element_bytes(spec.precision) / 2**20
 
 
 def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
@@ -72,6 +78,9 @@ def explain(spec: TrialSpec) -> list[str]:
              f"enable_cpu_affinity: numa.mode={cfg.numa.mode} (binds only where there are GPUs)"]
     if cfg.engine.backend == "deepspeed":
         lines.append("deepspeed_config_file: the ds_config.json beside this file")
+    elif cfg.zero.stage == 0:
+        lines.append(f"DDP bucket_cap_mb = {ddp_bucket_mb(spec):.4g}: zero.reduce_bucket_size={cfg.zero.reduce_bucket_size:,} "
+                     "elements (passed to DistributedDataParallel by the workload; the config file has no such key)")
     elif cfg.zero.stage:
         lines += [f"fsdp_reshard_after_forward = {str(cfg.zero.stage == 3).lower()}: zero.stage 3 reshards, 2 keeps "
                   "parameters gathered until backward",

@@ -18,6 +18,7 @@ import torch
 from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
 from orchestrator.plan.batch import grad_accum_steps
 from orchestrator.spec import TrialSpec
+from orchestrator.translate.accelerate import ddp_bucket_mb
 from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model
 from orchestrator.trial_dir import TrialPaths
@@ -77,12 +78,14 @@ class DeepSpeedEngine:
 class AccelerateEngine:
     def __init__(self, spec: TrialSpec, trial_dir: Path, device: Device):
         from accelerate import Accelerator
-        from accelerate.utils import DummyOptim
+        from accelerate.utils import DistributedDataParallelKwargs, DummyOptim
 
         # Configured by accelerate launch from accelerate_config.yaml. Without a GPU, DDP
         # needs cpu=True (else accelerate runs each rank alone); DeepSpeed finds the CPU itself.
         self.deepspeed = spec.cfg.engine.backend == "deepspeed"
-        self.accelerator = Accelerator(cpu=not device.is_gpu and not self.deepspeed)
+        ddp = not self.deepspeed and spec.cfg.zero.stage == 0  # DDP's buckets are the plan's (translate/accelerate.py)
+        handlers = [DistributedDataParallelKwargs(bucket_cap_mb=ddp_bucket_mb(spec))] if ddp else []
+        self.accelerator = Accelerator(cpu=not device.is_gpu and not self.deepspeed, kwargs_handlers=handlers)
         if device.is_gpu and self.accelerator.device != device.torch:  # accelerate takes cuda:LOCAL_RANK
             raise RuntimeError(f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device.torch}: with one "
                                "GPU per task (srun --gpus-per-task) use engine=deepspeed")
@@ -149,9 +152,10 @@ class AccelerateEngine:
         self.accelerator.load_state(str(root / tag))
 
     def describe(self) -> dict:
+        bucket = getattr(self.model, "bucket_bytes_cap", None)  # DDP's: the plan's reduce bucket
         return {"engine": "accelerate", "distributed_type": str(self.accelerator.distributed_type),
                 "model_wrapper": type(self.model).__name__, "optimizer": type(self.optimizer).__name__,
-                "built_partitioned": self.built_partitioned}
+                "built_partitioned": self.built_partitioned, "ddp_bucket_bytes": bucket}
 
     def engine_global_batch(self) -> int:
         if self.deepspeed:
