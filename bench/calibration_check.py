@@ -39,7 +39,7 @@ def main() -> None:
                             "logger.mode=disabled"], check=False, capture_output=True)
     names = set(args.fit_on.split(","))
     (trials,) = measured_trials([args.matrix]).values()  # one hardware kind: cpu
-    label = {id(t): t.trial_dir.name for t in trials}
+    label = {id(t): Path(t.source).name for t in trials}
     fitted_on = [t for t in trials if label[id(t)] in names]
     own = current_params(trials[0].spec.cfg.hardware)  # what the trials ran with
     # The cache size is measured (bench/gemm_layouts.py), not fitted: the cpu preset's.

@@ -1,4 +1,4 @@
-"""`orchestrator calibrate DIR...`: fit a hardware kind's step-time parameters to measured trials.
+"""`orchestrator calibrate [DIR...] [--csv FILE]`: fit a hardware kind's parameters to measured steps.
 
 The step-time model (plan/compute.py) has seven parameters per hardware preset: the share
 of the peak large GEMMs reach, the same for those whose right operand is stored k x n, the
@@ -12,7 +12,16 @@ log-ratio of predicted to measured step time (a coordinate search in log space w
 `BOUNDS`), then writes the preset, fitted, as `hardware/NAME-calibrated.yaml` in the user's config
 directory (`user_conf_dir()`), which every later composition searches: `hardware=NAME-calibrated`
 chooses it, `hardware=auto` prefers it to NAME, and the plan says "calibrated on N trials".
-The peak, the memory bandwidth and the links are not fitted.
+Where the trials span several ranks (or nodes), the network is fitted too: each level's bus
+bandwidth, the inter-node hop latency and the fixed cost per collective call (plan/collectives.py),
+so multi-node trials calibrate the links as nccl-tests would. The peak and the memory
+bandwidth are not fitted.
+
+--csv FILE takes measurements this tool did not make (another framework's runs, a W&B
+export, a published table): one row per run, each column a Hydra override key (a group
+holding a preset name, such as `zero` or `hardware`, or a field, such as `model.hidden` or
+`parallel.dp`), plus `tokens_per_sec_per_gpu` or `step_time_s`. Every row is composed and
+validated like a trial before anything is fitted; a bad row exits 2 naming the row and the field.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,7 +41,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_json
 from orchestrator.hardware import calibrated_name
 from orchestrator.plan.planner import kn_efficiency, make_plan
-from orchestrator.spec import TrialSpec, load_spec
+from orchestrator.spec import TrialSpec, build_spec, load_spec
 from orchestrator.trial_dir import TrialPaths, trials_below
 
 FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency",
@@ -41,12 +51,17 @@ FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attentio
 # even for an eager CPU op with engine hooks.
 BOUNDS = {"compute_efficiency": (0.02, 0.9), "gemm_kn_efficiency": (0.02, 0.9), "gemm_half_dim": (0.0, 4096.0),
           "attention_efficiency": (0.02, 0.9), "attention_backward_efficiency": (0.02, 0.9),
-          "memory_efficiency": (0.05, 0.9), "op_overhead_us": (0.0, 2000.0)}
+          "memory_efficiency": (0.05, 0.9), "op_overhead_us": (0.0, 2000.0),
+          # the network: a bus bandwidth from a slow Ethernet to NVSwitch; a hop from RDMA to TCP
+          "intra_node.busbw_gbps": (0.05, 1000.0), "inter_node.busbw_gbps": (0.01, 1000.0),
+          "inter_node.latency_us": (0.5, 5000.0), "collective_overhead_us": (0.0, 20000.0)}
+LINK_PARAMS = ("intra_node.busbw_gbps", "inter_node.busbw_gbps", "inter_node.latency_us", "collective_overhead_us")
+MEASURED_COLUMNS = ("tokens_per_sec_per_gpu", "step_time_s")
 
 
 @dataclass(frozen=True)
 class Measured:
-    trial_dir: Path
+    source: str  # the trial's directory, or "FILE row N"
     spec: TrialSpec
     step_s: float  # measured, seconds per optimizer step
 
@@ -75,29 +90,50 @@ def with_params(spec: TrialSpec, params: dict) -> TrialSpec:
     return dataclasses.replace(spec, cfg=dataclasses.replace(spec.cfg, hardware=hw))
 
 
-def current_params(hw) -> dict[str, float]:
-    """A preset's step-time parameters as the fit starts from them (a null k x n rate: every other GEMM's)."""
-    return {k: float(kn_efficiency(hw) if k == "gemm_kn_efficiency" else getattr(hw, k)) for k in FITTED}
+def current_params(hw, names: tuple[str, ...] = FITTED) -> dict[str, float]:
+    """A preset's parameters as the fit starts from them (a null k x n rate: every other GEMM's)."""
+    def value(name: str) -> float:
+        if name == "gemm_kn_efficiency":
+            return float(kn_efficiency(hw))
+        level, _, field = name.rpartition(".")
+        return float(getattr(getattr(hw, level), field) if level else getattr(hw, name))
+
+    return {k: value(k) for k in names}
+
+
+def fitted_names(trials: list[Measured]) -> tuple[str, ...]:
+    """The compute parameters, and the network's where the trials can tell them: a level's
+    bandwidth only if some trial's ranks cross it."""
+    ranks = any(t.spec.world_size > 1 for t in trials)
+    nodes = any(t.spec.nodes > 1 for t in trials)
+    shared_nodes = any(t.spec.world_size > t.spec.nodes for t in trials)  # ranks that talk inside a node
+    links = {"intra_node.busbw_gbps": shared_nodes, "inter_node.busbw_gbps": nodes, "inter_node.latency_us": nodes,
+             "collective_overhead_us": ranks}
+    return FITTED + tuple(name for name in LINK_PARAMS if links[name])
 
 
 def predicted_step_s(spec: TrialSpec, params: dict) -> float:
     return make_plan(with_params(spec, params)).time.step_s
 
 
-def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS, names: tuple[str, ...] = FITTED) -> dict:
+def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS, names: tuple[str, ...] = FITTED,
+        max_evals: int = 2000) -> dict:
     """Minimise cost(params) over `names`: each parameter in turn multiplied or divided by a
-    step that starts at 2 and shrinks (as its square root) when no move helps."""
+    step that starts at 2 and shrinks (as its square root) when no move helps; at most
+    `max_evals` evaluations of the cost."""
     best, value = dict(start), cost(start)
-    step = 2.0
-    while step > 1.01:
+    step, evals = 2.0, 1
+    while step > 1.01 and evals < max_evals:
         improved = False
         for name in names:
             low, high = bounds[name]
             for factor in (step, 1 / step):
                 x = best[name] * factor if best[name] else (1.0 if factor > 1 else 0.0)
                 trial = {**best, name: min(high, max(low, x))}
-                v = cost(trial)
-                if v < value - 1e-12:
+                if trial[name] == best[name]:
+                    continue  # at its bound already
+                v, evals = cost(trial), evals + 1
+                if v < value * (1 - 1e-4) - 1e-8:  # a real gain: no crawling along a flat direction
                     best, value, improved = trial, v, True
         if not improved:
             step = math.sqrt(step)
@@ -117,23 +153,65 @@ def measured_trials(dirs: list[Path]) -> dict[str, list[Measured]]:
         if not result or result.get("status") != "ok" or not step:
             continue
         spec = load_spec(trial_dir)
-        found.setdefault(spec.cfg.hardware.name, []).append(Measured(trial_dir, spec, float(step)))
+        found.setdefault(spec.cfg.hardware.name, []).append(Measured(str(trial_dir), spec, float(step)))
     return found
 
 
-def calibrate(dirs: list[Path]) -> list[Calibration]:
+def csv_trials(path: Path) -> dict[str, list[Measured]]:
+    """The rows of a CSV of measured runs, each composed and validated as a trial, by hardware name."""
+    try:
+        rows = list(csv.DictReader(path.open(newline="")))
+    except (OSError, csv.Error, UnicodeDecodeError) as exc:
+        raise ConfigError("--csv", str(path), f"a readable CSV file ({exc})") from None
+    if not rows or not any(c in rows[0] for c in MEASURED_COLUMNS):
+        raise ConfigError("--csv", str(path), f"a header of override keys and one of {', '.join(MEASURED_COLUMNS)}, "
+                          "and a row per run")
+    found: dict[str, list[Measured]] = {}
+    for number, row in enumerate(rows, start=2):  # row 1 is the header
+        where = f"{path.name} row {number}"
+        overrides = [f"{key}={value}" for key, value in row.items()
+                     if key not in MEASURED_COLUMNS and key and value not in (None, "")]
+        try:
+            spec = build_spec(overrides)
+        except ConfigError as exc:
+            raise ConfigError(exc.field, exc.value, exc.allowed, where=where) from None
+        step = _measured_step_s(row, spec, where)
+        found.setdefault(spec.cfg.hardware.name, []).append(Measured(where, spec, step))
+    return found
+
+
+def _measured_step_s(row: dict, spec: TrialSpec, where: str) -> float:
+    """Seconds per optimizer step from the row's step_time_s, or from its tokens/s/GPU."""
+    for column in MEASURED_COLUMNS:
+        text = (row.get(column) or "").strip()
+        if not text:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(column, text, "a positive number", where=where)
+        return value if column == "step_time_s" else spec.tokens_per_step / (value * spec.world_size)
+    raise ConfigError(" or ".join(MEASURED_COLUMNS), "(empty)", "a measurement in every row", where=where)
+
+
+def calibrate(dirs: list[Path], csv_path: Path | None = None) -> list[Calibration]:
     for d in dirs:
         if not d.is_dir():
             raise ConfigError("DIR", str(d), "a directory holding trials (a run's --out, or a sweep's)")
     found = measured_trials(dirs)
+    for name, rows in (csv_trials(csv_path) if csv_path else {}).items():
+        found.setdefault(name, []).extend(rows)
     if not found:
         raise ConfigError("DIR", " ".join(map(str, dirs)), "no ok trial with a measured step time below it; "
                           "run some first (orchestrator run ... --out DIR)")
     out = []
     for name, trials in sorted(found.items()):
         hw = trials[0].spec.cfg.hardware
-        start = current_params(hw)
-        params = fit(lambda p: log_error(trials, p), start)
+        names = fitted_names(trials)
+        start = current_params(hw, names)
+        params = fit(lambda p: log_error(trials, p), start, names=names)
         ratio = lambda p: [predicted_step_s(t.spec, p) / t.step_s for t in trials]  # noqa: E731
         path = write_preset(trials[0].spec, params, len(trials))
         out.append(Calibration(hardware=name, params=params, trials=trials, before=ratio(start), after=ratio(params),
@@ -143,14 +221,14 @@ def calibrate(dirs: list[Path]) -> list[Calibration]:
 
 def write_preset(spec: TrialSpec, params: dict, n_trials: int) -> Path:
     """The trial's hardware preset with the fitted parameters, in the user's config dir."""
-    hw = dataclasses.replace(spec.cfg.hardware, **params)
+    hw = with_params(spec, params).cfg.hardware
     data = OmegaConf.to_container(OmegaConf.structured(hw), enum_to_str=True)
     when = datetime.date.today().isoformat()
     data["calibrated_on"] = f"{n_trials} trials ({when})"
     path = user_conf_dir() / "hardware" / f"{calibrated_name(hw.name)}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# Written by `orchestrator calibrate` on {when}: the {hw.name} preset with its step-time\n"
-              f"# parameters ({', '.join(FITTED)}) fitted to {n_trials} measured trials.\n")
+    header = (f"# Written by `orchestrator calibrate` on {when}: the {hw.name} preset with its parameters\n"
+              f"# ({', '.join(params)}) fitted to {n_trials} measured trials.\n")
     atomic_write_text(path, header + OmegaConf.to_yaml(OmegaConf.create(data)))
     return path
 
@@ -161,7 +239,12 @@ def calibrated_params(hardware_name: str) -> dict | None:
     if not path.is_file():
         return None
     data = OmegaConf.to_container(OmegaConf.load(path))
-    return {k: float(data[k]) for k in FITTED if data.get(k) is not None}
+
+    def value(name: str):
+        level, _, field = name.rpartition(".")
+        return (data.get(level) or {}).get(field) if level else data.get(name)
+
+    return {k: float(value(k)) for k in FITTED + LINK_PARAMS if value(k) is not None}
 
 
 def calibrated_step_s(trial_dir: Path, params: dict) -> float | None:

@@ -114,7 +114,9 @@ def report_command(args: argparse.Namespace) -> int:
 def calibrate_command(args: argparse.Namespace) -> int:
     from orchestrator.calibrate import calibrate  # the planner and its fit: not needed by other commands
 
-    for c in calibrate([Path(d) for d in args.dirs]):
+    if not args.dirs and not args.csv:
+        raise ConfigError("DIR", "(none)", "a directory of trials, or --csv FILE of measured runs")
+    for c in calibrate([Path(d) for d in args.dirs], Path(args.csv) if args.csv else None):
         show_calibration(c, console())
     return 0
 
@@ -146,11 +148,14 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--json", action="store_true", help="print the collected rows as JSON")
     report.set_defaults(handler=report_command)
-    calib = sub.add_parser("calibrate", help="Fit a hardware preset's step-time parameters to the trials below DIR.",
+    calib = sub.add_parser("calibrate", help="Fit a hardware preset's step-time and network parameters to the trials "
+                                             "below DIR (or to --csv FILE).",
                            description="Fit the step-time parameters of each hardware kind found among the ok "
                                        "trials below DIR to their measured step times, and write the preset as "
                                        "NAME-calibrated in the user's config directory (hardware=auto prefers it).")
-    calib.add_argument("dirs", metavar="DIR", nargs="+")
+    calib.add_argument("dirs", metavar="DIR", nargs="*")
+    calib.add_argument("--csv", metavar="FILE", help="measured runs this tool did not make: a column per override key "
+                       "(zero, model.hidden, parallel.dp, ...) and tokens_per_sec_per_gpu or step_time_s")
     calib.set_defaults(handler=calibrate_command)
     return parser
 

@@ -244,7 +244,7 @@ def show_calibration(c, out: Console) -> None:
     for name in ("trial", "measured s", "before", "after"):
         table.add_column(name, justify="right" if name != "trial" else "left")
     for t, before, after in zip(c.trials, c.before, c.after):
-        table.add_row(" ".join(t.spec.overrides)[:70], f"{t.step_s:.4g}", f"{before:.2f}", f"{after:.2f}")
+        table.add_row(" ".join(t.spec.overrides)[:70] or t.source, f"{t.step_s:.4g}", f"{before:.2f}", f"{after:.2f}")
     out.print(table)
     out.print(f"within +-25 %: {within(c.before)} of {len(c.trials)} before, {within(c.after)} after")
     out.print("fitted: " + ", ".join(f"hardware.{k}={v:.3g}" for k, v in c.params.items()))

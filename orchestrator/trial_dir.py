@@ -125,7 +125,11 @@ def holds_trial(path: Path) -> bool:
 
 
 def trials_below(path: Path) -> list[Path]:
-    return sorted({p.parent for name in HOLDS_A_TRIAL for p in path.rglob(name)})
+    """Every trial directory at or below `path`. A running trial deletes old checkpoints
+    while this walks, so a folder that vanishes on the way is passed over (os.walk's
+    default), never an error."""
+    markers = set(HOLDS_A_TRIAL)
+    return sorted(Path(root) for root, _, files in os.walk(path) if markers & set(files))
 
 
 def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False, marker: str = CLAIM,

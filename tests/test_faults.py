@@ -5,6 +5,7 @@ cause (strict JSON), nothing earlier lost, no rank left running, no traceback sh
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.trial_dir import claim
+from orchestrator.trial_dir import claim, trials_below
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -215,3 +216,20 @@ def test_status_report_and_wait_skip_a_corrupt_file_and_report_the_rest(tmp_path
         said = proc.stdout + proc.stderr
         assert "Traceback" not in said and str(first / "result.json") in " ".join(said.split()), said
         assert second.name in said or "1 ok" in said or "ok" in said
+
+
+def test_trials_below_passes_over_a_folder_deleted_while_it_walks(tmp_path, monkeypatch):
+    # A running trial rotates its checkpoints: `wait` walking the sweep must not crash on one
+    # that vanishes between being listed and being opened.
+    trial = tmp_path / "sweep" / "0_x"
+    (trial / "checkpoint" / "step20").mkdir(parents=True)
+    (trial / "result.json").write_text("{}")
+    real = os.scandir
+
+    def vanishing(path="."):
+        if str(path).endswith("step20"):
+            shutil.rmtree(path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", vanishing)
+    assert trials_below(tmp_path) == [trial]

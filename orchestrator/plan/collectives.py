@@ -26,6 +26,7 @@ slowest link) and reduce-scatters with an all-reduce's traffic (bench/RESULTS.md
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -112,8 +113,10 @@ def algorithms(op: str, net: Network) -> tuple[str, ...]:
     return ("ring",)
 
 
+@functools.lru_cache(maxsize=65536)
 def call_time(op: str, nbytes: float, net: Network) -> CallTime:
-    """The time of one call of `op` on an `nbytes` buffer, by the fastest algorithm there."""
+    """The time of one call of `op` on an `nbytes` buffer, by the fastest algorithm there
+    (cached: a step's buckets repeat a few sizes, and a sweep or a fit repeats networks)."""
     if net.ranks <= 1 or nbytes <= 0:
         return CallTime(0.0, "none", 0.0)
     times = {a: ring_time(op, nbytes, net) if a == "ring" else tree_time(nbytes, net) for a in algorithms(op, net)}

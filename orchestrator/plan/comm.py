@@ -80,7 +80,7 @@ def packed_buckets(tensors: list[int], bucket_elements: int) -> list[int]:
 def collective(op: str, phase: str, sizes_elements: list[int], dtype_bytes: int, net: Network,
                per_step: int = 1, exposed_s: float = 0.0) -> Collective:
     """The calls of one op on buffers of `sizes_elements`, `per_step` times a step."""
-    calls = [call_time(op, e * dtype_bytes, net) for e in sizes_elements]
+    calls = [call_time(op, float(e * dtype_bytes), net) for e in sizes_elements]
     total = sum(sizes_elements) * dtype_bytes
     steps = (2 if op == "all_reduce" else 1) * (net.ranks - 1) / net.ranks
     algorithm = max(("ring", "tree", "none"), key=lambda a: sum(1 for c in calls if c.algorithm == a))
@@ -93,7 +93,7 @@ def collective(op: str, phase: str, sizes_elements: list[int], dtype_bytes: int,
 
 
 def call_seconds(op: str, sizes_elements: list[int], dtype_bytes: int, net: Network) -> list[float]:
-    return [call_time(op, e * dtype_bytes, net).seconds for e in sizes_elements]
+    return [call_time(op, float(e * dtype_bytes), net).seconds for e in sizes_elements]
 
 
 def overlapped(compute_s: float, comm_bucket_s: list[float]) -> float:
