@@ -35,19 +35,27 @@ def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> l
 
 
 def scaling_plot(ok: list[dict], path: Path) -> Path:
-    """tokens/s/GPU, MFU and scaling efficiency against the DP degree, a line per reduce bucket size."""
-    lines: dict[int, list[tuple[int, float, float]]] = defaultdict(list)
+    """tokens/s/GPU, MFU and scaling efficiency against the DP degree, a line per reduce
+    bucket size: measured (solid) and the plan's prediction for the same trials (dashed)."""
+    lines: dict[int, list[tuple]] = defaultdict(list)
     for r in ok:
+        plan = (r.get("plan") or {}).get("time") or {}
         lines[r["config"]["zero"]["reduce_bucket_size"]].append(
-            (r["config"]["parallel"]["dp"], r["metrics"]["tokens_per_sec_per_gpu"], r["metrics"]["mfu"]))
+            (r["config"]["parallel"]["dp"], r["metrics"]["tokens_per_sec_per_gpu"], r["metrics"]["mfu"],
+             plan.get("tokens_per_sec_per_gpu"), plan.get("mfu")))
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.5))
-    for bucket, points in sorted(lines.items()):
+    for i, (bucket, points) in enumerate(sorted(lines.items())):
         points.sort()
-        dp, tps, mfu = zip(*points)
-        label = f"reduce bucket {bucket:.0e} elements"
-        a.plot(dp, tps, marker="o", label=label)
-        b.plot(dp, [100 * x for x in mfu], marker="o", label=label)
-        c.plot(dp, [100 * t / tps[0] for t in tps], marker="o", label=label)
+        dp, tps, mfu, p_tps, p_mfu = zip(*points)
+        colour, label = f"C{i % 10}", f"reduce bucket {bucket:.0e} elements"
+        a.plot(dp, tps, marker="o", color=colour, label=f"{label}, measured")
+        b.plot(dp, [100 * x for x in mfu], marker="o", color=colour, label=f"{label}, measured")
+        c.plot(dp, [100 * t / tps[0] for t in tps], marker="o", color=colour, label=f"{label}, measured")
+        if all(p_tps):
+            a.plot(dp, p_tps, linestyle="--", marker="x", color=colour, label=f"{label}, predicted")
+            b.plot(dp, [100 * x for x in p_mfu], linestyle="--", marker="x", color=colour, label=f"{label}, predicted")
+            c.plot(dp, [100 * t / p_tps[0] for t in p_tps], linestyle="--", marker="x", color=colour,
+                   label=f"{label}, predicted")
     for ax, title, ylabel in ((a, "Throughput per GPU", "tokens/s/GPU"), (b, "Model FLOPs utilisation", "MFU (%)"),
                               (c, "Scaling efficiency", "tokens/s/GPU vs smallest DP (%)")):
         ax.set(title=title, xlabel="data-parallel degree (ranks)", ylabel=ylabel)
@@ -55,7 +63,7 @@ def scaling_plot(ok: list[dict], path: Path) -> Path:
         dps = sorted({r["config"]["parallel"]["dp"] for r in ok})
         ax.set_xticks(dps, [str(d) for d in dps])
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 
