@@ -140,6 +140,17 @@ def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS, names
     return best
 
 
+def fit_in_stages(trials: list[Measured], start: dict) -> dict:
+    """Compute first, on the trials that stay inside one node (all of them if none does),
+    then the network on every trial with the compute held: fitted jointly, a slow network
+    and a slow GEMM explain the same step, and the fit would trade one for the other."""
+    compute = tuple(k for k in start if k in FITTED)
+    links = tuple(k for k in start if k not in FITTED)
+    inside = [t for t in trials if t.spec.nodes == 1] or trials
+    params = fit(lambda p: log_error(inside, p), start, names=compute)
+    return fit(lambda p: log_error(trials, p), params, names=links) if links else params
+
+
 def log_error(trials: list[Measured], params: dict) -> float:
     return sum(math.log(predicted_step_s(t.spec, params) / t.step_s) ** 2 for t in trials)
 
@@ -209,9 +220,8 @@ def calibrate(dirs: list[Path], csv_path: Path | None = None) -> list[Calibratio
     out = []
     for name, trials in sorted(found.items()):
         hw = trials[0].spec.cfg.hardware
-        names = fitted_names(trials)
-        start = current_params(hw, names)
-        params = fit(lambda p: log_error(trials, p), start, names=names)
+        start = current_params(hw, fitted_names(trials))
+        params = fit_in_stages(trials, start)
         ratio = lambda p: [predicted_step_s(t.spec, p) / t.step_s for t in trials]  # noqa: E731
         path = write_preset(trials[0].spec, params, len(trials))
         out.append(Calibration(hardware=name, params=params, trials=trials, before=ratio(start), after=ratio(params),
