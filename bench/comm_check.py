@@ -8,7 +8,7 @@ Starts the test cluster shaped (tests/slurm/cluster.sh start --nodes 4 --cpus-pe
 both ways by tc tbf) and prints predicted beside measured.
 
 collectives: all-reduce, reduce-scatter and all-gather over gloo at 1-16 MB, world sizes
-2-4 on 1-4 nodes (srun, bench/collective_worker.py). The prediction is the ring model with
+2-4 on 1-4 nodes (srun, orchestrator/workload/collective_timing.py). The prediction is the ring model with
 a hardware description of these links: inter-node bandwidth = the tbf rate, intra-node
 bandwidth and latency fitted on the one-node rows, inter-node latency from a 4-byte
 all-reduce across two nodes. Those rows are marked "fit"; the others are checked (15 %).
@@ -55,7 +55,7 @@ def measure_collectives(reps: int) -> list[dict]:
     out = []
     for ranks, nodes in LAYOUTS:
         argv = ["srun", "--export=ALL,SUBMITIT_EXECUTOR=slurm", f"--nodes={nodes}", f"--ntasks={ranks}", f"--ntasks-per-node={math.ceil(ranks / nodes)}",
-                "--cpus-per-task=1", sys.executable, str(ROOT / "bench" / "collective_worker.py"),
+                "--cpus-per-task=1", sys.executable, "-m", "orchestrator.workload.collective_timing",
                 ",".join(map(str, SIZES)), str(reps)]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
@@ -137,7 +137,7 @@ def trial_points() -> list[tuple[int, float, int, int]]:
 def inter_node_latency(reps: int = 5) -> float:
     """Seconds per ring step across nodes: a 4-byte all-reduce between two nodes."""
     proc = subprocess.run(["srun", "--export=ALL,SUBMITIT_EXECUTOR=slurm", "--nodes=2", "--ntasks=2",
-                           "--cpus-per-task=1", sys.executable, str(ROOT / "bench" / "collective_worker.py"), "4",
+                           "--cpus-per-task=1", sys.executable, "-m", "orchestrator.workload.collective_timing", "4",
                            str(reps)], capture_output=True, text=True, timeout=600, check=True)
     rows = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])["rows"]
     return next(r["seconds"] for r in rows if r["op"] == "all_reduce") / ring_terms("all_reduce", 0, 2)[0]

@@ -16,9 +16,10 @@ from pathlib import Path
 from orchestrator import commands
 from orchestrator.compose import presets
 from orchestrator.config import GROUPS
-from orchestrator.display import console, show_calibration, show_report, show_states
+from orchestrator.display import console, show_calibration, show_links, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, PlanRefused, did_you_mean, one_of
 from orchestrator.files import read_json
+from orchestrator.spec import build_spec
 from orchestrator.report import collect, write_report
 from orchestrator.trial import collect_state, wait_for
 from orchestrator.trial_dir import TrialPaths, trials_below
@@ -114,10 +115,36 @@ def report_command(args: argparse.Namespace) -> int:
 def calibrate_command(args: argparse.Namespace) -> int:
     from orchestrator.calibrate import calibrate  # the planner and its fit: not needed by other commands
 
+    if args.links:
+        return links_command(args)
     if not args.dirs and not args.csv:
         raise ConfigError("DIR", "(none)", "a directory of trials, or --csv FILE of measured runs")
     for c in calibrate([Path(d) for d in args.dirs], Path(args.csv) if args.csv else None):
         show_calibration(c, console())
+    return 0
+
+
+def links_command(args: argparse.Namespace) -> int:
+    """calibrate --links: the network measured as nccl-tests does, fitted, written."""
+    from orchestrator import links  # measures with torchrun or srun: not needed by other commands
+
+    links.check_hardware(args.hardware)
+    try:
+        nodes = sorted({int(n) for n in args.nodes.split(",")})
+    except ValueError:
+        raise ConfigError("--nodes", args.nodes, "node counts separated by commas, e.g. 1,2,4") from None
+    if min(nodes) < 1 or args.ranks_per_node < 1 or args.max_mb <= 0 or args.reps < 1:
+        raise ConfigError("--nodes/--ranks-per-node/--max-mb/--reps", f"{args.nodes}/{args.ranks_per_node}/"
+                          f"{args.max_mb:g}/{args.reps}", "positive numbers")
+    device = "cuda" if build_spec([f"hardware={args.hardware}"]).cfg.hardware.device.is_gpu else "cpu"
+    backend = "nccl" if device == "cuda" else "gloo"
+    rows = links.measure(nodes, args.ranks_per_node, args.max_mb, args.reps, device, args.partition)
+    inside, between = links.fit_network(rows, backend)
+    what = f"{backend}, {args.ranks_per_node} rank(s) per node on {args.nodes} node(s), up to {args.max_mb:g} MB"
+    path = links.write_links(args.hardware, inside, between, what)
+    show_links(rows, [links.predicted_seconds(m, inside, between, backend) for m in rows], inside, between,
+               console())
+    console().print(f"wrote {path} (hardware={Path(path).stem})")
     return 0
 
 
@@ -156,6 +183,14 @@ def _parser() -> argparse.ArgumentParser:
     calib.add_argument("dirs", metavar="DIR", nargs="*")
     calib.add_argument("--csv", metavar="FILE", help="measured runs this tool did not make: a column per override key "
                        "(zero, model.hidden, parallel.dp, ...) and tokens_per_sec_per_gpu or step_time_s")
+    calib.add_argument("--links", action="store_true", help="measure the network instead (all-reduce, "
+                       "reduce-scatter, all-gather, 1 MB up to --max-mb) and write its levels into the preset")
+    calib.add_argument("--hardware", default="cpu", help="--links: the preset whose -calibrated copy gets the links")
+    calib.add_argument("--nodes", default="1", help="--links: node counts, e.g. 1,2,4 (more than one: through srun)")
+    calib.add_argument("--ranks-per-node", type=int, default=2, help="--links: ranks on each node (its GPUs)")
+    calib.add_argument("--max-mb", type=float, default=1024, help="--links: the largest buffer, MB (from 1 MB)")
+    calib.add_argument("--reps", type=int, default=5, help="--links: timed calls per size (the median counts)")
+    calib.add_argument("--partition", default=None, help="--links: the SLURM partition (also runs one node there)")
     calib.set_defaults(handler=calibrate_command)
     return parser
 

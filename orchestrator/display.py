@@ -249,3 +249,17 @@ def show_calibration(c, out: Console) -> None:
     out.print(f"within +-25 %: {within(c.before)} of {len(c.trials)} before, {within(c.after)} after")
     out.print("fitted: " + ", ".join(f"hardware.{k}={v:.3g}" for k, v in c.params.items()))
     out.print(f"wrote {c.preset_path} (hardware=auto now picks it; or choose hardware={c.preset_path.stem})")
+
+
+def show_links(rows: list, predicted: list[float], inside, between, out: Console) -> None:
+    """`calibrate --links`: each measurement as nccl-tests prints it, and the fitted levels."""
+    table = Table(title="Collectives, measured (algbw, busbw as nccl-tests defines them)", title_justify="left")
+    for name in ("op", "ranks", "nodes", "MB", "time ms", "algbw GB/s", "busbw GB/s", "fitted / measured"):
+        table.add_column(name, justify="left" if name == "op" else "right")
+    for m, p in zip(rows, predicted):
+        table.add_row(m.op, str(m.ranks), str(m.nodes), f"{m.bytes / 2**20:,.0f}", f"{m.seconds * 1e3:.3g}",
+                      f"{m.algbw / 1e9:.4g}", f"{m.busbw / 1e9:.4g}", f"{p / m.seconds:.2f}" if m.seconds else "")
+    out.print(table)
+    out.print(f"inside a node: {inside.busbw / 1e9:.4g} GB/s busbw, {inside.latency * 1e6:.3g} us a hop"
+              + (f"; between nodes: {between.busbw / 1e9:.4g} GB/s busbw, {between.latency * 1e6:.3g} us a hop"
+                 if between else ""))

@@ -1,0 +1,154 @@
+"""`orchestrator calibrate --links`: measure the cluster's network as nccl-tests does, and
+write what the plan needs of it.
+
+All-reduce, reduce-scatter and all-gather from 1 MB up to `--max-mb` (1 GB by default) on
+one node, then on every node count asked for, through torch.distributed on the real
+backend (workload/collective_timing.py: NCCL on GPUs, gloo on CPUs): locally under torchrun
+for one node, as a SLURM step (srun) inside the current allocation or cluster for several.
+Each row is printed with nccl-tests' algorithm and bus bandwidth (busbw = algbw x
+2(n-1)/n for an all-reduce, x (n-1)/n for the others).
+
+Each level of the network is then fitted as plan/collectives.py models it: latency per hop
+and bus bandwidth by least squares on the one-node rows (inside a node) and on the
+multi-node rows (between nodes, inside-node figures held), and written into the user's
+NAME-calibrated hardware preset beside what `orchestrator calibrate` fits there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from orchestrator.compose import presets, user_conf_dir
+from orchestrator.errors import ConfigError, one_of
+from orchestrator.files import atomic_write_text
+from orchestrator.hardware import calibrated_name
+from orchestrator.plan.collectives import Level, Network, ring_steps, ring_time
+from orchestrator.spec import build_spec
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+MIN_BYTES = 2**20
+
+
+@dataclass(frozen=True)
+class Measurement:
+    op: str
+    ranks: int
+    nodes: int
+    bytes: int
+    seconds: float
+
+    @property
+    def algbw(self) -> float:
+        return self.bytes / self.seconds if self.seconds else math.inf
+
+    @property
+    def busbw(self) -> float:
+        """nccl-tests' bus bandwidth: what each rank's links carried, per second."""
+        factor = 2 * (self.ranks - 1) / self.ranks if self.op == "all_reduce" else (self.ranks - 1) / self.ranks
+        return self.algbw * factor
+
+
+def sizes(max_mb: float) -> list[int]:
+    """1 MB, doubling, up to max_mb."""
+    out, size = [], MIN_BYTES
+    while size <= max_mb * 2**20:
+        out.append(size)
+        size *= 2
+    return out or [MIN_BYTES]
+
+
+def ring_terms(m: Measurement, backend: str) -> tuple[float, float]:
+    """(latency hops, bytes each rank sends) of one ring call: t = hops x latency + bytes / busbw."""
+    steps = ring_steps(m.op, m.ranks, backend)
+    return steps, steps * m.bytes / m.ranks
+
+
+def fit_level(rows: list[Measurement], backend: str) -> Level:
+    """Latency per hop and bus bandwidth of one level, least squares on relative error. For
+    rows that span nodes every step is charged to the network: a ring waits for its slowest
+    hop (gloo's lock step; for NCCL the one-node steps' share is small beside it)."""
+    if not rows:
+        raise ValueError("no rows to fit")
+    a = np.array([ring_terms(m, backend) for m in rows], dtype=float)
+    t = np.array([m.seconds for m in rows])
+    (latency, inverse), *_ = np.linalg.lstsq(a / t[:, None], np.ones(len(t)), rcond=None)
+    if inverse <= 0:  # latency-bound rows only: bandwidth from the largest call alone
+        largest = max(rows, key=lambda m: m.bytes)
+        inverse = 1 / largest.busbw
+    return Level(busbw=float(1 / inverse), latency=max(float(latency), 0.0))
+
+
+def measure(node_counts: list[int], ranks_per_node: int, max_mb: float, reps: int, device: str,
+            partition: str | None = None) -> list[Measurement]:
+    """Every collective and size on each node count; one node runs here unless SLURM is asked."""
+    out = []
+    for nodes in node_counts:
+        ranks = nodes * ranks_per_node
+        worker = ["-m", "orchestrator.workload.collective_timing", ",".join(map(str, sizes(max_mb))), str(reps), device]
+        if nodes == 1 and partition is None:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *worker]
+        else:
+            if shutil.which("srun") is None:
+                raise ConfigError("--nodes", nodes, "one node here, or several through SLURM (srun), which this "
+                                  "machine does not have")
+            argv = ["srun", "--export=ALL,SUBMITIT_EXECUTOR=slurm", f"--nodes={nodes}", f"--ntasks={ranks}",
+                    f"--ntasks-per-node={ranks_per_node}", *([f"--partition={partition}"] if partition else []),
+                    sys.executable, *worker]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode or not lines:
+            raise RuntimeError(f"{ranks} ranks on {nodes} node(s) failed: {proc.stderr[-1500:]}")
+        run = json.loads(lines[-1])
+        out += [Measurement(r["op"], run["world"], run["nodes"], r["bytes"], r["seconds"]) for r in run["rows"]]
+    return out
+
+
+def fit_network(rows: list[Measurement], backend: str) -> tuple[Level, Level | None]:
+    """(inside a node, between nodes or None): the one-node rows first, then the others."""
+    one = [m for m in rows if m.nodes == 1 and m.ranks > 1]
+    many = [m for m in rows if m.nodes > 1]
+    inside = fit_level(one, backend) if one else None
+    between = fit_level(many, backend) if many else None
+    if inside is None and between is None:
+        raise ConfigError("--ranks-per-node", 1, "at least 2 ranks in all, on one node or across nodes")
+    return inside or between, between
+
+
+def write_links(hardware: str, inside: Level, between: Level | None, what: str) -> str:
+    """The NAME-calibrated preset with its network levels replaced (created from NAME if new)."""
+    path = user_conf_dir() / "hardware" / f"{calibrated_name(hardware)}.yaml"
+    if path.is_file():
+        data = OmegaConf.to_container(OmegaConf.load(path))
+    else:
+        data = OmegaConf.to_container(OmegaConf.structured(build_spec([f"hardware={hardware}"]).cfg.hardware),
+                                      enum_to_str=True)
+        data["name"] = calibrated_name(hardware)
+    data["intra_node"] = {**data.get("intra_node", {}), "busbw_gbps": round(inside.busbw / 1e9, 4),
+                          "latency_us": round(inside.latency * 1e6, 2), "name": f"measured: {what}"}
+    if between is not None:
+        data["inter_node"] = {**data.get("inter_node", {}), "busbw_gbps": round(between.busbw / 1e9, 4),
+                              "latency_us": round(between.latency * 1e6, 2), "name": f"measured: {what}"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = f"# Written by `orchestrator calibrate --links`: the network measured as nccl-tests does ({what}).\n"
+    atomic_write_text(path, header + OmegaConf.to_yaml(OmegaConf.create(data)))
+    return str(path)
+
+
+def check_hardware(name: str) -> None:
+    known = [p for p in presets("hardware") if p != "auto"]
+    if name not in known:
+        raise ConfigError("--hardware", name, f"a hardware preset to write the links of: {one_of(known)}")
+
+
+def predicted_seconds(m: Measurement, inside: Level, between: Level | None, backend: str) -> float:
+    """What the fitted levels say one measured call took (plan/collectives.py's ring)."""
+    net = Network(ranks=m.ranks, nodes=m.nodes, intra=inside, inter=between or inside, backend=backend)
+    return ring_time(m.op, m.bytes, net)

@@ -1,0 +1,69 @@
+"""One rank of a link measurement (`orchestrator calibrate --links`, bench/comm_check.py).
+
+torch.distributed on the rank's backend (gloo here, NCCL on GPUs), its variables from
+torchrun's environment or, under srun, from SLURM's (submitit's TorchDistributedEnvironment,
+as the orchestrator's own SLURM task). For each collective and size, as nccl-tests does: one
+untimed call, then the median of REPS timed calls, each started together (a barrier) and
+ended by the slowest rank (a barrier); what the two barriers alone cost is taken off.
+Rank 0 prints one JSON line: the world, its nodes, and a row per collective and size.
+
+Usage: python -m orchestrator.workload.collective_timing SIZES_BYTES REPS [DEVICE]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from orchestrator.config import DeviceType
+from orchestrator.workload.device import Device
+
+
+def timed(call, reps: int, device: Device) -> float:
+    call()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = device.clock()
+        call()
+        dist.barrier()
+        times.append(device.clock() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    sizes, reps = [int(s) for s in sys.argv[1].split(",")], int(sys.argv[2])
+    kind = DeviceType(sys.argv[3] if len(sys.argv) > 3 else "cpu")
+    if "RANK" not in os.environ:  # a task of srun: SLURM's variables, as torch.distributed's
+        import submitit
+
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    device = Device.for_rank(kind, os.environ)
+    dist.init_process_group(device.backend)
+    n = dist.get_world_size()
+    barrier = timed(lambda: None, reps, device)
+    rows = []
+    for nbytes in sizes:
+        elements = max(n, nbytes // 4 // n * n)  # fp32, divisible by the world size
+        full, part = torch.ones(elements, device=device.torch), torch.ones(elements // n, device=device.torch)
+        calls = {"all_reduce": lambda: dist.all_reduce(full),
+                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
+                 "all_gather": lambda: dist.all_gather_into_tensor(full, part)}
+        for op, call in calls.items():
+            rows.append({"op": op, "bytes": elements * 4, "seconds": max(0.0, timed(call, reps, device) - barrier)})
+    hosts = [None] * n
+    dist.all_gather_object(hosts, socket.gethostname())
+    if dist.get_rank() == 0:
+        print(json.dumps({"world": n, "nodes": len(set(hosts)), "barrier_s": barrier, "rows": rows}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

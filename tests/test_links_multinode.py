@@ -1,0 +1,33 @@
+"""`orchestrator calibrate --links` on a real 4-node SLURM cluster whose links are shaped by
+tc tbf (tests/slurm/cluster.sh start --link-mbit): the measurement runs as srun steps on the
+real nodes, over gloo, and the fit must recover the rate the links were shaped to. Mocked:
+nothing. Part of the multinode group (`pytest -m multinode`)."""
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli, running_cluster
+
+pytestmark = pytest.mark.multinode
+LINK_MBIT = 400  # 50 MB/s each way between nodes
+
+
+@pytest.fixture(scope="module")
+def shaped_cluster():
+    with running_cluster("--nodes", "4", "--cpus-per-node", "2", "--link-mbit", str(LINK_MBIT)):
+        yield
+
+
+def test_calibrate_links_recovers_the_shaped_rate_between_nodes(shaped_cluster, tmp_path):
+    env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
+    proc = run_cli("calibrate", "--links", "--hardware", "cpu", "--nodes", "2,4", "--ranks-per-node", "1",
+                   "--max-mb", "8", "--reps", "3", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "busbw GB/s" in proc.stdout and "all_gather" in proc.stdout  # the rows, as nccl-tests prints them
+    preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "cpu-calibrated.yaml").read_text())
+    assert preset["inter_node"]["busbw_gbps"] == pytest.approx(LINK_MBIT / 8000, rel=0.15)
+    assert preset["inter_node"]["name"].startswith("measured: gloo")
+    # the plan of a trial on this cluster now uses the measured network
+    plan = run_cli("plan", "--json", "hardware=cpu-calibrated", "cluster=slurm", "cluster.gpus_per_node=1",
+                   "parallel.dp=2", env=env)
+    assert plan.returncode == 0 and "measured: gloo" in plan.stdout
