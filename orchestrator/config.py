@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
 
 
 def _choices(name: str, values: list[str]) -> type[StrEnum]:

@@ -17,7 +17,6 @@ import os
 import socket
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
