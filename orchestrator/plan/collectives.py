@@ -17,8 +17,10 @@ algorithms (NCCL, src/graph/tuning.cc, Simple protocol; the constants below are 
 NCCL runs the faster of the two for a call's size and node count, and so does the plan.
 A hop's latency is the level's `latency_us` for a ring; a tree moves its data in chunks
 and waits for a whole chunk per level (NCCL charges 28 us), so a tree hop costs at least
-that. The bus bandwidth of each level is what nccl-tests reports as busbw at large sizes
-(all of a node's channels and NICs at work): the hardware preset's, with its source.
+that. The bus bandwidth of each level is what nccl-tests reports as busbw at large sizes:
+NCCL spreads a call over several channels (rings or trees, each on its own NVLink lanes and
+NIC), so busbw is all of a node's channels and NICs at work, not one link's nominal rate.
+It is the hardware preset's, with its source, or `orchestrator calibrate --links`'s.
 
 gloo (the CPU backend) has rings only, advances them in lock step (each step waits for the
 slowest link) and reduce-scatters with an all-reduce's traffic (bench/RESULTS.md).
