@@ -104,7 +104,7 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     low = element_bytes(z.precision)  # of a parameter and of its gradient
     mixed = z.precision != "fp32"
     dp = z.dp
-    persistent_buffers, gathered = 0, 0
+    gathered = 0
     if z.stage == 0:
         params, grads = low * n, low * n
         optimizer = (4 * n if mixed else 0) + 8 * n  # fp32 master (mixed precision) + Adam m, v
@@ -126,19 +126,7 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
             grads, buffers, step = 4 * n, 0, 0
             static += grads
     else:
-        # Each parameter is split into ceil(numel / dp) elements per rank. Parameters of at
-        # most param_persistence_threshold elements also stay whole on every rank (dp > 1).
-        shard = sum(-(-p.numel // dp) for p in tensors)
-        persistent = sum(p.numel for p in tensors if p.numel <= z.param_persistence_threshold) if dp > 1 else 0
-        params = low * (shard + persistent)
-        grads = low * shard  # the flat gradient partition buffer, kept between steps
-        optimizer, step = 12 * shard, 4 * shard
-        largest = max(module_sizes(model).values())
-        live = min(n, max(largest, min(largest + z.prefetch_bucket_size, z.max_live_parameters)))
-        gathered = low * live if dp > 1 else 0  # one rank's partition is the whole parameter
-        persistent_buffers = low * z.reduce_bucket_size  # the ipg bucket, allocated once and kept
-        buffers = gathered + persistent_buffers
-        static = params + grads + optimizer + persistent_buffers
+        shard, params, grads, optimizer, step, gathered, buffers, static = _stage3_states(model, z, tensors, low)
     # AdamW's denominator, sqrt(v) / bias correction, is built outside the state: one fp32
     # temporary per tensor with foreach (all at once on CUDA), two of the tensor being
     # updated tensor by tensor (on a CPU). ZeRO 1-3 hand it one flat fp32 partition.
@@ -342,6 +330,24 @@ def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sam
     room_start = (capacity - runtime - empty["loss backward"]) // per_sample.at_start
     room_inside = (capacity - runtime - empty["backward"]) // per_sample.inside
     return max(0, min(room_start, room_inside))
+
+
+def _stage3_states(model: ModelConfig, z: ZeroLayout, tensors: list, low: int) -> tuple[int, ...]:
+    """ZeRO-3's (shard, params, grads, optimizer, step, gathered, buffers, static) per rank.
+
+    Each parameter is split into ceil(numel / dp) elements per rank. Parameters of at most
+    param_persistence_threshold elements also stay whole on every rank (dp > 1)."""
+    n, dp = sum(p.numel for p in tensors), z.dp
+    shard = sum(-(-p.numel // dp) for p in tensors)
+    persistent = sum(p.numel for p in tensors if p.numel <= z.param_persistence_threshold) if dp > 1 else 0
+    params = low * (shard + persistent)
+    grads = low * shard  # the flat gradient partition buffer, kept between steps
+    optimizer, step = 12 * shard, 4 * shard
+    largest = max(module_sizes(model).values())
+    live = min(n, max(largest, min(largest + z.prefetch_bucket_size, z.max_live_parameters)))
+    gathered = low * live if dp > 1 else 0  # one rank's partition is the whole parameter
+    ipg_bucket = low * z.reduce_bucket_size  # allocated once and kept
+    return shard, params, grads, optimizer, step, gathered, gathered + ipg_bucket, params + grads + optimizer + ipg_bucket
 
 
 def zero_layout(spec: TrialSpec) -> ZeroLayout:
