@@ -136,6 +136,9 @@ def links_command(args: argparse.Namespace) -> int:
     if min(nodes) < 1 or args.ranks_per_node < 1 or args.max_mb <= 0 or args.reps < 1:
         raise ConfigError("--nodes/--ranks-per-node/--max-mb/--reps", f"{args.nodes}/{args.ranks_per_node}/"
                           f"{args.max_mb:g}/{args.reps}", "positive numbers")
+    if max(nodes) * args.ranks_per_node < 2:
+        raise ConfigError("--ranks-per-node", args.ranks_per_node, "at least 2 ranks in all to time a collective: "
+                          "--ranks-per-node 2, or --nodes 1,2")
     device = "cuda" if build_spec([f"hardware={args.hardware}"]).cfg.hardware.device.is_gpu else "cpu"
     backend = "nccl" if device == "cuda" else "gloo"
     rows = links.measure(nodes, args.ranks_per_node, args.max_mb, args.reps, device, args.partition)
