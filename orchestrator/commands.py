@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
@@ -64,14 +63,6 @@ COMMANDS = tuple(OWN_FLAGS)
 OUR_LAUNCHER = "orchestrator"
 
 
-@dataclass
-class Invocation:
-    """One command line: the command and our own flags (taken off before Hydra reads it)."""
-
-    command: str
-    flags: dict[str, str | bool] = field(default_factory=dict)
-
-
 def main(command: str, argv: list[str]) -> int:
     try:
         return _main(command, argv)
@@ -80,13 +71,11 @@ def main(command: str, argv: list[str]) -> int:
 
 
 def _main(command: str, argv: list[str]) -> int:
-    invocation = Invocation(command)
-    rest = _take_own_flags(invocation, argv)
+    flags, rest = _take_own_flags(command, argv)
     args = hydra_arguments(rest)
     use_source(Source(config_dir=str(Path(args.config_path).resolve()) if args.config_path else "",
                       config_name=args.config_name or CONFIG_NAME,
                       extra_dirs=(str(Path(args.config_dir).resolve()),) if args.config_dir else ()))
-    flags = invocation.flags
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
         if args.overrides and not args.shell_completion:
             compose_trial(fixed_part(args.overrides))  # a bad override: exit 2 with our paragraph, not Hydra's 1
@@ -103,8 +92,9 @@ def _main(command: str, argv: list[str]) -> int:
     return run(args.overrides, args.multirun, rest, flags)
 
 
-def _take_own_flags(invocation: Invocation, argv: list[str]) -> list[str]:
-    own, rest, i = OWN_FLAGS[invocation.command], [], 0
+def _take_own_flags(command: str, argv: list[str]) -> tuple[dict[str, str | bool], list[str]]:
+    """(our flags, the rest for Hydra): --out DIR or --out=DIR, --json, ..."""
+    own, flags, rest, i = OWN_FLAGS[command], {}, [], 0
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
         if name in own and own[name]:  # takes a value: --out DIR or --out=DIR
@@ -112,13 +102,13 @@ def _take_own_flags(invocation: Invocation, argv: list[str]) -> list[str]:
                 if i + 1 >= len(argv):
                     raise ConfigError(name, "(nothing)", "a directory: --out DIR")
                 value, i = argv[i + 1], i + 1
-            invocation.flags[name] = value
+            flags[name] = value
         elif name in own and not eq:
-            invocation.flags[name] = True
+            flags[name] = True
         else:
             rest.append(argv[i])
         i += 1
-    return rest
+    return flags, rest
 
 
 def _hydra(command: str, argv: list[str], task) -> None:

@@ -90,6 +90,7 @@ def spec_from(composed: Composed) -> TrialSpec:
     _check_zero(cfg)
     _check_choices(cfg)
     precision = _check_run(cfg)
+    _check_grad_accum(cfg, precision)
     _check_hardware(cfg, precision, composed.choices.get("hardware", ""))
     _check_logger(cfg)
     dp = at_most(positive(cfg.parallel.dp, "parallel.dp"), "parallel.dp", MAX_DP)
@@ -143,7 +144,11 @@ def _check_zero(cfg: TrialConfig) -> None:
         raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "needs zero.stage 1, 2 or 3 (stage 0 keeps the optimizer on the device)")
     if z.offload_param != "none" and z.stage < 3:
         raise ConfigError("zero.offload_param", z.offload_param, f"needs zero.stage=3 (parameters are partitioned only there; stage is {z.stage})")
-    precision = "bf16" if cfg.run.bf16 else "fp16" if cfg.run.fp16 else "fp32"
+
+
+
+def _check_grad_accum(cfg: TrialConfig, precision: str) -> None:
+    z = cfg.zero
     if z.grad_accum_dtype not in (None, precision) and not (z.stage == 1 and precision == "bf16"):
         # DeepSpeed runs other mixes as "unsupported mix of model_dtype and grad_accum_dtype"
         # (stage 0), or ignores the setting (stages 2 and 3 accumulate in their partitions).

@@ -69,6 +69,8 @@ def test_every_path_a_document_names_exists(doc):
 
 
 def test_no_document_points_outside_the_repository():
-    docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "RESULTS.md"]
+    # a relative path that climbs out of the checkout names something a user's clone does not have
+    docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "RESULTS.md",
+            *(ROOT / "bench" / "data").glob("*.md")]
     for doc in docs:
-        assert "../shared" not in doc.read_text() and "DESIGN.md" not in doc.read_text(), doc
+        assert not re.search(r"(^|[\s`(])\.\./", doc.read_text()), doc

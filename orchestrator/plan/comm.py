@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from orchestrator.plan.collectives import Network, call_time
+from orchestrator.plan.collectives import CallTime, Network, call_time
 
 
 @dataclass(frozen=True)
@@ -77,23 +77,35 @@ def packed_buckets(tensors: list[int], bucket_elements: int) -> list[int]:
     return out + ([current] if current else [])
 
 
-def collective(op: str, phase: str, sizes_elements: list[int], dtype_bytes: int, net: Network,
-               per_step: int = 1, exposed_s: float = 0.0) -> Collective:
-    """The calls of one op on buffers of `sizes_elements`, `per_step` times a step."""
-    calls = [call_time(op, float(e * dtype_bytes), net) for e in sizes_elements]
-    total = sum(sizes_elements) * dtype_bytes
-    steps = (2 if op == "all_reduce" else 1) * (net.ranks - 1) / net.ranks
-    algorithm = max(("ring", "tree", "none"), key=lambda a: sum(1 for c in calls if c.algorithm == a))
-    busbw = max((c.busbw for c in calls), default=0.0)
-    return Collective(op=op, phase=phase, dtype_bytes=dtype_bytes,
-                      bytes_per_call=total / len(calls) if calls else 0.0, calls=per_step * len(calls),
+@dataclass(frozen=True)
+class Calls:
+    """One op's calls on buffers of `sizes` elements, each timed once (collectives.call_time)."""
+
+    op: str
+    sizes: list[int]
+    dtype_bytes: int
+    times: list[CallTime]
+
+    @property
+    def seconds(self) -> list[float]:
+        return [t.seconds for t in self.times]
+
+
+def calls(op: str, sizes: list[int], dtype_bytes: int, net: Network) -> Calls:
+    return Calls(op, sizes, dtype_bytes, [call_time(op, float(e * dtype_bytes), net) for e in sizes])
+
+
+def collective(phase: str, c: Calls, net: Network, per_step: int = 1, exposed_s: float = 0.0) -> Collective:
+    """What `c`, made `per_step` times a step, costs and puts on the wire."""
+    total = sum(c.sizes) * c.dtype_bytes
+    steps = (2 if c.op == "all_reduce" else 1) * (net.ranks - 1) / net.ranks
+    algorithm = max(("ring", "tree", "none"), key=lambda a: sum(1 for t in c.times if t.algorithm == a))
+    time_s = per_step * sum(c.seconds)
+    return Collective(op=c.op, phase=phase, dtype_bytes=c.dtype_bytes,
+                      bytes_per_call=total / len(c.times) if c.times else 0.0, calls=per_step * len(c.times),
                       bytes_per_rank=per_step * steps * total, algorithm=algorithm, level=net.level,
-                      busbw_gbps=busbw / 1e9, time_s=per_step * sum(c.seconds for c in calls),
-                      exposed_s=min(exposed_s, per_step * sum(c.seconds for c in calls)))
-
-
-def call_seconds(op: str, sizes_elements: list[int], dtype_bytes: int, net: Network) -> list[float]:
-    return [call_time(op, float(e * dtype_bytes), net).seconds for e in sizes_elements]
+                      busbw_gbps=max((t.busbw for t in c.times), default=0.0) / 1e9, time_s=time_s,
+                      exposed_s=min(exposed_s, time_s))
 
 
 def overlapped(compute_s: float, comm_bucket_s: list[float]) -> float:
@@ -137,23 +149,22 @@ def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: 
     micro = fwd_s + bwd_s
     overlap = s.overlap_comm and net.ranks > 1
     if s.stage == 0:
-        grads = packed_buckets(s.tensors, s.reduce_bucket if s.ddp else STAGE0_BUCKET)
-        reduce = call_seconds("all_reduce", grads, s.wire_bytes, net)
-        last = overlapped(bwd_s, reduce) if s.ddp and overlap else bwd_s + sum(reduce)
+        reduce = calls("all_reduce", packed_buckets(s.tensors, s.reduce_bucket if s.ddp else STAGE0_BUCKET),
+                       s.wire_bytes, net)
+        last = overlapped(bwd_s, reduce.seconds) if s.ddp and overlap else bwd_s + sum(reduce.seconds)
         step = (grad_accum - 1) * micro + fwd_s + last
         phase = "backward of the last micro batch, gradient buckets" if s.ddp else "after the last backward"
-        c = [collective("all_reduce", phase, grads, s.wire_bytes, net, exposed_s=last - bwd_s)]
+        c = [collective(phase, reduce, net, exposed_s=last - bwd_s)]
     elif s.stage in (1, 2):
         every = grad_accum if s.stage == 2 else 1
-        grads = packed_buckets(s.tensors, s.reduce_bucket)
-        reduce = call_seconds("all_reduce", grads, s.wire_bytes, net)
-        with_comm = overlapped(bwd_s, reduce) if overlap else bwd_s + sum(reduce)
-        params = buckets(sum(s.tensors), s.allgather_bucket)
-        gather = collective("all_gather", "after step(), updated parameters", params, s.param_bytes, net,
-                            exposed_s=math.inf)
+        reduce = calls("all_reduce", packed_buckets(s.tensors, s.reduce_bucket), s.wire_bytes, net)
+        with_comm = overlapped(bwd_s, reduce.seconds) if overlap else bwd_s + sum(reduce.seconds)
+        gather = collective("after step(), updated parameters",
+                            calls("all_gather", buckets(sum(s.tensors), s.allgather_bucket), s.param_bytes, net),
+                            net, exposed_s=math.inf)
         where = ", every micro batch" if s.stage == 2 else ", last micro batch"
-        c = [collective("all_reduce", "backward, gradient buckets" + where, grads, s.wire_bytes, net,
-                        per_step=every, exposed_s=every * (with_comm - bwd_s)), gather]
+        c = [collective("backward, gradient buckets" + where, reduce, net, per_step=every,
+                        exposed_s=every * (with_comm - bwd_s)), gather]
         step = (grad_accum - every) * micro + every * (fwd_s + with_comm) + gather.time_s
     else:
         step, c = _stage3(s, grad_accum, fwd_s, bwd_s, net, overlap)
@@ -165,10 +176,9 @@ def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: 
 def _stage3(s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Network,
             overlap: bool) -> tuple[float, list[Collective]]:
     """ZeRO-3: gather in forward and backward, reduce-scatter in backward, every micro batch."""
-    fetch_sizes = buckets(sum(s.tensors), s.prefetch_bucket)
-    grads = packed_buckets(s.tensors, s.reduce_bucket)
-    fetch = call_seconds("all_gather", fetch_sizes, s.param_bytes, net)
-    reduce = call_seconds("reduce_scatter", grads, s.wire_bytes, net)
+    gathers = calls("all_gather", buckets(sum(s.tensors), s.prefetch_bucket), s.param_bytes, net)
+    scatters = calls("reduce_scatter", packed_buckets(s.tensors, s.reduce_bucket), s.wire_bytes, net)
+    fetch, reduce = gathers.seconds, scatters.seconds
     if overlap:
         fwd = overlapped(fwd_s, fetch)
         bwd = overlapped(bwd_s, _interleave(fetch, reduce))
@@ -176,11 +186,11 @@ def _stage3(s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Netwo
         fwd, bwd = fwd_s + sum(fetch), bwd_s + sum(fetch) + sum(reduce)
     per_micro = {"forward": fwd - fwd_s, "backward": bwd - bwd_s}
     b_total = sum(fetch) + sum(reduce)
-    c = [collective("all_gather", "forward, every micro batch", fetch_sizes, s.param_bytes, net, per_step=grad_accum,
+    c = [collective("forward, every micro batch", gathers, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["forward"]),
-         collective("all_gather", "backward, every micro batch", fetch_sizes, s.param_bytes, net, per_step=grad_accum,
+         collective("backward, every micro batch", gathers, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["backward"] * (sum(fetch) / b_total if b_total else 0)),
-         collective("reduce_scatter", "backward, every micro batch", grads, s.wire_bytes, net, per_step=grad_accum,
+         collective("backward, every micro batch", scatters, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["backward"] * (sum(reduce) / b_total if b_total else 0))]
     return grad_accum * (fwd + bwd), c
 

@@ -39,6 +39,7 @@ class RunState:
     resumed_at: list[int] = field(default_factory=list)  # the steps each requeue resumed at
     on_warning: list[int] = field(default_factory=list)  # checkpoints SLURM's warning asked for
     resumed_from_saved_at: list[float] = field(default_factory=list)  # when each resumed checkpoint was complete
+    nonfinite: list[int] = field(default_factory=list)  # steps whose loss was NaN or infinite
 
     @classmethod
     def resumed(cls, saved: dict | None) -> "RunState":
@@ -46,11 +47,13 @@ class RunState:
             return cls()
         return cls(history=saved["history"], memory={k: saved.get(k) for k in MEMORY_KEYS},
                    resumed_at=[*saved.get("resumed_at", []), saved["step"]], on_warning=list(saved.get("on_warning", [])),
-                   resumed_from_saved_at=[*saved.get("resumed_from_saved_at", []), saved["written_at"]])
+                   resumed_from_saved_at=[*saved.get("resumed_from_saved_at", []), saved["written_at"]],
+                   nonfinite=[h["step"] for h in saved["history"] if not _finite(h["loss"])])
 
-    @property
-    def nonfinite(self) -> list[int]:
-        return [h["step"] for h in self.history if not math.isfinite(h["loss"] if h["loss"] is not None else math.nan)]
+    def add(self, record: dict) -> None:
+        self.history.append(record)
+        if not _finite(record["loss"]):
+            self.nonfinite.append(record["step"])
 
     def saved(self, step: int) -> dict:
         """What a checkpoint after `step` stores."""
@@ -61,6 +64,10 @@ class RunState:
         return {"restarts": len(self.resumed_at), "resumed_at_steps": self.resumed_at,
                 "checkpoints_on_warning": self.on_warning, "resumed_from_saved_at": self.resumed_from_saved_at,
                 "nonfinite_loss_steps": self.nonfinite}
+
+
+def _finite(loss: float | None) -> bool:
+    return loss is not None and math.isfinite(loss)
 
 
 class MemoryProbes:

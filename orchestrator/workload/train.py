@@ -133,8 +133,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                 time.sleep(run.step_sleep_s)
             seconds = device.clock() - start
             probes.after_step()
-            state.history.append(_step_record(spec, engine, step, grad_accum * spec.micro_batch_size * world, seconds,
-                                              losses, seen[step], started_at))
+            state.add(_step_record(spec, engine, step, grad_accum * spec.micro_batch_size * world, seconds,
+                                   losses, seen[step], started_at))
             report(state.history[-1], state)
             checkpointer(step, run.steps, state)
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
