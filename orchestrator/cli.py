@@ -19,6 +19,7 @@ from orchestrator.config import GROUPS
 from orchestrator.display import console, show_calibration, show_links, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, PlanRefused, did_you_mean, one_of
 from orchestrator.files import read_json
+from orchestrator.redact import redacted_output
 from orchestrator.spec import build_spec
 from orchestrator.report import collect, write_report
 from orchestrator.trial import collect_state, wait_for
@@ -38,6 +39,11 @@ COMMANDS = (*commands.COMMANDS, "status", "wait", "report", "calibrate")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     Interrupted.install()  # Ctrl-C and SIGTERM: record what runs, then one line, no traceback
+    with redacted_output():  # what is printed (errors, --cfg job, tables) holds no secret
+        return _command(argv)
+
+
+def _command(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     try:
         if command in commands.COMMANDS:

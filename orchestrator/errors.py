@@ -12,6 +12,8 @@ import difflib
 import signal
 from typing import Any, Iterable
 
+from orchestrator.redact import MASK, is_secret_name, redact_text
+
 
 class ConfigError(ValueError):
     """A config value that is not allowed, or a combination of values that contradict."""
@@ -21,7 +23,8 @@ class ConfigError(ValueError):
     def __init__(self, field: str, value: Any, allowed: str, where: str = ""):
         self.field, self.value, self.allowed = field, value, allowed
         prefix = f"{where}: " if where else ""
-        super().__init__(f"{prefix}{field}={_show(value)} is not allowed: {allowed}")
+        shown = MASK if is_secret_name(str(field).rsplit(".", 1)[-1]) and value not in (None, "") else _show(value)
+        super().__init__(redact_text(f"{prefix}{field}={shown} is not allowed: {allowed}"))
 
 
 class PlanRefused(RuntimeError):

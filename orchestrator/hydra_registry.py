@@ -6,6 +6,7 @@ plugin, whichever comes first; registering twice is harmless.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -13,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from orchestrator.config import TrialConfig
+from orchestrator.redact import redact_text
 
 
 @dataclass
@@ -50,11 +52,12 @@ def register() -> None:
 
 
 def dirname(overrides: str, limit: int = 120) -> str:
-    """hydra.job.override_dirname cut to fit a file name (255 bytes): a sweep with many
-    overrides would name its points past that. What is cut is replaced by a hash of it,
-    so two points never share a name."""
-    if len(overrides) <= limit:
-        return overrides
-    import hashlib
-
-    return f"{overrides[:limit - 9]}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
+    """hydra.job.override_dirname with its secrets masked (redact.py: a directory's name
+    is written into every launch file), cut to fit a file name (255 bytes): a sweep with
+    many overrides would name its points past that. What is cut is replaced by a hash of
+    it, so two points never share a name (and the point's number leads the name anyway)."""
+    shown = redact_text(overrides)
+    if len(shown.encode()) <= limit:
+        return shown
+    head = shown.encode()[:limit - 9].decode(errors="ignore")  # whole characters, within the bytes
+    return f"{head}-{hashlib.sha1(shown.encode()).hexdigest()[:8]}"

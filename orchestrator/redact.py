@@ -1,11 +1,17 @@
-"""Secrets never reach a file, a log or W&B: values of anything named like a key, token,
-password or secret are replaced by `***` wherever a trial's config is written.
+"""Secrets never reach a file, a log, W&B or the terminal: values of anything named like a
+key, token, password or secret are replaced by `***` wherever they leave the process.
 
 A name is secret when one of its parts (split on _ . - and case) is key, apikey, token,
-password, passwd, secret or credential(s): WANDB_API_KEY, HF_TOKEN, db.password. The
-parts must match whole, so tokens_per_sec or ramp_tokens stay as they are. In text
-(setup lines, srun arguments, overrides), `NAME=VALUE`, `NAME: VALUE` and `--NAME VALUE`
-are redacted.
+password, passwd, secret, credential(s), pat (a personal access token), auth or
+authorization, or ends in password, passwd, apikey, secret or token: WANDB_API_KEY,
+HF_TOKEN, db.password, PGPASSWORD, MYAPIKEY, GH_PAT. The parts must match whole (or end
+the part), so tokens_per_sec or ramp_tokens stay as they are. In text (setup lines, srun
+arguments, overrides, messages), `NAME=VALUE`, `NAME: VALUE`, `--NAME VALUE`,
+`Bearer VALUE` and the password of a URL (`https://user:PASSWORD@host`) are redacted; in
+a list, `--NAME` followed by its value as the next item is too.
+
+`RedactedOutput` applies the same to everything the CLI prints (error paragraphs, Hydra's
+`--cfg job`, tables), so a terminal, a CI log or a SLURM output file holds no secret either.
 
 The SLURM job still needs the real value of a setup line `export NAME=VALUE`: such a line
 is passed to sbatch through its environment instead of the script (secret_exports).
@@ -13,27 +19,36 @@ is passed to sbatch through its environment instead of the script (secret_export
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
-from typing import Any
+import sys
+from typing import Any, Iterator, TextIO
 
 MASK = "***"
-SECRET_PARTS = {"key", "apikey", "token", "password", "passwd", "secret", "credential", "credentials"}
+SECRET_PARTS = {"key", "apikey", "token", "password", "passwd", "secret", "credential", "credentials", "pat",
+                "auth", "authorization"}
+SECRET_ENDINGS = ("password", "passwd", "apikey", "secret", "token")
 _NAME = r"[A-Za-z_][\w.-]*"
 _VALUE = r"(?:\"[^\"]*\"|'[^']*'|[^\s,\]\[\"']+)"
 _ASSIGNMENT = re.compile(rf"({_NAME})(\s*[=:]\s*)({_VALUE})")
 _FLAG = re.compile(rf"(--?{_NAME})(\s+)({_VALUE})")
 _EXPORT = re.compile(rf"^\s*export\s+({_NAME})=({_VALUE})\s*$")
+_BEARER = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9._~+/=-]{6,})", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)(@)")
 
 
 def is_secret_name(name: str) -> bool:
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name.lstrip("-"))  # apiKey -> api_Key
-    return any(part.lower() in SECRET_PARTS for part in re.split(r"[_.\-\s]+", spaced))
+    parts = [part.lower() for part in re.split(r"[_.\-\s]+", spaced)]
+    return any(part in SECRET_PARTS or part.endswith(SECRET_ENDINGS) for part in parts)
 
 
 def redact_text(text: str) -> str:
     def mask(m: re.Match) -> str:
         return f"{m.group(1)}{m.group(2)}{MASK}" if is_secret_name(m.group(1)) else m.group(0)
 
+    text = _URL_PASSWORD.sub(rf"\1{MASK}\3", _BEARER.sub(rf"\1\2{MASK}", text))
     return _FLAG.sub(mask, _ASSIGNMENT.sub(mask, text))
 
 
@@ -42,20 +57,74 @@ def redact(data: Any) -> Any:
     if isinstance(data, dict):
         return {k: MASK if is_secret_name(str(k)) and v not in (None, "") else redact(v) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [redact(v) for v in data]
+        out = [redact(v) for v in data]
+        for i, item in enumerate(data[:-1]):  # ["--token", "X"]: the flag's value is the next item
+            if isinstance(item, str) and re.fullmatch(rf"--?{_NAME}", item) and is_secret_name(item):
+                out[i + 1] = MASK
+        return out
     if isinstance(data, str):
         return redact_text(data)
     return data
+
+
+def redact_export(line: str) -> bool:
+    """Whether a setup line is `export NAME=VALUE` with a secret NAME (kept out of files)."""
+    m = _EXPORT.match(line)
+    return bool(m and is_secret_name(m.group(1)))
 
 
 def secret_exports(setup: list[str]) -> tuple[list[str], dict[str, str]]:
     """(setup lines without secret exports, those exports as environment variables)."""
     kept, env = [], {}
     for line in setup:
-        m = _EXPORT.match(line)
-        if m and is_secret_name(m.group(1)):
+        if redact_export(line):
+            m = _EXPORT.match(line)
             env[m.group(1)] = m.group(2).strip("'\"")
             kept.append(f"# export {m.group(1)}={MASK}  (not written to files: set in sbatch's environment)")
         else:
             kept.append(line)
     return kept, env
+
+
+class RedactedOutput(io.TextIOBase):
+    """A text stream that writes to `stream` with every secret masked, a line at a time
+    (a partial line waits for its end or a flush, so a value split across writes is still
+    seen whole when it is written in one line)."""
+
+    def __init__(self, stream: TextIO):
+        self.stream, self._pending = stream, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        if lines:
+            self.stream.write("\n".join(redact_text(line) for line in lines) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.stream.write(redact_text(self._pending))
+            self._pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+@contextlib.contextmanager
+def redacted_output() -> Iterator[None]:
+    """sys.stdout and sys.stderr masked for the duration (the CLI's whole command)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactedOutput(saved[0]), RedactedOutput(saved[1])
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = saved

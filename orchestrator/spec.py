@@ -26,7 +26,7 @@ from orchestrator.config import TrialConfig
 from orchestrator.checks import (above_zero, at_most, check_choice, positive, reject_unknown_keys,
                                   time_limit_s, typed_config, whole_number)
 from orchestrator.errors import ConfigError, one_of
-from orchestrator.redact import redact, redact_text
+from orchestrator.redact import redact, redact_export, redact_text
 from orchestrator.token_file import check_token_file
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.trial_dir import TrialPaths
@@ -202,10 +202,26 @@ def _apply_submitit_aliases(cfg: TrialConfig) -> None:
                           "takes one of --mem and --mem-per-gpu")
     if c.mem_per_gpu is not None and not re.fullmatch(r"\d+[KMGT]?", str(c.mem_per_gpu)):
         raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "a SLURM size: a number with K, M, G or T (40G)")
+    _check_no_secret_in_job_script(c)
     for key in c.additional_parameters:
         if not re.fullmatch(r"[a-z][a-z0-9_\-]*", str(key)):
             raise ConfigError(f"cluster.additional_parameters.{key}", c.additional_parameters[key],
                               "an sbatch long option name (reservation, mail_type, ...)")
+
+
+def _check_no_secret_in_job_script(c: Any) -> None:
+    """The sbatch script, launch.sh and launch.json are written in clear (and squeue shows
+    --comment to every user): a secret may reach the job only as a setup line
+    `export NAME=VALUE`, which goes through sbatch's environment, never a file."""
+    fix = "a secret reaches the job only as cluster.setup=['export NAME=VALUE'] (passed through sbatch's environment)"
+    exports = {line for line in c.setup if redact_export(line)}
+    fields = {"cluster.comment": [c.comment or ""], "cluster.srun_args": list(c.srun_args),
+              "cluster.setup": [line for line in c.setup if line not in exports],
+              **{f"cluster.additional_parameters.{k}": [f"{k}={v}"] for k, v in c.additional_parameters.items()}}
+    for name, values in fields.items():
+        if redact(values) != values:
+            raise ConfigError(name, redact(values if len(values) > 1 else values[0]),
+                              f"a value free of secrets, as the job script is written in clear; {fix}")
 
 
 def _check_run(cfg: TrialConfig) -> str:

@@ -111,7 +111,7 @@ class SweepBatch:
         """The W&B group, name and swept values of point i (a plain run has none)."""
         if self.single:
             return None
-        swept = self.swept[i]
+        swept = redact(self.swept[i])  # the run's name and trial.json: a swept secret stays masked
         name = ",".join(f"{k}={v}" for k, v in swept.items()) or " ".join(self.overrides[i]) or "default"
         return {"group": self.group, "name": name[:120], "index": self.first + i, "swept": swept}
 

@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from orchestrator.files import atomic_write_json
+from orchestrator.redact import redact
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths
 
@@ -71,11 +72,11 @@ class Tracker:
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
-        self.run = wandb.init(
+        self.run = wandb.init(  # names and tags masked as the config is (redact.py)
             id=run_id(trial_dir), resume="allow",
             project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
-            group=logger.group or sweep.get("group"), job_type="trial", name=sweep.get("name"),
-            tags=[*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name],
+            group=redact(logger.group or sweep.get("group")), job_type="trial", name=redact(sweep.get("name")),
+            tags=redact([*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name]),
             config=run_config(spec), settings=wandb.Settings(console="off"))
         # The step history against tokens seen, so runs with different batch sizes line up.
         self.run.define_metric("train/tokens_seen")

@@ -26,7 +26,7 @@ from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import Command, local_command
 from orchestrator.files import atomic_write_json, atomic_write_text
 from orchestrator.spec import TrialSpec
-from orchestrator.redact import secret_exports
+from orchestrator.redact import redact, secret_exports
 from orchestrator.token_file import few_windows_warning
 from orchestrator.translate import accelerate, deepspeed
 from orchestrator.trial_dir import TrialPaths
@@ -49,7 +49,7 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
     bind = trial_binding(spec)
     files: dict[Path, str | dict] = {
         paths.config: OmegaConf.to_yaml(spec.resolved()),
-        paths.meta: {"overrides": list(spec.overrides), "choices": spec.choices, "sweep": sweep or {}},
+        paths.meta: {"overrides": list(spec.overrides), "choices": spec.choices, "sweep": redact(sweep or {})},
     }
     if plan is not None:
         files[paths.plan] = plan

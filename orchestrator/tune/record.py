@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.files import atomic_write_json, atomic_write_text, read_json
+from orchestrator.redact import redact, redact_text
 from orchestrator.plan.memory import GIB
 from orchestrator.plots import tune_plot
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
@@ -26,7 +27,8 @@ from orchestrator.tune.search import CandidateRun, Search
 
 def resume(base: Path, search: Search) -> int:
     """Record the candidates an earlier run of this search finished; the next job number."""
-    by_overrides = {tuple(c.overrides): c for c in search.space.candidates}
+    # result.json keeps the overrides masked (redact.py), so candidates are matched masked too
+    by_overrides = {tuple(redact_text(o) for o in c.overrides): c for c in search.space.candidates}
     previous = read_json(SweepPaths(base).tune_json) or {}
     rounds = {row["trial_dir"]: row["round"] for row in previous.get("rows", []) if row.get("trial_dir")}
     numbers = [-1]
@@ -92,6 +94,7 @@ def write(base: Path, search: Search) -> list[Path]:
              "uncertainty": search.uncertainty,
              "oom_bound_gib": search.oom_bound / GIB if search.oom_bound else None,
              "winner": winner(search), "rows": rows}
+    state = redact(state)  # a secret in the fixed overrides stays out of tune.json and tune.md
     atomic_write_json(SweepPaths(base).tune_json, state)
     return [SweepPaths(base).tune_json, *render(base, state)]
 

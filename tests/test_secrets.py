@@ -1,0 +1,113 @@
+"""Secrets planted in every place a user can type one never leave the process: not in a
+file a trial, a sweep, a tune or a SLURM translate writes (W&B's run files included), not
+on the terminal. Each test greps everything written and printed for the planted values."""
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.redact import MASK, RedactedOutput, redact, redact_text
+from tests.conftest import run_cli
+
+SPELLINGS = {  # the value after each spelling is the secret
+    "PGPASSWORD=s3cretpg": "s3cretpg",
+    "MYAPIKEY=s3cretapikey": "s3cretapikey",
+    "GH_PAT=ghp_s3cretpat": "ghp_s3cretpat",
+    "curl -H 'Authorization: Bearer s3cretbearer'": "s3cretbearer",
+    "git clone https://me:s3cretpw@example.com/r.git": "s3cretpw",
+    "huggingface-cli login --token hf_s3cretflag": "hf_s3cretflag",
+    "--api-key=s3cretdash": "s3cretdash",
+    "db.password: s3cretcolon": "s3cretcolon",
+}
+
+
+def leaks(directory: Path, *secrets: str) -> list[str]:
+    """Every file below `directory` holding one of `secrets`, with the secret found."""
+    found = []
+    for path in directory.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found += [f"{path}: {s}" for s in secrets if s.encode() in data]
+    return found
+
+
+@pytest.mark.parametrize("text", list(SPELLINGS))
+def test_each_common_spelling_of_a_secret_is_masked_and_its_name_kept(text):
+    out = redact_text(text)
+    assert SPELLINGS[text] not in out and MASK in out
+    assert out.split()[0][:4] == text.split()[0][:4]  # the name (or command) stays readable
+
+
+def test_ordinary_names_and_values_are_left_alone():
+    for text in ("tokens_per_sec_per_gpu=3000", "ramp_tokens: 5", "PWD=/home/me", "model.hidden=64",
+                 "monkey=1", "keyboard=us", "a basic setup", "https://example.com/path"):
+        assert redact_text(text) == text
+
+
+def test_a_flag_and_its_value_as_separate_list_items_are_masked():
+    assert redact(["--token", "abc", "--nodes", "2", "--api-key=x"]) == ["--token", MASK, "--nodes", "2",
+                                                                            "--api-key=" + MASK]
+
+
+def test_a_config_error_never_shows_the_secret_value():
+    assert "abc123" not in str(ConfigError("logger.api_key", "abc123", "a key"))
+    assert "abc123" not in str(ConfigError("cluster.setup", "export HF_TOKEN=abc123", "a line"))
+
+
+def test_printed_output_is_masked_even_when_a_line_arrives_in_pieces(capsys):
+    import sys
+
+    stream = RedactedOutput(sys.stdout)
+    for piece in ("export HF_", "TOKEN=abc", "123\nnext line\n", "GH_PAT=zz9"):
+        stream.write(piece)
+    stream.flush()
+    out = capsys.readouterr().out
+    assert "abc123" not in out and "zz9" not in out and "next line" in out and out.count(MASK) == 2
+
+
+@pytest.mark.slow
+def test_a_sweep_with_secrets_in_values_tags_and_setup_writes_and_prints_none(tmp_path):
+    swept = ["s3cretsweep1", "s3cretsweep2"]
+    setup = ",".join(f"['export A_PASSWORD={s}','export PGPASSWORD=s3cretpg']" for s in swept)
+    proc = run_cli("run", "-m", "model=tiny", "run.steps=2", "run.warmup_steps=1", f"cluster.setup={setup}",
+                   "logger.tags=['token=s3crettag']", "logger.mode=offline", "--out", str(tmp_path), timeout=600)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    planted = [*swept, "s3cretpg", "s3crettag"]
+    assert not leaks(tmp_path, *planted) and not [s for s in planted if s in said]
+    assert list(tmp_path.glob("*/wandb/offline-run-*/run-*.wandb"))  # W&B's own file was written, and searched
+    # --cfg job (Hydra prints the config) and an error paragraph are masked too
+    proc = run_cli("plan", "cluster.setup=['export HF_TOKEN=s3cretcfg']", "--cfg", "job")
+    assert proc.returncode == 0 and "s3cretcfg" not in proc.stdout + proc.stderr and "HF_TOKEN=***" in proc.stdout
+    proc = run_cli("plan", "logger.tags=['token=s3cretlong" + "x" * 80 + "']")
+    assert proc.returncode == 2 and "s3cretlong" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_tune_with_a_secret_writes_and_prints_none(tmp_path):
+    out = tmp_path / "tune"
+    proc = run_cli("tune", "--out", str(out), "--trials", "1", "logger.mode=offline", "run.steps=2",
+                   "run.warmup_steps=1", "parallel.dp=1", "zero=stage0", "batch.micro_batch_size=1,2",
+                   "recompute=none", "zero.offload_optimizer=none", "cluster.setup=['export WANDB_API_KEY=s3crettune']",
+                   timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not leaks(out, "s3crettune") and "s3crettune" not in proc.stdout + proc.stderr
+
+
+def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it_would_write(tmp_path):
+    base = ["translate", "cluster=slurm", "hardware=cpu"]
+    proc = run_cli(*base, "cluster.setup=['module load cuda','export HF_TOKEN=s3cretexport']", "--out",
+                   str(tmp_path / "ok"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not leaks(tmp_path, "s3cretexport") and "s3cretexport" not in proc.stdout + proc.stderr
+    assert "module load cuda" in (tmp_path / "ok" / "launch.sh").read_text()
+    # Anywhere else the value would be written in clear (the job script, squeue's comment)
+    for override in ("cluster.setup=['huggingface-cli login --token s3cretsetup']",
+                     "cluster.srun_args=['--token','s3cretsrun']", "cluster.comment='password=s3cretcomment'",
+                     "+cluster.additional_parameters.my_token=s3cretparam",
+                     "cluster.setup=['git clone https://me:s3creturl@example.com/r']"):
+        proc = run_cli(*base, override, "--out", str(tmp_path / "refused"))
+        field = override.lstrip("+").split("=")[0]
+        assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, override
+        assert "s3cret" not in proc.stdout + proc.stderr and not (tmp_path / "refused").exists(), override
