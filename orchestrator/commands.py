@@ -54,6 +54,7 @@ from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
 from orchestrator.trial import check_runnable_here, wait_for
 from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, claim, trials_below, writable_dir
+from orchestrator.tune.record import resumable_tune, same_space, tune_budget
 from orchestrator.tune.space import plan_space
 
 OWN_FLAGS = {"run": {"--out": True, "--overwrite": False}, "plan": {"--json": False}, "translate": {"--out": True},
@@ -217,7 +218,7 @@ def run(overrides: list[str], multirun: bool, argv: list[str], flags: dict) -> i
     overwrite = bool(flags.get("--overwrite"))
     base = claim(Path(target), "--out" if out else f"hydra.{key}.dir", overwrite=overwrite, unique=not (out or named),
                  marker=SWEEP_CLAIM if multirun else CLAIM,
-                 resume=tuning and not overwrite and SweepPaths(Path(target)).tune_json.is_file())
+                 resume=tuning and not overwrite and resumable_tune(Path(target)))
     group = base.name if (out or named) else "_".join(base.parts[-2:])  # multirun/DATE/TIME -> DATE_TIME
     # Hydra would write .hydra/ with the overrides as typed, secrets included; each trial
     # writes it instead, masked (sweep_batch.write_hydra_files), under the name Hydra would use.
@@ -250,14 +251,16 @@ def _finish(base: Path, specs: list[TrialSpec], tuning: bool) -> int:
 
 def tune(overrides: list[str], argv: list[str], flags: dict) -> int:
     """`orchestrator tune`: `run -m` with the plan-guided search as Hydra's sweeper. The
-    space is planned first, so an empty one, or one where nothing can run, says why before
-    any directory is made; --out DIR holding an earlier tune resumes it."""
+    budget and the space are checked first, so an empty space, or one where nothing can
+    run, says why before any directory is made; --out DIR holding an earlier tune of the
+    same space resumes it (another space is refused, naming the difference)."""
     if "-m" in argv or "--multirun" in argv:
         raise ConfigError("-m", "-m", "tune is always a multirun; leave -m out")
-    plan_space([o for o in overrides if not o.startswith(("hydra.", "hydra/"))])
-    budget = {"--trials": "budget_trials", "--minutes": "budget_min"}
-    extra = [f"hydra/sweeper={TUNER}", *(f"hydra.sweeper.{name}={flags[flag]}"
-                                         for flag, name in budget.items() if flag in flags)]
+    budget = tune_budget(flags)
+    space = plan_space([o for o in overrides if not o.startswith(("hydra.", "hydra/"))], check_runnable_here)
+    if "--out" in flags and not flags.get("--overwrite") and resumable_tune(Path(flags["--out"])):
+        same_space(Path(flags["--out"]), space)
+    extra = [f"hydra/sweeper={TUNER}", *(f"hydra.sweeper.{name}={value}" for name, value in budget.items())]
     return run([*overrides, *extra], True, with_overrides(["-m", *argv], extra), flags)
 
 

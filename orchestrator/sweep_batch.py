@@ -121,7 +121,7 @@ class SweepBatch:
         trial_dir = Path(HydraConfig.get().runtime.output_dir)
         if not self.single:
             try:
-                trial_dir = claim(trial_dir, "hydra.sweep.subdir")
+                trial_dir = claim(trial_dir, "hydra.sweep.subdir", others_files=True)
             except ConfigError as exc:  # another run holds it: stop, as before anything ran
                 print(f"orchestrator run: {exc}", file=sys.stderr)
                 raise SystemExit(exc.exit_code) from None

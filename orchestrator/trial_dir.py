@@ -133,14 +133,25 @@ def trials_below(path: Path) -> list[Path]:
 
 
 def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False, marker: str = CLAIM,
-          resume: bool = False) -> Path:
+          resume: bool = False, others_files: bool = False) -> Path:
     """Make `path` this run's trial (or sweep) directory and return it.
 
     field: how the user named it (--out) for messages. unique: a default path
     (outputs/DATE/TIME); if another run holds it (started in the same second), take
     PATH_1, PATH_2, ... instead. resume: carry on a run in `path` (a tune): what it holds
-    stays, and only a claimant still alive refuses.
+    stays, and only a claimant still alive refuses. others_files: files that are not a
+    trial's may be there already (a sweep point's directory, where Hydra's log starts
+    first); otherwise a directory holding the user's own files is refused, never taken.
     """
+    inside = next((p for p in path.absolute().parents if holds_trial(p)), None)
+    if inside is not None:  # its status, report and --overwrite would take this one along
+        raise ConfigError(field, str(path), f"a directory outside any trial, but {inside} is a trial's; "
+                          "choose a directory beside it")
+    if not (others_files or resume or holds_trial(path) or SweepPaths(path).claim.exists()):
+        if path.is_dir() and (own := sorted(p.name for p in path.iterdir())):
+            raise ConfigError(field, str(path), f"a new or empty directory, but it holds {len(own)} file(s) of "
+                              f"another kind ({', '.join(own[:3])}{', ...' if len(own) > 3 else ''}); "
+                              "choose another directory")
     if resume:
         held = path / marker
         if held.exists() and not claimant_gone(read_json(held) or {}):

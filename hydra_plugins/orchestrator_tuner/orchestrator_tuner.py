@@ -52,6 +52,7 @@ class TuneSweeper(Sweeper):
             out.print(f"resuming {base}: {len(search.outcomes)} candidate(s) already ran")
             search.calibrate()
         record.show_ranking(search, out)
+        record.write(base, search)  # from now on `--out` again resumes, even before a trial ends
         while len(search.outcomes) < self.budget_trials:
             if self.budget_min is not None and time.monotonic() - started >= 60 * self.budget_min:
                 search.stopped = f"the time budget ({self.budget_min:g} min) is spent"

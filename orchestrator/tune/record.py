@@ -13,35 +13,98 @@ report also renders tune.md and tune.png again from tune.json.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from orchestrator.files import atomic_write_json, atomic_write_text, read_json
+from orchestrator.errors import ConfigError
 from orchestrator.redact import redact, redact_text
 from orchestrator.plan.memory import GIB
 from orchestrator.plots import tune_plot
-from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
+from orchestrator.trial_dir import SweepPaths, TrialPaths, holds_trial, trials_below
 from orchestrator.tune.search import CandidateRun, Search
+from orchestrator.tune.space import Space
 
 def resume(base: Path, search: Search) -> int:
-    """Record the candidates an earlier run of this search finished; the next job number."""
+    """Record the candidates an earlier run of this search finished; the next job number.
+    A record of the wrong shape (edited, or another tool's) is read as far as it is right."""
     # result.json keeps the overrides masked (redact.py), so candidates are matched masked too
     by_overrides = {tuple(redact_text(o) for o in c.overrides): c for c in search.space.candidates}
-    previous = read_json(SweepPaths(base).tune_json) or {}
-    rounds = {row["trial_dir"]: row["round"] for row in previous.get("rows", []) if row.get("trial_dir")}
+    previous = read_json(SweepPaths(base).tune_json)
+    previous = previous if isinstance(previous, dict) else {}
+    rows = previous.get("rows") if isinstance(previous.get("rows"), list) else []
+    rounds = {row["trial_dir"]: row["round"] for row in rows if isinstance(row, dict)
+              and isinstance(row.get("trial_dir"), str) and _count(row.get("round")) is not None}
     numbers = [-1]
     for trial_dir in trials_below(base):
         if (number := job_number(trial_dir)) is not None:
             numbers.append(number)
         result = read_json(TrialPaths(trial_dir).result)
-        candidate = by_overrides.get(tuple((result or {}).get("overrides", ())))
+        if not isinstance(result, dict) or not isinstance(result.get("overrides"), list):
+            continue
+        candidate = by_overrides.get(tuple(str(o) for o in result["overrides"]))
         if candidate is not None and result.get("status") != "interrupted":
             search.record(candidate, outcome(result, trial_dir, rounds.get(str(trial_dir), 0)))
-    search.rounds = previous.get("rounds", 0)
-    search.elapsed_s = previous.get("elapsed_s", 0.0)
+    search.rounds = _count(previous.get("rounds")) or 0
+    search.elapsed_s = _seconds(previous.get("elapsed_s")) or 0.0
     return max(numbers) + 1
+
+
+def _seconds(value: object) -> float | None:
+    """value as a finite number >= 0, or None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else None  # type: ignore[arg-type]
+
+
+def _count(value: object) -> int | None:
+    """value as a whole number >= 0, or None (a bool, a string or a negative is not one)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def tune_budget(flags: dict) -> dict[str, float | int]:
+    """The sweeper's budget from --trials N (a whole number >= 1) and --minutes M (> 0)."""
+    budget: dict[str, float | int] = {}
+    if "--trials" in flags:
+        text = str(flags["--trials"]).strip()
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError("--trials", flags["--trials"], "a whole number of trials >= 1, e.g. --trials 8")
+        budget["budget_trials"] = int(text)
+    if "--minutes" in flags:
+        try:
+            minutes = float(flags["--minutes"])
+        except ValueError:
+            minutes = math.nan
+        if not (math.isfinite(minutes) and minutes > 0):
+            raise ConfigError("--minutes", flags["--minutes"], "minutes > 0, e.g. --minutes 30 (leave it out for no limit)")
+        budget["budget_min"] = minutes
+    return budget
+
+
+def resumable_tune(base: Path) -> bool:
+    """Whether `base` holds an earlier tune to carry on (its tune.json), and is not itself a
+    trial's directory (a tune.json there is not a tune to take over)."""
+    return SweepPaths(base).tune_json.is_file() and not holds_trial(base)
+
+
+def same_space(base: Path, space: Space) -> None:
+    """Refuse to resume the tune in `base` with another space: its record would be replaced."""
+    path = SweepPaths(base).tune_json
+    previous = read_json(path)
+    if not isinstance(previous, dict) or not isinstance(previous.get("axes", {}), dict):
+        raise ConfigError("--out", str(base), f"a directory holding a tune, but {path} is not a tune record; "
+                          "choose another directory, or add --overwrite to start over")
+    fixed, axes = redact(list(space.fixed)), redact(dict(space.axes))
+    was_fixed, was_axes = previous.get("fixed") or [], previous.get("axes") or {}
+    differ = [f"{o} no longer fixed" for o in was_fixed if o not in fixed]
+    differ += [f"{o} fixed now" for o in fixed if o not in was_fixed]
+    differ += [f"{k}: {was_axes.get(k)} then, {axes.get(k)} now" for k in {**was_axes, **axes}
+               if was_axes.get(k) != axes.get(k)]
+    if differ:
+        raise ConfigError("--out", str(base), "the same search space to resume the tune there, but it differs ("
+                          + "; ".join(differ) + "); choose another directory, or add --overwrite to start over")
 
 
 def job_number(trial_dir: Path) -> int | None:
@@ -51,9 +114,11 @@ def job_number(trial_dir: Path) -> int | None:
 
 
 def outcome(result: dict, trial_dir: Path, round_: int) -> CandidateRun:
-    metrics = result.get("metrics") or {}
-    return CandidateRun(result["status"], str(trial_dir), round_, metrics.get("tokens_per_sec_per_gpu"),
-                   metrics.get("step_time_s"), ((result.get("error") or {}).get("message") or "")[:300])
+    metrics = result["metrics"] if isinstance(result.get("metrics"), dict) else {}
+    error = result["error"] if isinstance(result.get("error"), dict) else {}
+    return CandidateRun(str(result.get("status", "unknown")), str(trial_dir), round_,
+                        _seconds(metrics.get("tokens_per_sec_per_gpu")), _seconds(metrics.get("step_time_s")),
+                        str(error.get("message") or "")[:300])
 
 
 def take(base: Path, search: Search, batch: list, returns: list, out: Console) -> None:

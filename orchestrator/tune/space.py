@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+from typing import Callable
 from dataclasses import dataclass, field
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import Plan
@@ -123,18 +124,20 @@ def points(axes: dict[str, list[str]], fixed_stage: int | None) -> list[tuple[st
     return list(seen)
 
 
-def plan_space(overrides: list[str]) -> Space:
+def plan_space(overrides: list[str], runnable_check: Callable[[TrialSpec], None] | None = None) -> Space:
     """Every candidate of the command line's space, planned. ConfigError when the space is
     empty, when the fixed part is invalid, or when no candidate can run (the constraint
     that excludes them all named). `orchestrator tune` plans before Hydra starts, the
     sweeper again inside it: the second time is the first's."""
-    return _plan_space(tuple(overrides))
+    return _plan_space(tuple(overrides), runnable_check)
 
 
 @functools.lru_cache(maxsize=2)
-def _plan_space(overrides: tuple[str, ...]) -> Space:
+def _plan_space(overrides: tuple[str, ...], runnable_check: Callable[[TrialSpec], None] | None) -> Space:
     fixed, axes = axes_of(overrides)
     base = build_spec(fixed)  # the fixed part must be valid on its own: its error, not one per point
+    if runnable_check is not None:
+        runnable_check(base)  # a GPU model on a machine without one: said before planning every candidate
     empty = [n for n, v in axes.items() if not v]
     if empty:
         raise ConfigError(empty[0], "(no values)", "at least one value: the search space is empty")
@@ -148,7 +151,9 @@ def _plan_space(overrides: tuple[str, ...]) -> Space:
             continue
         candidates.append(planned(key, overrides_, spec, make_plan(spec)))
     space = Space(fixed, axes, candidates)
-    if not space.fitting:
+    if not space.fitting:  # the plan refuses them all (exit 3, as `plan` says), or none is valid (exit 2)
+        if any(c.status == "does not fit" for c in candidates):
+            raise PlanRefused(f"search space of {len(candidates)} candidates: {nothing_runs(space)}")
         raise ConfigError("search space", f"{len(candidates)} candidates", nothing_runs(space))
     return space
 
