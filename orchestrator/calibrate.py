@@ -26,20 +26,25 @@ validated like a trial before anything is fitted; a bad row exits 2 naming the r
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import dataclasses
 import datetime
+import fcntl
 import math
-import csv
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+import numpy as np
 
 from omegaconf import OmegaConf
 
 from orchestrator.compose import user_conf_dir
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_json
-from orchestrator.hardware import calibrated_name
+from orchestrator.hardware import calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.spec import TrialSpec, build_spec, load_spec
 from orchestrator.trial_dir import TrialPaths, trials_below
@@ -57,6 +62,8 @@ BOUNDS = {"compute_efficiency": (0.02, 0.9), "gemm_kn_efficiency": (0.02, 0.9), 
           "inter_node.latency_us": (0.5, 5000.0), "collective_overhead_us": (0.0, 20000.0)}
 LINK_PARAMS = ("intra_node.busbw_gbps", "inter_node.busbw_gbps", "inter_node.latency_us", "collective_overhead_us")
 MEASURED_COLUMNS = ("tokens_per_sec_per_gpu", "step_time_s")
+STEP_RANGE_S = (1e-5, 1e5)  # a step from ten microseconds to a day: outside it, a figure is not a measurement
+SENSITIVITY = 0.01  # a parameter that moves no trial's step time by 1 % (for a x4 change) is not seen
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,9 @@ class Calibration:
     before: list[float]  # predicted / measured step time, per trial, with the preset's parameters
     after: list[float]  # the same with the fitted ones
     preset_path: Path
+    fitted: tuple[str, ...] = ()  # the parameters the trials determine, fitted
+    not_determined: tuple[str, ...] = ()  # kept at the preset's values: no trial's step depends on them enough
+    at_bound: tuple[str, ...] = ()  # fitted to the edge of BOUNDS: the model cannot explain the trials there
 
 
 def with_params(spec: TrialSpec, params: dict) -> TrialSpec:
@@ -140,14 +150,15 @@ def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS, names
     return best
 
 
-def fit_in_stages(trials: list[Measured], start: dict) -> dict:
-    """Compute first, on the trials that stay inside one node (all of them if none does),
-    then the network on every trial with the compute held: fitted jointly, a slow network
-    and a slow GEMM explain the same step, and the fit would trade one for the other."""
-    compute = tuple(k for k in start if k in FITTED)
-    links = tuple(k for k in start if k not in FITTED)
+def fit_in_stages(trials: list[Measured], start: dict, names: tuple[str, ...]) -> dict:
+    """Fit `names` (the others stay at `start`): compute first, on the trials that stay
+    inside one node (all of them if none does), then the network on every trial with the
+    compute held: fitted jointly, a slow network and a slow GEMM explain the same step, and
+    the fit would trade one for the other."""
+    compute = tuple(k for k in names if k in FITTED)
+    links = tuple(k for k in names if k not in FITTED)
     inside = [t for t in trials if t.spec.nodes == 1] or trials
-    params = fit(lambda p: log_error(inside, p), start, names=compute)
+    params = fit(lambda p: log_error(inside, p), start, names=compute) if compute else dict(start)
     return fit(lambda p: log_error(trials, p), params, names=links) if links else params
 
 
@@ -155,17 +166,36 @@ def log_error(trials: list[Measured], params: dict) -> float:
     return sum(math.log(predicted_step_s(t.spec, params) / t.step_s) ** 2 for t in trials)
 
 
-def measured_trials(dirs: list[Path]) -> dict[str, list[Measured]]:
-    """Ok trials with a measured step time under `dirs`, by hardware name."""
+def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, list[Measured]]:
+    """Ok trials with a plausible measured step time under `dirs`, by hardware name. A trial
+    whose files cannot be read, or whose figures are not plausible, is skipped and named
+    to `warn`; the fit goes on with the rest."""
     found: dict[str, list[Measured]] = {}
     for trial_dir in (t for d in dirs for t in trials_below(d)):
-        result = read_json(TrialPaths(trial_dir).result)
-        step = (result or {}).get("metrics", {}).get("step_time_s")
-        if not result or result.get("status") != "ok" or not step:
+        path = TrialPaths(trial_dir).result
+        result = read_json(path)
+        if result is None:
+            if path.exists() or path.is_symlink():
+                warn(f"warning: skipped {path}: not a readable result")
             continue
-        spec = load_spec(trial_dir)
-        found.setdefault(spec.cfg.hardware.name, []).append(Measured(str(trial_dir), spec, float(step)))
+        if result.get("status") != "ok":
+            continue
+        step = (result.get("metrics") if isinstance(result.get("metrics"), dict) else {}).get("step_time_s")
+        try:
+            spec = load_spec(trial_dir)
+            found.setdefault(spec.cfg.hardware.name, []).append(Measured(str(trial_dir), spec, plausible_step_s(step)))
+        except ConfigError as exc:
+            warn(f"warning: skipped {trial_dir}: {exc}")
     return found
+
+
+def plausible_step_s(step: object) -> float:
+    """A measured step time in seconds: a finite number within STEP_RANGE_S, else ConfigError."""
+    ok = isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
+    if not ok or not STEP_RANGE_S[0] <= step <= STEP_RANGE_S[1]:  # type: ignore[operator]
+        raise ConfigError("metrics.step_time_s", step, f"a measured step time from {STEP_RANGE_S[0]:g} to "
+                          f"{STEP_RANGE_S[1]:g} seconds")
+    return float(step)  # type: ignore[arg-type]
 
 
 def csv_trials(path: Path) -> dict[str, list[Measured]]:
@@ -203,58 +233,130 @@ def _measured_step_s(row: dict, spec: TrialSpec, where: str) -> float:
             value = math.nan
         if not math.isfinite(value) or value <= 0:
             raise ConfigError(column, text, "a positive number", where=where)
-        return value if column == "step_time_s" else spec.tokens_per_step / (value * spec.world_size)
+        step = value if column == "step_time_s" else spec.tokens_per_step / (value * spec.world_size)
+        try:
+            return plausible_step_s(step)
+        except ConfigError as exc:
+            raise ConfigError(column, text, exc.allowed, where=where) from None
     raise ConfigError(" or ".join(MEASURED_COLUMNS), "(empty)", "a measurement in every row", where=where)
 
 
-def calibrate(dirs: list[Path], csv_path: Path | None = None) -> list[Calibration]:
+def calibrate(dirs: list[Path], csv_path: Path | None = None, warn: Callable[[str], None] = print) -> list[Calibration]:
     for d in dirs:
         if not d.is_dir():
             raise ConfigError("DIR", str(d), "a directory holding trials (a run's --out, or a sweep's)")
-    found = measured_trials(dirs)
+    found = measured_trials(dirs, warn)
     for name, rows in (csv_trials(csv_path) if csv_path else {}).items():
         found.setdefault(name, []).extend(rows)
     if not found:
         raise ConfigError("DIR", " ".join(map(str, dirs)), "no ok trial with a measured step time below it; "
                           "run some first (orchestrator run ... --out DIR)")
+    preset_dir = writable_preset_dir()  # before the fit, not after it
     out = []
     for name, trials in sorted(found.items()):
-        hw = trials[0].spec.cfg.hardware
-        start = current_params(hw, fitted_names(trials))
-        params = fit_in_stages(trials, start)
-        ratio = lambda p: [predicted_step_s(t.spec, p) / t.step_s for t in trials]  # noqa: E731
-        path = write_preset(trials[0].spec, params, len(trials))
-        out.append(Calibration(hardware=name, params=params, trials=trials, before=ratio(start), after=ratio(params),
-                               preset_path=path))
+        with preset_lock(preset_dir, name):
+            out.append(calibrate_one(name, trials))
     return out
 
 
-def write_preset(spec: TrialSpec, params: dict, n_trials: int) -> Path:
+def calibrate_one(name: str, trials: list[Measured]) -> Calibration:
+    """Fit what the trials determine; the rest keeps the preset's values."""
+    hw = trials[0].spec.cfg.hardware
+    start = current_params(hw, fitted_names(trials))
+    seen, unseen = determined(trials, start)
+    params = fit_in_stages(trials, start, seen)
+    ratio = lambda p: [predicted_step_s(t.spec, p) / t.step_s for t in trials]  # noqa: E731
+    path = write_preset(trials[0].spec, params, len(trials), seen)
+    at_bound = tuple(k for k in seen if params[k] in BOUNDS[k] and params[k] != start[k])
+    return Calibration(hardware=name, params=params, trials=trials, before=ratio(start), after=ratio(params),
+                       preset_path=path, fitted=seen, not_determined=unseen, at_bound=at_bound)
+
+
+def determined(trials: list[Measured], params: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the parameters these trials determine, those they cannot). A parameter's column is
+    its effect on every trial's log step time when it is divided or multiplied by 4 (the
+    larger: a network hidden behind compute at the preset's values shows only when slowed).
+    Columns are taken greedily, largest first, each with what the ones taken already explain
+    removed (Gram-Schmidt with pivoting), while one still moves some trial by SENSITIVITY
+    with most of its effect its own, and fewer than one per trial are taken: n trials
+    cannot determine more than n parameters."""
+    base = np.log([predicted_step_s(t.spec, params) for t in trials])
+    columns = {}
+    for name in params:
+        low, high = BOUNDS[name]
+        moves = [min(high, max(low, params[name] * f)) for f in (0.25, 4.0)] if params[name] else [0.01 * high]
+        effects = [np.log([predicted_step_s(t.spec, {**params, name: x}) for t in trials]) - base for x in moves]
+        columns[name] = max(effects, key=lambda e: np.abs(e).max())
+    taken: list[str] = []
+    basis: list[np.ndarray] = []
+    while len(taken) < min(len(trials), len(params)):
+        residual = {n: c - sum((c @ b) * b for b in basis) for n, c in columns.items() if n not in taken}
+        own = {n: r for n, r in residual.items()
+               if np.abs(r).max() >= SENSITIVITY and np.linalg.norm(r) >= 0.2 * np.linalg.norm(columns[n])}
+        if not own:
+            break
+        name = max(own, key=lambda n: np.abs(own[n]).max())
+        taken.append(name)
+        basis.append(own[name] / np.linalg.norm(own[name]))
+    return tuple(n for n in params if n in taken), tuple(n for n in params if n not in taken)
+
+
+def writable_preset_dir() -> Path:
+    """The user's hardware preset folder, made and checked writable (ConfigError if not)."""
+    path = user_conf_dir() / "hardware"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError("ORCHESTRATOR_USER_CONF", str(user_conf_dir()), "a directory this user can write, where "
+                          f"calibrated presets go ({exc.strerror})") from None
+    return path
+
+
+@contextlib.contextmanager
+def preset_lock(preset_dir: Path, hardware_name: str) -> Iterator[None]:
+    """One calibrate at a time writes NAME-calibrated: a second one exits 2 rather than
+    have the last writer silently win."""
+    lock = preset_dir / f".{calibrated_name(hardware_name)}.lock"
+    with open(lock, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError("hardware", hardware_name, f"one calibrate at a time: another is fitting and writing "
+                              f"{calibrated_name(hardware_name)} now ({lock}); run this one after it ends") from None
+        yield
+
+
+def write_preset(spec: TrialSpec, params: dict, n_trials: int, fitted: tuple[str, ...] = ()) -> Path:
     """The trial's hardware preset with the fitted parameters, in the user's config dir."""
     hw = with_params(spec, params).cfg.hardware
     data = OmegaConf.to_container(OmegaConf.structured(hw), enum_to_str=True)
     when = datetime.date.today().isoformat()
     data["calibrated_on"] = f"{n_trials} trials ({when})"
-    path = user_conf_dir() / "hardware" / f"{calibrated_name(hw.name)}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = user_conf_dir() / "hardware"
+    path = folder / f"{calibrated_name(hw.name)}.yaml"
+    if path.resolve().parent != folder.resolve():  # hardware.name is checked as a plain name; this is the guard
+        raise ConfigError("hardware.name", hw.name, "a plain name (letters, digits, - _ .), not a path")
     header = (f"# Written by `orchestrator calibrate` on {when}: the {hw.name} preset with its parameters\n"
-              f"# ({', '.join(params)}) fitted to {n_trials} measured trials.\n")
+              f"# ({', '.join(fitted or params)}) fitted to {n_trials} measured trials.\n")
     atomic_write_text(path, header + OmegaConf.to_yaml(OmegaConf.create(data)))
     return path
 
 
 def calibrated_params(hardware_name: str) -> dict | None:
     """The fitted parameters of NAME-calibrated in the user's config dir, if calibrated."""
-    path = user_conf_dir() / "hardware" / f"{calibrated_name(hardware_name)}.yaml"
-    if not path.is_file():
+    data = calibrated_preset(hardware_name, user_conf_dir())  # ConfigError naming the file if it is not one
+    if data is None:
         return None
-    data = OmegaConf.to_container(OmegaConf.load(path))
 
     def value(name: str):
         level, _, field = name.rpartition(".")
-        return (data.get(level) or {}).get(field) if level else data.get(name)
+        return (data.get(level) if isinstance(data.get(level), dict) else {}).get(field) if level else data.get(name)
 
-    return {k: float(value(k)) for k in FITTED + LINK_PARAMS if value(k) is not None}
+    return {k: float(value(k)) for k in FITTED + LINK_PARAMS
+            if isinstance(value(k), (int, float)) and not isinstance(value(k), bool)}
 
 
 def calibrated_step_s(trial_dir: Path, params: dict) -> float | None:

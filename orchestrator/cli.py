@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -125,7 +126,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
         return links_command(args)
     if not args.dirs and not args.csv:
         raise ConfigError("DIR", "(none)", "a directory of trials, or --csv FILE of measured runs")
-    for c in calibrate([Path(d) for d in args.dirs], Path(args.csv) if args.csv else None):
+    warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    for c in calibrate([Path(d) for d in args.dirs], Path(args.csv) if args.csv else None, warn):
         show_calibration(c, console())
     return 0
 
@@ -177,7 +179,8 @@ def _parser() -> argparse.ArgumentParser:
     wait = sub.add_parser("wait", help="Wait until every trial below DIR has ended, then show the results.",
                           description="Wait until every trial below DIR has ended, then show the results.")
     wait.add_argument("dir", metavar="DIR")
-    wait.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up after this long")
+    wait.add_argument("--timeout", type=_seconds("--timeout"), default=None, metavar="SECONDS",
+                      help="give up after this long (0: look once)")
     wait.set_defaults(handler=wait_command)
     report = sub.add_parser("report", help="Collect every result.json below DIR into a table, CSV and plots.",
                             description="Collect every result.json below DIR into a table, CSV and plots.")
@@ -202,6 +205,21 @@ def _parser() -> argparse.ArgumentParser:
     calib.add_argument("--partition", default=None, help="--links: the SLURM partition (also runs one node there)")
     calib.set_defaults(handler=calibrate_command)
     return parser
+
+
+def _seconds(flag: str):
+    """An argparse type: a finite number of seconds >= 0, else exit 2 naming the flag."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise argparse.ArgumentTypeError(f"{text} is not allowed: seconds >= 0, e.g. {flag} 600 (0: look "
+                                             "once; leave it out to wait as long as it takes)")
+        return value
+
+    return parse
 
 
 def _groups_help() -> str:

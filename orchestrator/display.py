@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.compose import swept_values
+from orchestrator.hardware import calibrated_name
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.prediction import Plan
 from orchestrator.report import COLUMNS
@@ -41,7 +42,8 @@ def human_bytes(x: float) -> str:
 def trial_label(spec: TrialSpec) -> str:
     c = spec.cfg
     return (f"model={spec.choices.get('model')} zero.stage={c.zero.stage} recompute={c.recompute.mode} "
-            f"dp={spec.dp} hardware={c.hardware.name} precision={spec.precision}")
+            f"dp={spec.dp} hardware={calibrated_name(c.hardware.name) if c.hardware.calibrated_on else c.hardware.name} "
+            f"precision={spec.precision}")
 
 
 def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
@@ -247,7 +249,14 @@ def show_calibration(c, out: Console) -> None:
         table.add_row(" ".join(t.spec.overrides)[:70] or t.source, f"{t.step_s:.4g}", f"{before:.2f}", f"{after:.2f}")
     out.print(table)
     out.print(f"within +-25 %: {within(c.before)} of {len(c.trials)} before, {within(c.after)} after")
-    out.print("fitted: " + ", ".join(f"hardware.{k}={v:.3g}" for k, v in c.params.items()))
+    out.print("fitted: " + (", ".join(f"hardware.{k}={c.params[k]:.3g}" for k in c.fitted) or "nothing"))
+    if c.not_determined:
+        out.print(f"not determined by these {len(c.trials)} trials, kept at the preset's values: "
+                  + ", ".join(f"hardware.{k}={c.params[k]:.3g}" for k in c.not_determined)
+                  + " (trials that differ in what these govern would determine them)")
+    if c.at_bound:
+        out.print("[yellow]at the edge of its range[/yellow] (the model cannot explain these trials within it): "
+                  + ", ".join(f"hardware.{k}={c.params[k]:.3g}" for k in c.at_bound))
     out.print(f"wrote {c.preset_path} (hardware=auto now picks it; or choose hardware={c.preset_path.stem})")
 
 

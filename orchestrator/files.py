@@ -1,10 +1,13 @@
-"""Writing files so that a crash never leaves half of one: temp file, fsync, rename."""
+"""Writing files so that a crash never leaves half of one (temp file, fsync, rename), and
+reading them so that a crafted one cannot hang or swamp a command: a trial's files are
+read only as regular files, never through a link, and up to a size limit."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,12 +37,38 @@ def atomic_write_json(path: Path | str, data: Any) -> None:
     atomic_write_text(path, json.dumps(finite(data), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
 
 
-def read_json(path: Path | str) -> dict | None:
-    """The JSON in `path`, or None if it is missing or not JSON."""
+READ_LIMIT = 64 * 2**20  # bytes: a result.json with every step's record is well under a megabyte
+
+
+def read_text(path: Path | str, limit: int = READ_LIMIT) -> str:
+    """The text of a regular file, read without following a link (a link to /dev/zero or
+    out of the tree is refused) and only up to `limit` bytes. OSError or ValueError
+    (UnicodeDecodeError) otherwise, saying why."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO must not block the open
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP: the last component is a symbolic link
+            raise OSError(exc.errno, "a symbolic link, not followed", str(path)) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(0, "not a regular file", str(path))
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(0, f"larger than {limit // 2**20} MiB", str(path))
+    return data.decode()
+
+
+def read_json(path: Path | str) -> dict | None:
+    """The JSON object in `path` (read_text's rules), or None if it is missing, unreadable,
+    not JSON, or JSON of another shape (every file this tool writes holds an object)."""
+    try:
+        data = json.loads(read_text(path))
+    except (OSError, ValueError, RecursionError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def finite(data: Any) -> Any:

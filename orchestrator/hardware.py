@@ -13,7 +13,10 @@ import platform
 import time
 from pathlib import Path
 
-from orchestrator.files import atomic_write_text
+import yaml
+
+from orchestrator.errors import ConfigError
+from orchestrator.files import atomic_write_text, read_text
 
 # Substrings of torch.cuda.get_device_name() -> preset. Checked in order (H100 PCIe
 # before the SXM part, whose name is just "NVIDIA H100 80GB HBM3").
@@ -32,6 +35,27 @@ CALIBRATED = "-calibrated"  # the preset `orchestrator calibrate` writes for NAM
 def calibrated_name(name: str) -> str:
     """The name of the calibrated preset of hardware preset `name`."""
     return name if name.endswith(CALIBRATED) else name + CALIBRATED
+
+
+def calibrated_preset(name: str, conf_dir: Path) -> dict | None:
+    """The calibrated preset of hardware `name` in the user's config dir `conf_dir`, checked
+    (None if there is none). One that is empty, unreadable, or not what calibrate writes is
+    refused naming the file: used as it is, it would plan with defaults without a word."""
+    path = conf_dir / "hardware" / f"{calibrated_name(name)}.yaml"
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        data = yaml.safe_load(read_text(path, limit=2**20))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        problem = f"cannot be read ({type(exc).__name__})"
+    else:
+        fields = ("name", "device", "calibrated_on")
+        problem = ("is empty, or not a preset" if not isinstance(data, dict) or not data else
+                   f"lacks {', '.join(f for f in fields if f not in data)}" if any(f not in data for f in fields) else None)
+    if problem:
+        raise ConfigError("hardware", calibrated_name(name), f"a calibrated preset that can be used, but {path} "
+                          f"{problem}; run `orchestrator calibrate` again, or delete that file")
+    return data
 
 
 def preset_for_gpu(device_name: str) -> str | None:

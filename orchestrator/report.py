@@ -14,11 +14,13 @@ import io
 import json
 import sys
 import functools
+import math
 from pathlib import Path
 
 from orchestrator.calibrate import calibrated_params, calibrated_step_s
 from orchestrator.compose import swept_values
-from orchestrator.files import atomic_write_text
+from orchestrator.errors import ConfigError
+from orchestrator.files import atomic_write_text, read_text
 from orchestrator.plots import report_plots
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
 
@@ -29,22 +31,25 @@ COLUMNS = ("status", "tokens_per_sec_per_gpu", "mfu", "hfu", "step_time_s", "pre
 
 def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
     """(rows, results): one row per result.json below `directory`, best first. A file that
-    is not a readable result is skipped, and named to `warn` (stderr by default)."""
+    is not a readable result is skipped, and named to `warn` (stderr by default); a field
+    of the wrong type in a readable one is shown empty."""
+    warn = warn or _stderr
     paths, results = [], []
     for path in (TrialPaths(d).result for d in trials_below(directory)):
-        if not path.is_file():
+        if not (path.is_file() or path.is_symlink()):
             continue
         try:
-            result = json.loads(path.read_text())
-            if not isinstance(result, dict) or "status" not in result:
+            result = json.loads(read_text(path))
+            if not isinstance(result, dict) or not isinstance(result.get("status"), str):
                 raise ValueError("not a result (no status)")
-        except (OSError, ValueError) as exc:
-            (warn or _stderr)(f"warning: skipped {path}: {type(exc).__name__}: {exc}")
+        except (OSError, ValueError, RecursionError) as exc:
+            warn(f"warning: skipped {path}: {type(exc).__name__}: {exc}")
             continue
         paths.append(path)
         results.append(result)
-    swept = swept_values([tuple(r.get("overrides", [])) for r in results])
-    fitted = functools.lru_cache(maxsize=None)(calibrated_params)  # a preset file read once per report
+    swept = swept_values([tuple(map(str, r["overrides"])) if isinstance(r.get("overrides"), list) else ()
+                          for r in results])
+    fitted = functools.lru_cache(maxsize=None)(lambda name: _calibrated(name, warn))  # read once per report
     rows = [_row(r, p.parent, directory, s, fitted) for r, p, s in zip(results, paths, swept)]
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["status"] != "ok", -(rows[i]["tokens_per_sec_per_gpu"] or 0)))
     return [rows[i] for i in order], [results[i] for i in order]
@@ -54,20 +59,40 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def _calibrated(hardware: str, warn) -> dict | None:
+    try:
+        return calibrated_params(hardware)
+    except ConfigError as exc:  # a calibrated preset that is not one: the report goes on without it
+        warn(f"warning: {exc}")
+        return None
+
+
+def _obj(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _num(value) -> float | None:
+    """A measured or predicted figure: a finite number, else nothing (a string, a list...)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
 def _row(result: dict, trial_dir: Path, base: Path, swept: dict, fitted) -> dict:
-    m, plan = result.get("metrics") or {}, result.get("plan") or {}
-    mem, error = m.get("memory") or {}, result.get("error")
-    hardware = ((result.get("config") or {}).get("hardware") or {}).get("name")
-    params = fitted(hardware) if result["status"] == "ok" and hardware else None
+    m, plan = _obj(result.get("metrics")), _obj(result.get("plan"))
+    mem, error, time_, planned_mem = _obj(m.get("memory")), _obj(result.get("error")), _obj(plan.get("time")), \
+        _obj(plan.get("memory"))
+    hardware = _obj(_obj(result.get("config")).get("hardware")).get("name")
+    params = fitted(hardware) if result["status"] == "ok" and isinstance(hardware, str) else None
     return {"trial": str(trial_dir.relative_to(base)) or ".", **swept, "status": result["status"],
-            "tokens_per_sec_per_gpu": m.get("tokens_per_sec_per_gpu"), "mfu": m.get("mfu"), "hfu": m.get("hfu"),
-            "step_time_s": m.get("step_time_s"), "predicted_step_s": plan.get("time", {}).get("step_s"),
+            "tokens_per_sec_per_gpu": _num(m.get("tokens_per_sec_per_gpu")), "mfu": _num(m.get("mfu")),
+            "hfu": _num(m.get("hfu")), "step_time_s": _num(m.get("step_time_s")),
+            "predicted_step_s": _num(time_.get("step_s")),
             # after `orchestrator calibrate`: what the calibrated preset predicts for it now
             "calibrated_step_s": calibrated_step_s(trial_dir, params) if params else None,
-            "peak_bytes": mem.get("peak_bytes"), "predicted_peak_bytes": plan.get("memory", {}).get("total"),
-            "activation_bytes": mem.get("activation_bytes"),
-            "predicted_activation_bytes": plan.get("memory", {}).get("activations"),
-            "error": f"{error['type']}: {error['message'][:120]}" if error else ""}
+            "peak_bytes": _num(mem.get("peak_bytes")), "predicted_peak_bytes": _num(planned_mem.get("total")),
+            "activation_bytes": _num(mem.get("activation_bytes")),
+            "predicted_activation_bytes": _num(planned_mem.get("activations")),
+            "error": f"{error.get('type')}: {str(error.get('message'))[:120]}" if error else ""}
 
 
 def write_report(directory: Path, rows: list[dict], results: list[dict]) -> list[Path]:
@@ -81,7 +106,23 @@ def write_report(directory: Path, rows: list[dict], results: list[dict]) -> list
     atomic_write_text(paths.report_md, _markdown(rows, fields))
     fixed = {"trial", *COLUMNS}
     labels = [", ".join(f"{k}={v}" for k, v in row.items() if k not in fixed) or row["trial"] for row in rows]
-    return [paths.report_csv, paths.report_md, *report_plots(results, labels, paths)]
+    shown = [r if r["status"] != "ok" or _plottable(r) else {**r, "status": "not plottable"} for r in results]
+    return [paths.report_csv, paths.report_md, *report_plots(shown, labels, paths)]
+
+
+def _plottable(result: dict) -> bool:
+    """Whether an ok result holds every figure the plots draw, as numbers (a hand-edited or
+    foreign result.json is in the table, but not drawn)."""
+    try:
+        m, c, plan = result["metrics"], result["config"], result.get("plan") or {}
+        figures = [m["tokens_per_sec_per_gpu"], m["mfu"], m["step_time_s"], c["parallel"]["dp"],
+                   c["zero"]["reduce_bucket_size"], c["model"]["seq_len"], *m["global_batch_sizes"]]
+        figures += [m["memory"][k] for k in ("peak_bytes", "activation_bytes") if m["memory"].get(k) is not None]
+        if plan:
+            figures += [plan["time"]["step_s"], plan["memory"]["total"], plan["memory"]["activations"]]
+        return all(_num(x) is not None for x in figures)
+    except (KeyError, TypeError, AttributeError):
+        return False
 
 
 def _markdown(rows: list[dict], fields: list[str]) -> str:

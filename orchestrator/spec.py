@@ -18,14 +18,17 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import hardware
-from orchestrator.compose import Composed, compose_trial, composing, presets
+from orchestrator.compose import Composed, compose_trial, composing, presets, user_conf_dir
 from orchestrator.config import TrialConfig
 from orchestrator.checks import (above_zero, at_most, check_choice, positive, reject_unknown_keys,
                                   time_limit_s, typed_config, whole_number)
 from orchestrator.errors import ConfigError, one_of
+from orchestrator.files import read_text
 from orchestrator.redact import redact, redact_export, redact_text
 from orchestrator.token_file import check_token_file
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
@@ -64,6 +67,10 @@ class TrialSpec:
 
 def build_spec(overrides: list[str] | tuple[str, ...] = ()) -> TrialSpec:
     """Compose, resolve hardware=auto, validate and derive; ConfigError on bad input."""
+    for o in overrides:  # a calibrated preset is checked before Hydra reads it: its error names the file
+        key, _, value = o.partition("=")
+        if key.lstrip("+") == "hardware" and value.endswith(hardware.CALIBRATED):
+            hardware.calibrated_preset(value, user_conf_dir())
     with composing(list(overrides)) as composed:
         if composed.cfg.hardware.name != "auto":
             return spec_from(composed)
@@ -78,9 +85,14 @@ def load_spec(trial_dir: Path) -> TrialSpec:
     very trial that was planned (hardware=auto already resolved on the submitting host).
     """
     paths = TrialPaths(trial_dir)
-    meta = json.loads(paths.meta.read_text())
-    cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.load(paths.config))
-    return spec_from(Composed(cfg=cfg, choices=meta["choices"], overrides=tuple(meta["overrides"]), sweep_params={}))
+    try:
+        meta = json.loads(read_text(paths.meta))
+        choices, overrides = dict(meta["choices"]), tuple(str(o) for o in meta["overrides"])
+        cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.create(read_text(paths.config)))
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, OmegaConfBaseException, yaml.YAMLError) as exc:
+        raise ConfigError("trial", str(trial_dir), f"a trial directory whose {paths.config.name} and {paths.meta.name} "
+                          f"can be read ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from None
+    return spec_from(Composed(cfg=cfg, choices=choices, overrides=overrides, sweep_params={}))
 
 
 def spec_from(composed: Composed) -> TrialSpec:
@@ -256,6 +268,9 @@ def _check_run(cfg: TrialConfig) -> str:
 
 def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
     hw = cfg.hardware
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}", hw.name) or ".." in hw.name:
+        raise ConfigError("hardware.name", hw.name, "a plain name of up to 100 letters, digits and - _ . + "
+                          "(it names the calibrated preset's file, so no path)")
     if not hw.device.is_gpu:
         if precision == "fp16":
             raise ConfigError("run.fp16", True, "DeepSpeed's CPU accelerator has no fp16; use run.bf16=true or fp32")
@@ -359,7 +374,7 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
     if preset is None:
         raise ConfigError("hardware", f"auto (found '{gpu}')", "no preset for this GPU: describe it with hardware.name=NAME "
                           "hardware.device=cuda hardware.peak_tflops.bf16=TFLOPS hardware.memory_gib=GIB")
-    if hardware.calibrated_name(preset) in presets_known:  # written by `orchestrator calibrate`
+    if hardware.calibrated_preset(preset, user_conf_dir()) is not None:  # written by `orchestrator calibrate`
         preset = hardware.calibrated_name(preset)
     kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
     resolved = compose_trial(kept + [f"hardware={preset}"])

@@ -23,7 +23,7 @@ from orchestrator.display import show_plan, show_progress, show_result
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import Plan
-from orchestrator.files import read_json
+from orchestrator.files import read_json, read_text
 from orchestrator.results import Status, error_record, now, outcome_status, write_result
 from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import TrialPaths, claimant_gone, reserve, trials_below
@@ -121,14 +121,16 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
     paths = TrialPaths(trial_dir)
     path = paths.result
     try:
-        if path.is_file():
-            result = json.loads(path.read_text())
+        if path.is_file() or path.is_symlink():
+            result = json.loads(read_text(path))
+            if not isinstance(result, dict) or not isinstance(result.get("status"), str):
+                raise ValueError("not a result (no status)")
             return result["status"], result
         path = paths.slurm_job
-        if not path.is_file():
+        if not (path.is_file() or path.is_symlink()):
             return _local_state(trial_dir)
-        job = json.loads(path.read_text())["job_id"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        job = str(json.loads(read_text(path))["job_id"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return "unreadable", {"status": "unreadable", "exit_code": 1, "error": {
             "type": "UnreadableFile", "message": f"{path}: {type(exc).__name__}: {exc}", "rank": None}}
     state, reason = slurm.job_state(job)  # asked once per poll: finalize decides from it
@@ -140,26 +142,32 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
 
 
 def _local_state(trial_dir: Path) -> tuple[str, dict | None]:
-    claimed = read_json(TrialPaths(trial_dir).claim)
-    if claimed is None:
+    paths = TrialPaths(trial_dir)
+    if not (paths.claim.exists() or paths.claim.is_symlink()):
         return "not submitted", None
+    claimed = read_json(paths.claim) or {}  # unreadable, or not ours: no live process claims it
     if not claimant_gone(claimed):
         return f"running (pid {claimed['pid']} on {claimed['host']})", None
     # The orchestrator that ran it is gone without writing a result (SIGKILL, a crash, a
-    # reboot): record that, so that `wait` ends and the sweep's report has the point.
-    paths = TrialPaths(trial_dir)
-    spec = load_spec(trial_dir) if paths.meta.is_file() else None
-    plan = read_json(paths.plan)
-    message = (f"the orchestrator that ran it (pid {claimed['pid']} on {claimed['host']}) ended without recording "
-               "a result: it was killed, or its machine went down")
-    result = write_result(trial_dir, spec, plan, Status.INTERRUPTED, claimed["started_at"], error_record(
+    # reboot), or its claim.json names no process that could be alive: record that, so
+    # that `wait` ends and the sweep's report has the point.
+    try:
+        spec = load_spec(trial_dir) if paths.meta.is_file() else None
+    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        spec = None  # its config.yaml is corrupt too: the result says what is known
+    pid = claimed.get("pid")
+    who = f"pid {pid} on {claimed.get('host')}" if isinstance(pid, int) and pid > 0 else \
+        f"{paths.claim} names no process: pid {pid!r}"
+    message = f"the orchestrator that ran it ({who}) ended without recording a result: it was killed, or its machine went down"
+    started = claimed.get("started_at") if isinstance(claimed.get("started_at"), str) else now()
+    result = write_result(trial_dir, spec, read_json(paths.plan), Status.INTERRUPTED, started, error_record(
         "Interrupted", message, log=paths.launcher_log, signal=None))
     return "interrupted", result
 
 
 def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: float | None = None) -> list[dict]:
     """Poll until every trial below `directory` has its result.json."""
-    deadline = time.monotonic() + timeout_s if timeout_s else None
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else None
     shown, warned = "", set()
     while True:
         states = {d: collect_state(d) for d in trials_below(directory)}
@@ -174,6 +182,6 @@ def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: floa
             shown = line
         if not waiting:
             return [result for _, result in states.values()]
-        if deadline and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"{len(waiting)} trial(s) still not done below {directory}")
         time.sleep(poll_s)

@@ -214,14 +214,19 @@ def claim_record() -> dict:
 
 
 def claimant_gone(record: dict) -> bool:
-    """Whether the process that claimed a trial has ended (only knowable on its own host)."""
+    """Whether the process that claimed a trial has ended (only knowable on its own host).
+    A record that names no process id (not an object, a pid that is not a whole number
+    above 0) cannot be held by a live run: gone."""
+    pid = record.get("pid") if isinstance(record, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return True
     if record.get("host") != socket.gethostname():
         return False
     try:
-        os.kill(int(record["pid"]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except (PermissionError, KeyError, ValueError, TypeError):
+    except (PermissionError, OverflowError):
         return False
     return False
 

@@ -76,12 +76,15 @@ def test_calibration_on_measured_candidates_moves_the_predictions_toward_them():
 def test_a_space_where_nothing_fits_says_so_before_anything_runs(tmp_path):
     out = tmp_path / "t"
     proc = run_cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "parallel.dp=1",
-                   "zero=stage0,stage1", "zero.offload_optimizer=none")
+                   "zero=stage0,stage1", "zero.offload_optimizer=none", "cluster=slurm")
     assert proc.returncode == 3, proc.stdout + proc.stderr  # the plan refuses, as `plan` says of one trial
     assert "none does" in proc.stderr and "GiB" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
     proc = run_cli("tune", "--out", str(out), "batch.micro_batch_size=range(1,1)")
     assert proc.returncode == 2 and "empty" in proc.stderr
+    # a GPU space on a machine without one (this one): said before its candidates are planned
+    proc = run_cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "zero=stage0,stage1")
+    assert proc.returncode == 2 and "no GPU" in proc.stderr and "candidates" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
