@@ -47,7 +47,7 @@ from orchestrator.files import atomic_write_text, read_json
 from orchestrator.hardware import calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.spec import TrialSpec, build_spec, load_spec
-from orchestrator.trial_dir import TrialPaths, trials_below
+from orchestrator.trial_dir import TrialPaths, check_path, trials_below
 
 FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency",
           "attention_backward_efficiency", "memory_efficiency", "op_overhead_us")
@@ -203,7 +203,7 @@ def csv_trials(path: Path) -> dict[str, list[Measured]]:
     try:
         rows = list(csv.DictReader(path.open(newline="")))
     except (OSError, csv.Error, UnicodeDecodeError) as exc:
-        raise ConfigError("--csv", str(path), f"a readable CSV file ({exc})") from None
+        raise ConfigError("--csv", str(path), f"a readable CSV file ({getattr(exc, 'strerror', None) or exc})") from None
     if not rows or not any(c in rows[0] for c in MEASURED_COLUMNS):
         raise ConfigError("--csv", str(path), f"a header of override keys and one of {', '.join(MEASURED_COLUMNS)}, "
                           "and a row per run")
@@ -243,6 +243,7 @@ def _measured_step_s(row: dict, spec: TrialSpec, where: str) -> float:
 
 def calibrate(dirs: list[Path], csv_path: Path | None = None, warn: Callable[[str], None] = print) -> list[Calibration]:
     for d in dirs:
+        check_path(d, "DIR")
         if not d.is_dir():
             raise ConfigError("DIR", str(d), "a directory holding trials (a run's --out, or a sweep's)")
     found = measured_trials(dirs, warn)

@@ -57,8 +57,8 @@ def _command(argv: list[str]) -> int:
         print(f"orchestrator {command}: {exc}", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:
-        print(f"orchestrator {command}: interrupted by {exc}" + (" (the running trial is recorded as "
-              "interrupted)" if command == "run" else ""), file=sys.stderr)
+        print(f"orchestrator {command}: interrupted by {exc}" + (" (a trial that was running is recorded as "
+              "interrupted)" if command in ("run", "tune") else ""), file=sys.stderr)
         return exc.exit_code
     except SystemExit as exc:  # Hydra's --help and its own errors end this way
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

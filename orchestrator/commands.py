@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -39,7 +40,7 @@ from omegaconf import DictConfig
 
 from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
-from orchestrator.compose import (CONFIG_NAME, Source, compose_trial, current_source, expand_sweep, fixed_part, foreign_launcher,
+from orchestrator.compose import (CONFIG_NAME, MAX_POINTS, Source, compose_trial, current_source, expand_sweep, fixed_part, foreign_launcher,
                                   use_source)
 from orchestrator.config import OBJECTIVES
 from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
@@ -57,8 +58,10 @@ from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, c
 from orchestrator.tune.record import resumable_tune, same_space, tune_budget
 from orchestrator.tune.space import plan_space
 
-OWN_FLAGS = {"run": {"--out": True, "--overwrite": False}, "plan": {"--json": False}, "translate": {"--out": True},
+OWN_FLAGS = {"run": {"--out": True, "--overwrite": False, "--max-points": True},
+             "plan": {"--json": False, "--max-points": True}, "translate": {"--out": True, "--max-points": True},
              "tune": {"--out": True, "--overwrite": False, "--trials": True, "--minutes": True}}
+PROGRESS_EVERY_S = 5.0  # a long validation says how far it is, this often
 TUNER = "orchestrator_tune"  # hydra/sweeper=orchestrator_tune: hydra_plugins/orchestrator_tuner
 COMMANDS = tuple(OWN_FLAGS)
 OUR_LAUNCHER = "orchestrator"
@@ -83,11 +86,11 @@ def _main(command: str, argv: list[str]) -> int:
         _hydra(command, rest, _unused_task)
         return 0
     if command == "plan":
-        return plan(args.overrides, args.multirun, bool(flags.get("--json")))
+        return plan(args.overrides, args.multirun, bool(flags.get("--json")), max_points(flags))
     if command == "translate":
         if "--out" not in flags:
             raise ConfigError("--out", "(missing)", "translate writes its files into a directory: --out DIR")
-        return translate(args.overrides, args.multirun, flags["--out"])
+        return translate(args.overrides, args.multirun, flags["--out"], max_points(flags))
     if command == "tune":
         return tune(args.overrides, rest, flags)
     return run(args.overrides, args.multirun, rest, flags)
@@ -142,13 +145,20 @@ def _unused_task(cfg: DictConfig) -> None:
 # --- plan and translate -------------------------------------------------------------------
 
 
-def specs_from(overrides: list[str], multirun: bool) -> list[TrialSpec]:
-    """Every trial the command line asks for, composed and validated (ConfigError if not)."""
+def specs_from(overrides: list[str], multirun: bool, max_points: int = MAX_POINTS) -> list[TrialSpec]:
+    """Every trial the command line asks for, composed and validated (ConfigError if not).
+    A sweep says how many points it has first, and how far its validation is as it goes."""
     sweep_files = [o for o in overrides if o.lstrip("+").partition("=")[0] == "sweep"]
     if sweep_files and not multirun:  # its axes would be silently ignored
         raise ConfigError("+sweep", sweep_files[0].partition("=")[2], "a sweep file runs with -m: add -m")
     points = expand_sweep(overrides) if multirun else [overrides]
-    specs = []
+    if len(points) > max_points:
+        raise ConfigError("sweep", f"{len(points):,} points", f"at most --max-points={max_points:,} (each point is "
+                          "validated and planned before anything runs, about 10 ms each); raise the cap with "
+                          f"--max-points {len(points)} if this many is meant")
+    if multirun:
+        print(f"sweep: {len(points):,} point(s), each validated before anything runs", file=sys.stderr)
+    specs, started, said = [], time.monotonic(), time.monotonic()
     for i, point in enumerate(points):
         try:
             specs.append(build_spec(point))
@@ -156,11 +166,22 @@ def specs_from(overrides: list[str], multirun: bool) -> list[TrialSpec]:
             if len(points) > 1:
                 exc.args = (f"sweep point {i + 1} of {len(points)} ({' '.join(point)}): {exc}",)
             raise
+        if time.monotonic() - said >= PROGRESS_EVERY_S:
+            said, rate = time.monotonic(), (i + 1) / (time.monotonic() - started)
+            print(f"  validated {i + 1:,} of {len(points):,} ({(len(points) - i - 1) / rate:,.0f} s to go; "
+                  "Ctrl-C stops, nothing has run)", file=sys.stderr)
     return specs
 
 
-def plan(overrides: list[str], multirun: bool, as_json: bool) -> int:
-    points = [(spec, make_plan(spec)) for spec in specs_from(overrides, multirun)]
+def max_points(flags: dict) -> int:
+    text = str(flags.get("--max-points", MAX_POINTS)).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError("--max-points", text, f"a whole number of sweep points >= 1 (default {MAX_POINTS:,})")
+    return int(text)
+
+
+def plan(overrides: list[str], multirun: bool, as_json: bool, most: int = MAX_POINTS) -> int:
+    points = [(spec, make_plan(spec)) for spec in specs_from(overrides, multirun, most)]
     if as_json:
         data = ([{"overrides": list(spec.overrides), "plan": p.as_dict()} for spec, p in points]
                 if multirun else points[0][1].as_dict())
@@ -177,8 +198,8 @@ def plan(overrides: list[str], multirun: bool, as_json: bool) -> int:
     return 0
 
 
-def translate(overrides: list[str], multirun: bool, out_dir) -> int:
-    specs = specs_from(overrides, multirun)
+def translate(overrides: list[str], multirun: bool, out_dir, most: int = MAX_POINTS) -> int:
+    specs = specs_from(overrides, multirun, most)
     out = writable_dir(Path(str(out_dir)), "--out")
     for i, spec in enumerate(specs):
         trial_dir = out / point_name(i, spec) if multirun else out
@@ -207,7 +228,7 @@ def run(overrides: list[str], multirun: bool, argv: list[str], flags: dict) -> i
     sampler = multirun and sweeper != "basic"
     # A sampling sweeper (Optuna) chooses its points as it goes: only what they share can
     # be checked now; a sampled point that is invalid is reported to it as a failed trial.
-    specs = [build_spec(fixed_part(overrides))] if sampler else specs_from(overrides, multirun)
+    specs = [build_spec(fixed_part(overrides))] if sampler else specs_from(overrides, multirun, max_points(flags))
     for spec in specs:
         check_runnable_here(spec)
     key = "sweep" if multirun else "run"

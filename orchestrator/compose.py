@@ -141,6 +141,7 @@ def composing(overrides: list[str] | tuple[str, ...]) -> Iterator[Composed]:
         raise config_error(exc, overrides) from None
     _reject_deletions(parsed)
     _reject_null_groups(parsed)
+    _reject_paths(parsed)
     structural = tuple(o.input_line for o in parsed if not _is_value_change(o))
     base = _compose_with_hydra(_source, structural)
     changes = [o for o in parsed if _is_value_change(o)]
@@ -180,6 +181,16 @@ def _restore(cfg: DictConfig, key: str, node: object) -> None:
             parent[name] = node
 
 
+def _reject_paths(parsed: list[Override]) -> None:
+    """A group, a key or a preset name is a name of this config tree, never a path out of it
+    (model=../config) nor longer than a file name may be."""
+    for o in parsed:
+        key, value = o.key_or_group, o.input_line.partition("=")[2] if o.input_line else ""
+        for what, name in (("a config key", key), ("a preset name", value if not (_is_value_change(o) or key.startswith("hydra.")) else "")):
+            if ".." in name.split("/") or len(name.encode()) > 255:
+                raise ConfigError(key, value, f"{what} of this config tree: no '..', at most 255 bytes")
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse(override: str) -> Override:
     """One override parsed by Hydra's grammar, cached: a sweep repeats each value many times."""
@@ -209,6 +220,9 @@ def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
             cfg = compose(source.config_name, overrides=list(overrides) + _searchpath(source), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise config_error(exc, list(overrides)) from None
+    except OSError as exc:  # a group or preset name past the file system's limits
+        raise ConfigError("override", exc.filename or "", "a config group and preset of this tree "
+                          f"({exc.strerror})") from None
     except yaml.YAMLError as exc:  # a preset file (ours or one on hydra.searchpath) that is not YAML
         mark = getattr(exc, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}" if mark else "a preset file"
@@ -264,6 +278,9 @@ def fixed_part(overrides: list[str]) -> list[str]:
     except OverrideParseException as exc:
         raise config_error(exc, overrides) from None
     return [o.input_line for o in parsed if not o.is_sweep_override()]
+
+
+MAX_POINTS = 10_000  # a sweep (or a tune's space) past this many points is refused unless --max-points says so
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:

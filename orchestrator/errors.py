@@ -23,6 +23,7 @@ class ConfigError(ValueError):
     def __init__(self, field: str, value: Any, allowed: str, where: str = ""):
         self.field, self.value, self.allowed = field, value, allowed
         prefix = f"{where}: " if where else ""
+        field = _short(str(field))
         shown = MASK if is_secret_name(str(field).rsplit(".", 1)[-1]) and value not in (None, "") else _show(value)
         super().__init__(redact_text(f"{prefix}{field}={shown} is not allowed: {allowed}"))
 
@@ -66,6 +67,8 @@ class Interrupted(BaseException):
 def one_of(values: Iterable[Any]) -> str:
     """'a, b or c' for an error message."""
     items = [str(v) for v in values]
+    if not items:
+        return "(none)"
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
@@ -80,4 +83,9 @@ def did_you_mean(value: Any, allowed: Iterable[Any]) -> str:
 
 
 def _show(value: Any) -> str:
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return _short("null" if value is None else str(value).lower() if isinstance(value, bool) else str(value))
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """A value as a message shows it: whole up to `limit` characters, else its start and its length."""
+    return text if len(text) <= limit else f"{text[:limit // 2]}... ({len(text):,} characters)"

@@ -132,6 +132,18 @@ def trials_below(path: Path) -> list[Path]:
     return sorted(Path(root) for root, _, files in os.walk(path) if markers & set(files))
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: Linux's limits on a file name and a whole path
+
+
+def check_path(path: Path, field: str) -> Path:
+    """`path` if the file system can hold it, else ConfigError naming the part that is too long."""
+    long_part = next((p for p in Path(path).parts if len(p.encode()) > NAME_MAX), None)
+    if long_part is not None or len(str(path).encode()) > PATH_MAX:
+        what = f"one name in it is {len(long_part.encode())} bytes" if long_part else f"it is {len(str(path).encode())} bytes"
+        raise ConfigError(field, str(path), f"a path of names of at most {NAME_MAX} bytes, at most {PATH_MAX} in all; {what}")
+    return path
+
+
 def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False, marker: str = CLAIM,
           resume: bool = False, others_files: bool = False) -> Path:
     """Make `path` this run's trial (or sweep) directory and return it.
@@ -143,6 +155,7 @@ def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False,
     trial's may be there already (a sweep point's directory, where Hydra's log starts
     first); otherwise a directory holding the user's own files is refused, never taken.
     """
+    check_path(path, field)
     inside = next((p for p in path.absolute().parents if holds_trial(p)), None)
     if inside is not None:  # its status, report and --overwrite would take this one along
         raise ConfigError(field, str(path), f"a directory outside any trial, but {inside} is a trial's; "
@@ -196,6 +209,7 @@ def _claim(path: Path, field: str, overwrite: bool, marker: str, check_held: boo
 
 def writable_dir(path: Path, field: str) -> Path:
     """A directory to write configs into (translate --out): created if need be."""
+    check_path(path, field)
     if path.exists() and not path.is_dir():
         raise ConfigError(field, str(path), "a directory, but it is a file; choose another path")
     try:

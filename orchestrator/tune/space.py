@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from typing import Callable
 from dataclasses import dataclass, field
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 
+from orchestrator.compose import MAX_POINTS
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
@@ -141,6 +143,10 @@ def _plan_space(overrides: tuple[str, ...], runnable_check: Callable[[TrialSpec]
     empty = [n for n, v in axes.items() if not v]
     if empty:
         raise ConfigError(empty[0], "(no values)", "at least one value: the search space is empty")
+    size = math.prod(len(v) for v in axes.values())
+    if size > MAX_POINTS:
+        raise ConfigError("search space", f"{size:,} combinations", f"at most {MAX_POINTS:,} (each is planned "
+                          "before the search starts, about 10 ms each); narrow an axis")
     candidates = []
     for key in points(axes, base.cfg.zero.stage):
         overrides_ = (*fixed, *key)
