@@ -77,9 +77,11 @@ def fitting_changes(spec: TrialSpec, plan: Plan) -> str:
     if not options:
         z3 = model_states(m, replace(zero_layout(spec), stage=3))
         floor = mem.runtime + max(phases(z3, 0, 0, 0).values())
+        ranks = ("fewer ranks (parallel.dp: here every rank shares this host's memory, so each has less as "
+                 "there are more)" if not spec.cfg.hardware.device.is_gpu and spec.nodes == 1 else "more ranks (parallel.dp)")
         return (f"not even ZeRO-3 with full recompute and micro batch 1 would: there a rank needs "
-                f"{floor / GIB:.1f} of {mem.capacity / GIB:.1f} GiB before any activation; more ranks "
-                "(parallel.dp) or offload (zero.offload_optimizer=cpu, zero.offload_param=cpu) would be needed")
+                f"{floor / GIB:.1f} of {mem.capacity / GIB:.1f} GiB before any activation; {ranks} "
+                "or offload (zero.offload_optimizer=cpu, zero.offload_param=cpu) would be needed")
     return "by this plan these would fit: " + "; ".join(options)
 
 

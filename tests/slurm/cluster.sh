@@ -98,8 +98,8 @@ DbdHost=localhost
 SlurmUser=root
 StorageType=accounting_storage/mysql
 StorageHost=localhost
-StorageLoc=slurm_acct_db
-StorageUser=slurm
+StorageLoc=orchestrator_test_acct_db
+StorageUser=orchestrator_test
 StoragePass=local-test-db
 PidFile=$STATE/slurmdbd.pid
 LogFile=$STATE/slurmdbd.log
@@ -179,9 +179,12 @@ start() {
       >"$STATE/mariadb.log" 2>&1 &)
   fi
   wait_for 30 MariaDB mariadb -e "select 1"
-  mariadb -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
-              CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'local-test-db';
-              GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+  # A user and database of our own: a host that already runs SLURM accounting has a 'slurm'
+  # user with its own password, which CREATE USER IF NOT EXISTS would keep (and must not change).
+  mariadb -e "CREATE DATABASE IF NOT EXISTS orchestrator_test_acct_db;
+              CREATE USER IF NOT EXISTS 'orchestrator_test'@'localhost' IDENTIFIED BY 'local-test-db';
+              ALTER USER 'orchestrator_test'@'localhost' IDENTIFIED BY 'local-test-db';
+              GRANT ALL ON orchestrator_test_acct_db.* TO 'orchestrator_test'@'localhost';"
 
   alive slurmdbd || slurmdbd
   wait_for 30 slurmdbd sacctmgr -n list cluster
