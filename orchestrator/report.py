@@ -36,7 +36,7 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
     warn = warn or _stderr
     paths, results = [], []
     for path in (TrialPaths(d).result for d in trials_below(directory)):
-        if not (path.is_file() or path.is_symlink()):
+        if not (path.exists() or path.is_symlink()):
             continue
         try:
             result = json.loads(read_text(path))

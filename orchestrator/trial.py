@@ -121,7 +121,7 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
     paths = TrialPaths(trial_dir)
     path = paths.result
     try:
-        if path.is_file() or path.is_symlink():
+        if path.exists() or path.is_symlink():
             result = json.loads(read_text(path))
             if not isinstance(result, dict) or not isinstance(result.get("status"), str):
                 raise ValueError("not a result (no status)")

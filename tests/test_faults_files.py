@@ -1,0 +1,265 @@
+"""Fault injection on the commands that read many trials (calibrate, report, status, wait,
+tune's resume) and on inputs a careless or hostile user types: crafted files, links to
+devices, claims no process holds, budgets and paths past their limits, two commands at
+once. One row per case; each runs the real command in a fresh process and asserts the
+promise: exit 2 with one paragraph naming the field or file, or a warning naming the file
+and the rest done, never a traceback, nothing written earlier lost."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ok_trial(tmp_path_factory) -> Path:
+    """One real trial that ran: the cases below copy and spoil it."""
+    out = tmp_path_factory.mktemp("made") / "trial"
+    proc = run_cli("run", "model=tiny", "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled", "--out", str(out),
+                   timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def sweep_of(ok_trial: Path, root: Path, n: int = 2) -> list[Path]:
+    dirs = [root / f"{i}_trial" for i in range(n)]
+    for d in dirs:
+        shutil.copytree(ok_trial, d)
+    return dirs
+
+
+def said(proc: subprocess.CompletedProcess) -> str:
+    return " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
+
+
+def edit_result(trial: Path, change) -> None:
+    path = trial / "result.json"
+    data = json.loads(path.read_text())
+    data = change(data)
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+def set_step(value):
+    def change(r):
+        r["metrics"]["step_time_s"] = value
+        return r
+    return change
+
+
+BAD_TRIALS = {  # what is done to the second of two ok trials
+    "negative step": set_step(-0.5),
+    "infinite step": lambda r: json.dumps(r).replace('"step_time_s": ', '"step_time_s": "Infinity", "x": '),
+    "text step": set_step("fast"),
+    "list step": set_step([1]),
+    "dict step": set_step({"s": 1}),
+    "huge step": set_step(1e30),
+    "tiny step": set_step(1e-300),
+    "true step": set_step(True),
+    "NaN text step": set_step("NaN"),
+    "metrics null": lambda r: {**r, "metrics": None},
+    "metrics a list": lambda r: {**r, "metrics": [1, 2]},
+    "result a list": lambda r: [r],
+    "result a string": lambda r: json.dumps("ok"),
+}
+
+
+def test_calibrate_report_and_wait_skip_each_trial_with_bad_figures_or_files_and_use_the_rest(ok_trial, tmp_path):
+    # One sweep holding one good trial and a spoiled one per case: every command runs once.
+    dirs = sweep_of(ok_trial, tmp_path / "sweep", n=1 + len(BAD_TRIALS) + 3)
+    spoiled = dict(zip([*BAD_TRIALS, "config.yaml missing", "config.yaml corrupt", "trial.json corrupt"], dirs[1:]))
+    for case, change in BAD_TRIALS.items():
+        edit_result(spoiled[case], change)
+    (spoiled["config.yaml missing"] / "config.yaml").unlink()
+    (spoiled["config.yaml corrupt"] / "config.yaml").write_text(": : not [ yaml {")
+    (spoiled["trial.json corrupt"] / "trial.json").write_text("{not json")
+    env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
+    proc = run_cli("calibrate", str(tmp_path / "sweep"), env=env)
+    assert proc.returncode == 0 and "Traceback" not in said(proc), said(proc)
+    unnamed = [case for case, d in spoiled.items() if str(d) not in said(proc)]
+    assert not unnamed, (unnamed, said(proc))  # each spoiled trial named in a warning
+    preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "cpu-calibrated.yaml").read_text())
+    assert preset["calibrated_on"].startswith("1 trials")  # fitted on the good one alone
+    for command in (["report"], ["wait", "--timeout", "5"], ["status"]):  # with the calibrated preset in use
+        proc = run_cli(*command, str(tmp_path / "sweep"), env=env)
+        assert proc.returncode in (0, 1) and "Traceback" not in said(proc), (command, said(proc))
+        assert f"skipped {spoiled['result a list'] / 'result.json'}" in said(proc), (command, said(proc))
+
+
+CORRUPT_PRESETS = {"empty": b"", "comment only": b"# only the comment header\n", "truncated": b"[1, 2",
+                   "a word": b"a word", "a list": b"- 1\n- 2\n", "binary": b"\x00\xff\xfe binary"}
+
+
+def test_a_calibrated_preset_that_is_not_one_is_refused_by_its_file_name(ok_trial, tmp_path):
+    sweep_of(ok_trial, tmp_path / "sweep")
+    for case, content in CORRUPT_PRESETS.items():
+        conf = tmp_path / case.replace(" ", "_") / "hardware"
+        conf.mkdir(parents=True)
+        path = conf / "cpu-calibrated.yaml"
+        path.write_bytes(content)
+        env = {"ORCHESTRATOR_USER_CONF": str(conf.parent)}
+        proc = run_cli("plan", env=env)  # hardware=auto would choose it
+        assert proc.returncode == 2 and str(path) in said(proc) and "Traceback" not in said(proc), (case, said(proc))
+        if case not in ("empty", "binary"):
+            continue
+        proc = run_cli("report", str(tmp_path / "sweep"), env=env)  # still reports, saying why not calibrated
+        assert proc.returncode == 0 and "Traceback" not in said(proc) and str(path) in said(proc), (case, said(proc))
+
+
+def test_calibrate_checks_its_config_dir_before_fitting_and_writes_nowhere_else(ok_trial, tmp_path):
+    sweep_of(ok_trial, tmp_path / "sweep")
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("x")
+    proc = run_cli("calibrate", str(tmp_path / "sweep"), env={"ORCHESTRATOR_USER_CONF": str(blocked)})
+    assert proc.returncode == 2 and "ORCHESTRATOR_USER_CONF" in said(proc) and "within +-25" not in said(proc)
+    proc = run_cli("plan", "hardware.name=../../../../tmp/x")
+    assert proc.returncode == 2 and "hardware.name" in said(proc)
+
+
+def test_two_calibrates_at_once_never_both_say_they_wrote(ok_trial, tmp_path):
+    sweep_of(ok_trial, tmp_path / "sweep", n=4)
+    env = {**os.environ, "ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
+    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", "calibrate", str(tmp_path / "sweep")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [(p.communicate(timeout=300)[0], p.returncode) for p in procs]
+    wrote = [code for out, code in outs if code == 0 and "wrote" in out]
+    refused = [code for out, code in outs if code == 2 and "one calibrate at a time" in " ".join(out.split())]
+    assert len(wrote) + len(refused) == 2 and wrote, outs  # one fit wins; the other waits or is told so
+    assert yaml.safe_load((tmp_path / "conf" / "hardware" / "cpu-calibrated.yaml").read_text())["calibrated_on"]
+
+
+@pytest.mark.parametrize("claim", [[1, 2], {"pid": "x", "host": socket.gethostname()},
+                                   {"pid": -4, "host": "another-host"}, "not json"])
+def test_a_claim_no_live_process_can_hold_is_resolved_not_waited_for(tmp_path, claim):
+    trial = tmp_path / "sweep" / "0_x"
+    trial.mkdir(parents=True)
+    (trial / "claim.json").write_text(claim if isinstance(claim, str) else json.dumps(claim))
+    proc = run_cli("wait", str(tmp_path / "sweep"), "--timeout", "30", timeout=60)
+    assert proc.returncode == 1 and "interrupted" in said(proc) and "Traceback" not in said(proc), said(proc)
+    result = json.loads((trial / "result.json").read_text())
+    assert result["status"] == "interrupted" and "slurm.json" not in result["error"]["message"]
+
+
+@pytest.mark.parametrize("timeout", ["nan", "-5", "inf", "soon"])
+def test_wait_refuses_a_timeout_that_is_not_a_duration(tmp_path, timeout):
+    (tmp_path / "0_x").mkdir()
+    (tmp_path / "0_x" / "claim.json").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    proc = run_cli("wait", str(tmp_path), "--timeout", timeout, timeout=30)
+    assert proc.returncode == 2 and "--timeout" in said(proc) and "Traceback" not in said(proc)
+
+
+def test_wait_timeout_zero_looks_once_and_returns(tmp_path):
+    (tmp_path / "0_x").mkdir()
+    (tmp_path / "0_x" / "claim.json").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    proc = run_cli("wait", str(tmp_path), "--timeout", "0", timeout=30)  # this test's pid: a live claimant
+    assert proc.returncode == 1 and "still not done" in said(proc)
+
+
+@pytest.mark.parametrize("kind", ["link to a device", "link out of the tree", "too large", "a fifo"])
+def test_report_reads_no_result_through_a_link_nor_past_its_size_limit(ok_trial, tmp_path, kind):
+    good, bad = sweep_of(ok_trial, tmp_path / "sweep")
+    result = bad / "result.json"
+    result.unlink()
+    if kind == "link to a device":
+        result.symlink_to("/dev/zero")
+    elif kind == "link out of the tree":
+        shutil.copy(good / "result.json", tmp_path / "outside.json")
+        result.symlink_to(tmp_path / "outside.json")
+    elif kind == "too large":
+        result.write_text('{"status": "ok", "pad": "' + "x" * (65 * 2**20) + '"}')
+    else:
+        os.mkfifo(result)
+    proc = run_cli("report", str(tmp_path / "sweep"), timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in said(proc), said(proc)
+    assert f"skipped {result}" in said(proc)
+
+
+def test_tune_budgets_are_checked_by_their_flag_before_a_directory_is_made(tmp_path):
+    for flag, value in (("--trials", "0"), ("--trials", "-1"), ("--minutes", "0"), ("--minutes", "-1"),
+                        ("--minutes", "nan")):
+        proc = run_cli("tune", flag, value, "--out", str(tmp_path / "t"))
+        assert proc.returncode == 2 and f"{flag}={value}" in said(proc), said(proc)
+        assert not (tmp_path / "t").exists()
+
+
+def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refused(tmp_path):
+    out = tmp_path / "tune"
+    space = ["logger.mode=disabled", "run.steps=4", "run.warmup_steps=1", "run.step_sleep_s=4", "parallel.dp=1",
+             "zero=stage0", "batch.micro_batch_size=1,2", "recompute=none", "zero.offload_optimizer=none"]
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "tune", "--trials", "1", "--out", str(out), *space],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "step 1/" in line:
+            break
+    os.killpg(proc.pid, 2)  # Ctrl-C in the first trial, before it has a result
+    proc.communicate(timeout=120)
+    assert (out / "tune.json").is_file(), "".join(lines)
+    changed = [o.replace("1,2", "1,4") for o in space]
+    proc = run_cli("tune", "--trials", "1", "--out", str(out), *changed)
+    assert proc.returncode == 2 and "batch.micro_batch_size" in said(proc) and "then" in said(proc), said(proc)
+    proc = run_cli("tune", "--trials", "1", "--out", str(out), *[o.replace("run.step_sleep_s=4", "run.step_sleep_s=0")
+                                                                  for o in space], timeout=600)
+    assert proc.returncode == 2 and "run.step_sleep_s" in said(proc)  # a fixed override is part of the space too
+    proc = run_cli("tune", "--trials", "1", "--out", str(out), *space, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in said(proc), said(proc)
+    assert json.loads((out / "tune.json").read_text())["winner"]
+
+
+@pytest.mark.parametrize("record", [[1, 2], {"rows": "x", "rounds": "two", "elapsed_s": [1], "axes": {}}])
+def test_a_tune_record_of_the_wrong_shape_is_refused_or_read_as_far_as_it_is_right(tmp_path, record):
+    out = tmp_path / "tune"
+    out.mkdir()
+    (out / "tune.json").write_text(json.dumps(record))
+    proc = run_cli("tune", "--trials", "1", "--out", str(out), "batch.micro_batch_size=1,2", "zero=stage0",
+                   "parallel.dp=1")
+    assert proc.returncode == 2 and "tune.json" in said(proc) or "--out" in said(proc), said(proc)
+    assert "Traceback" not in said(proc)
+
+
+def test_directories_that_are_not_a_new_trial_are_never_claimed(ok_trial, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my own")
+    run = ["run", "model=tiny", "run.steps=3", "logger.mode=disabled"]
+    proc = run_cli(*run, "--out", str(mine))
+    assert proc.returncode == 2 and "notes.txt" in said(proc) and (mine / "notes.txt").read_text() == "my own"
+    trial = tmp_path / "trial"
+    shutil.copytree(ok_trial, trial)
+    proc = run_cli(*run[:1], "-m", *run[1:], "run.seed=1,2", f"hydra.sweep.dir={trial}/inner")
+    assert proc.returncode == 2 and "is a trial's" in said(proc) and not (trial / "inner").exists()
+    (trial / "tune.json").write_text("{}")  # a trial with a tune.json is not a tune to take over
+    proc = run_cli("tune", "--out", str(trial), "batch.micro_batch_size=1,2", "zero=stage0", "parallel.dp=1")
+    assert proc.returncode == 2 and (trial / "result.json").is_file()
+
+
+@pytest.mark.parametrize("args", [["run", "--out", "L"], ["run", "hydra.run.dir=L"], ["translate", "--out", "L"],
+                                  ["calibrate", "L"], ["report", "L"], ["status", "L"], ["plan", "model=L"],
+                                  ["plan", "K=1"], ["plan", "model=../config"]])
+def test_names_past_the_file_systems_limits_or_out_of_the_tree_exit_2(tmp_path, args):
+    long = str(tmp_path / ("a" * 300))
+    args = [a.replace("L", long) if a.endswith("L") else a.replace("K", "k" * 100_000) for a in args]
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and "Traceback" not in said(proc), said(proc)[:2000]
+    assert len(proc.stdout + proc.stderr) < 2000  # one paragraph, the long value cut
+
+
+def test_a_sweep_says_its_size_and_a_huge_one_is_refused_unless_asked(tmp_path):
+    proc = run_cli("plan", "-m", "parallel.dp=range(1,100000)")
+    assert proc.returncode == 2 and "99,999 points" in said(proc) and "--max-points" in said(proc)
+    proc = run_cli("run", "-m", "parallel.dp=range(1,20001)", "--out", str(tmp_path / "s"))
+    assert proc.returncode == 2 and not (tmp_path / "s").exists()
+    proc = run_cli("plan", "-m", "parallel.dp=1,2,3", "--max-points", "2")
+    assert proc.returncode == 2 and "3 points" in said(proc)
+    proc = run_cli("plan", "-m", "parallel.dp=1,2")
+    assert proc.returncode == 0 and "sweep: 2 point(s)" in proc.stderr
