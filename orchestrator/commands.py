@@ -62,6 +62,7 @@ OWN_FLAGS = {"run": {"--out": True, "--overwrite": False, "--max-points": True},
              "plan": {"--json": False, "--max-points": True}, "translate": {"--out": True, "--max-points": True},
              "tune": {"--out": True, "--overwrite": False, "--trials": True, "--minutes": True}}
 PROGRESS_EVERY_S = 5.0  # a long validation says how far it is, this often
+SAY_SIZE_FROM = 100  # a sweep of this many points or more says its size before validating
 TUNER = "orchestrator_tune"  # hydra/sweeper=orchestrator_tune: hydra_plugins/orchestrator_tuner
 COMMANDS = tuple(OWN_FLAGS)
 OUR_LAUNCHER = "orchestrator"
@@ -156,8 +157,8 @@ def specs_from(overrides: list[str], multirun: bool, max_points: int = MAX_POINT
         raise ConfigError("sweep", f"{len(points):,} points", f"at most --max-points={max_points:,} (each point is "
                           "validated and planned before anything runs, about 10 ms each); raise the cap with "
                           f"--max-points {len(points)} if this many is meant")
-    if multirun:
-        print(f"sweep: {len(points):,} point(s), each validated before anything runs", file=sys.stderr)
+    if len(points) >= SAY_SIZE_FROM:
+        print(f"sweep: {len(points):,} points, each validated before anything runs", file=sys.stderr)
     specs, started, said = [], time.monotonic(), time.monotonic()
     for i, point in enumerate(points):
         try:
