@@ -150,13 +150,17 @@ class NumaConfig:
 
 
 class EngineName(StrEnum):
-    """What drives training: DeepSpeed directly, or Hugging Face Accelerate."""
+    """What drives training: DeepSpeed directly, Hugging Face Accelerate, or torch's FSDP2
+    (`fully_shard` per block, under torchrun; zero.stage 3 or 2 says whether parameters are
+    resharded after the forward)."""
     deepspeed = "deepspeed"
     accelerate = "accelerate"
+    fsdp = "fsdp"
 
 
 class Backend(StrEnum):
-    """engine=accelerate only: its DeepSpeed plugin, or torch FSDP."""
+    """What shards the model: DeepSpeed's ZeRO, or torch's FSDP2 (engine=accelerate chooses;
+    engine=fsdp is always fsdp, engine=deepspeed always deepspeed)."""
     deepspeed = "deepspeed"
     fsdp = "fsdp"
 

@@ -58,16 +58,22 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     mem.add_column("GiB", justify="right")
     mem.add_column("note")
     z = spec.cfg.zero
-    rows = [("parameters", m.params, f"ZeRO stage {z.stage}, {spec.precision}"),
-            ("gradients", m.grads, ""),
-            ("optimizer states", m.optimizer, "fp32 master + Adam moments"),
+    fsdp = spec.cfg.engine.backend == "fsdp" and z.stage in (2, 3)
+    sharding = (f"FSDP2 fp32 shards, computing in {spec.precision}, " + ("resharded after forward" if z.stage == 3
+                else "kept from forward to backward")) if fsdp else f"ZeRO stage {z.stage}, {spec.precision}"
+    rows = [("parameters", m.params, sharding),
+            ("gradients", m.grads, "fp32 shards" + (" + unsharded, accumulated across micro batches"
+                                                    if fsdp and spec.grad_accum_steps > 1 else "") if fsdp else ""),
+            ("optimizer states", m.optimizer, "Adam moments (the shards are the master weights)" if fsdp
+             else "fp32 master + Adam moments"),
             ("activations", m.activations, f"micro batch {spec.micro_batch_size}, recompute {spec.cfg.recompute.mode}, "
                                            f"{spec.cfg.model.attention} attention"),
             ("recomputed block", m.recompute, "rebuilt one block at a time during backward" +
              ("" if m.peak_phase == "backward" else "; not alive at the peak")),
             ("loss backward", m.loss_backward, "fp32 gradients of nll_loss and log_softmax, at backward's start" +
              ("" if m.peak_phase == "loss backward" else "; not alive at the peak")),
-            ("buffers", m.buffers, "reduce buckets" + (", gathered parameters" if z.stage == 3 else "")),
+            ("buffers", m.buffers, "unsharded root and blocks in flight, a block's gradients" if fsdp
+             else "reduce buckets" + (", gathered parameters" if z.stage == 3 else "")),
             ("optimizer step", m.optimizer_step + m.optimizer_temporaries,
              "fp32 gradient copy and AdamW's temporaries inside step()" +
              ("" if m.peak_phase == "optimizer step" else "; not alive at the peak")),

@@ -101,6 +101,7 @@ def spec_from(composed: Composed) -> TrialSpec:
     _check_model(cfg)
     _check_zero(cfg)
     _check_choices(cfg)
+    _check_zero_only_knobs(cfg, composed.overrides)
     precision = _check_run(cfg)
     _check_grad_accum(cfg, precision)
     _check_hardware(cfg, precision, composed.choices.get("hardware", ""))
@@ -159,6 +160,37 @@ def _check_zero(cfg: TrialConfig) -> None:
 
 
 
+# ZeRO's own knobs: DeepSpeed reads them, FSDP2 has no counterpart (it gathers and
+# reduce-scatters one block at a time, prefetching the next).
+ZERO_ONLY = ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "overlap_comm",
+             "contiguous_gradients", "reduce_scatter", "max_live_parameters", "param_persistence_threshold",
+             "grad_accum_dtype")
+
+
+def _check_fsdp(cfg: TrialConfig) -> None:
+    """What FSDP2 cannot do, refused by name; engine=fsdp shards at stage 2 or 3 only."""
+    z = cfg.zero
+    if cfg.engine.name == "fsdp" and z.stage not in (2, 3):
+        raise ConfigError("zero.stage", z.stage, "2 or 3 with engine=fsdp (3: reshard_after_forward, ZeRO-3's "
+                          "pattern; 2: parameters kept from forward to backward); zero.stage=0 is DDP (engine=accelerate)")
+    if z.offload_optimizer != "none" and z.offload_param == "none":
+        raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "none with FSDP: FSDP2 offloads parameters, "
+                          "gradients and the optimizer step together (zero.offload_param=cpu), never the optimizer alone")
+    if cfg.run.fp16:
+        raise ConfigError("run.fp16", True, "false with FSDP here: FSDP2's fp16 needs a sharded gradient scaler; "
+                          "use run.bf16=true")
+
+
+def _check_zero_only_knobs(cfg: TrialConfig, overrides: tuple[str, ...]) -> None:
+    if cfg.engine.backend != "fsdp":
+        return
+    for o in overrides:
+        key = o.lstrip("+~").partition("=")[0]
+        if key.startswith("zero.") and key.split(".", 1)[1] in ZERO_ONLY:
+            raise ConfigError(key, o.partition("=")[2], f"unset with FSDP (engine.backend=fsdp): {key} is DeepSpeed "
+                              "ZeRO's; FSDP2 moves one block's parameters and gradients at a time")
+
+
 def _check_grad_accum(cfg: TrialConfig, precision: str) -> None:
     z = cfg.zero
     if z.grad_accum_dtype not in (None, precision) and not (z.stage == 1 and precision == "bf16"):
@@ -170,10 +202,15 @@ def _check_grad_accum(cfg: TrialConfig, precision: str) -> None:
 
 
 def _check_choices(cfg: TrialConfig) -> None:
-    if cfg.engine.backend == "fsdp" and cfg.engine.name != "accelerate":
-        raise ConfigError("engine.backend", "fsdp", "FSDP runs through engine=accelerate")
+    if cfg.engine.backend == "fsdp" and cfg.engine.name == "deepspeed":
+        raise ConfigError("engine.backend", "fsdp", "deepspeed with engine=deepspeed; FSDP runs as engine=fsdp "
+                          "(FSDP2 under torchrun) or engine=accelerate")
+    if cfg.engine.name == "fsdp" and cfg.engine.backend != "fsdp":
+        raise ConfigError("engine.backend", cfg.engine.backend, "fsdp with engine=fsdp")
     if cfg.engine.backend == "fsdp" and cfg.zero.stage == 1:
         raise ConfigError("zero.stage", 1, "FSDP shards nothing, grads and optimizer, or everything: zero.stage 0, 2 or 3")
+    if cfg.engine.backend == "fsdp":
+        _check_fsdp(cfg)
     _apply_submitit_aliases(cfg)
     positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
     positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")

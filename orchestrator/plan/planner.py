@@ -17,6 +17,7 @@ from orchestrator.plan.collectives import Network, network
 from orchestrator.plan.comm import Schedule, bytes_per_rank_per_step, step_time
 from orchestrator.plan.compute import Rates, micro_batch_time
 from orchestrator.plan.flops import flops
+from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.memory import (GIB, activation_bytes, loss_backward_bytes,
                                      max_micro_batch, model_states, offloaded_step_s, optimizer_traffic_bytes,
                                      peak_memory, recompute_bytes, runtime_bytes, sample_bytes, zero_layout)
@@ -29,7 +30,8 @@ def make_plan(spec: TrialSpec) -> Plan:
     cfg, hw = spec.cfg, spec.cfg.hardware
     n = count_parameters(cfg.model)
     layout = zero_layout(spec)
-    states = model_states(cfg.model, layout)
+    sharded = fsdp_layout(spec)  # FSDP2 planned as FSDP2; None for DeepSpeed and DDP
+    states = fsdp_states(sharded) if sharded else model_states(cfg.model, layout)
     runtime = runtime_bytes(hw.device, spec.world_size)
     capacity = capacity_bytes(spec)
     micro, mode = spec.micro_batch_size, cfg.recompute.mode
@@ -42,9 +44,12 @@ def make_plan(spec: TrialSpec) -> Plan:
     bandwidth, bandwidth_note = memory_bandwidth(spec)
     low = element_bytes(spec.precision)
     micro_time = micro_batch_time(cfg.model, micro, mode, rates(spec, peak_tflops, bandwidth), low)
-    t = step_time(schedule_of(spec), grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
-                  bwd_s=micro_time.backward_s, net=network_of(spec))
-    offloaded = bool(layout.offload_optimizer and cfg.zero.stage and hw.device.is_gpu)
+    if sharded:
+        t = fsdp_step_time(sharded, fwd_s=micro_time.forward_s, bwd_s=micro_time.backward_s, net=network_of(spec))
+    else:
+        t = step_time(schedule_of(spec), grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
+                      bwd_s=micro_time.backward_s, net=network_of(spec))
+    offloaded = bool((sharded.offload if sharded else layout.offload_optimizer and cfg.zero.stage) and hw.device.is_gpu)
     optimizer_s = optimizer_step_s(spec, n, offloaded, bandwidth)
     step_s = t.step_s + optimizer_s
     denominator = step_s * spec.world_size * peak_tflops * 1e12
@@ -113,6 +118,18 @@ def network_of(spec: TrialSpec) -> Network:
     return network(spec.world_size, spec.nodes, hw.intra_node.busbw_gbps, hw.intra_node.latency_us,
                    hw.inter_node.busbw_gbps, hw.inter_node.latency_us, backend=hw.device.collective_backend,
                    call_us=hw.collective_overhead_us)
+
+
+def fsdp_layout(spec: TrialSpec) -> FsdpLayout | None:
+    """FSDP2's layout where the trial shards with it (engine=fsdp, or accelerate's FSDP at
+    zero.stage 2 or 3: the two routes describe the same sharding), else None."""
+    z = spec.cfg.zero
+    if spec.cfg.engine.backend != "fsdp" or z.stage not in (2, 3):
+        return None
+    return layout_of(parameter_tensors(spec.cfg.model), spec.dp, element_bytes(spec.precision),
+                     element_bytes(wire_dtype(spec)), reshard=z.stage == 3, grad_accum=spec.grad_accum_steps,
+                     offload=z.offload_param != "none" or z.offload_optimizer != "none",
+                     adam_foreach=spec.cfg.hardware.device.is_gpu)
 
 
 def wire_dtype(spec: TrialSpec) -> str:

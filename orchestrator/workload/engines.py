@@ -3,7 +3,8 @@
 DeepSpeedEngine wraps deepspeed.initialize with the trial's ds_config.json.
 AccelerateEngine wraps an Accelerator that `accelerate launch --config_file` configured
 (DeepSpeed or FSDP2 or DDP, from accelerate_config.yaml).
-Both build the transformers model of the trial and apply its recompute mode.
+FSDP2Engine (fsdp.py) applies torch's fully_shard itself, wherever torch runs.
+Each builds the transformers model of the trial and applies its recompute mode.
 """
 
 from __future__ import annotations
@@ -169,5 +170,7 @@ def built_partitioned(model) -> bool:
 
 
 def make_engine(spec: TrialSpec, trial_dir: Path, device: Device):
-    cls = DeepSpeedEngine if spec.cfg.engine.name == "deepspeed" else AccelerateEngine
+    from orchestrator.workload.fsdp import FSDP2Engine  # imports torch.distributed.fsdp only when asked for
+
+    cls = {"deepspeed": DeepSpeedEngine, "accelerate": AccelerateEngine, "fsdp": FSDP2Engine}[spec.cfg.engine.name]
     return cls(spec, trial_dir, device)

@@ -83,9 +83,14 @@ def unique_storage_bytes(tensors) -> int:
     for t in tensors:
         if t is None or t.device.type == "meta":
             continue
-        storage = t.untyped_storage()
-        if storage.nbytes():
-            seen[(t.device.type, storage.data_ptr())] = storage.nbytes()
+        try:
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                seen[(t.device.type, storage.data_ptr())] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            # A wrapper without storage of its own (FSDP2's DTensor: its local shard is
+            # counted) or one whose storage FSDP2 freed (a resharded block's): no bytes.
+            continue
     return sum(seen.values())
 
 

@@ -1,0 +1,131 @@
+"""FSDP2Engine: torch's own fully sharded data parallel (`fully_shard`), run under torchrun.
+
+Applied as torchtitan applies it: `fully_shard` on every transformer block, then on the
+root (embeddings, final norm, head), on a one-dimensional device mesh of all ranks ("cpu"
+with gloo here, "cuda" with NCCL on GPUs). The trial's settings map to FSDP2's:
+
+- zero.stage=3: `reshard_after_forward=True`, each block's parameters are gathered again
+  for the backward (the ZeRO-3 pattern); zero.stage=2: False, the gathered parameters are
+  kept from the forward to the backward (ZeRO-2's memory for parameters, one gather less).
+- run.bf16 / fp32: `MixedPrecisionPolicy(param_dtype)`, the dtype blocks compute in; the
+  sharded master parameters and the optimizer states stay fp32.
+- zero.communication_dtype: the dtype gradients are reduce-scattered in (`reduce_dtype`;
+  null: the compute dtype, as DeepSpeed's default).
+- zero.offload_param=cpu: `CPUOffloadPolicy`, parameters, gradients and the optimizer step
+  on the host (FSDP2 offloads the three together).
+- recompute: the same per-block activation checkpointing as every engine (model.py).
+
+Gradient accumulation skips the reduce-scatter on all but the last micro batch
+(`set_requires_gradient_sync`). Checkpoints are torch.distributed.checkpoint's sharded
+format of the model's and optimizer's state dicts, each rank writing its own shards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
+from orchestrator.plan.batch import grad_accum_steps
+from orchestrator.spec import TrialSpec
+from orchestrator.translate.accelerate import LAYER_CLASS
+from orchestrator.workload.device import Device
+from orchestrator.workload.model import apply_recompute, build_model
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def fsdp_settings(spec: TrialSpec) -> dict:
+    """What fully_shard is given for this trial (also recorded in metrics.engine)."""
+    z = spec.cfg.zero
+    wire = z.communication_dtype or spec.precision
+    return {"reshard_after_forward": z.stage == 3, "param_dtype": spec.precision, "reduce_dtype": str(wire),
+            "cpu_offload": z.offload_param != "none"}
+
+
+class FSDP2Engine:
+    def __init__(self, spec: TrialSpec, trial_dir: Path, device: Device):
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend=device.backend)
+        mesh = init_device_mesh(device.torch.type, (spec.world_size,))
+        self.settings = fsdp_settings(spec)
+        model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed)
+        apply_recompute(model, spec.cfg.recompute.mode)
+        shard = dict(mesh=mesh, reshard_after_forward=self.settings["reshard_after_forward"],
+                     mp_policy=MixedPrecisionPolicy(param_dtype=DTYPES[self.settings["param_dtype"]],
+                                                    reduce_dtype=DTYPES[self.settings["reduce_dtype"]]),
+                     offload_policy=CPUOffloadPolicy() if self.settings["cpu_offload"] else OffloadPolicy())
+        blocks = [m for m in model.modules() if type(m).__name__ == LAYER_CLASS[spec.cfg.model.arch]]
+        for block in blocks:
+            fully_shard(block, **shard)
+        fully_shard(model, **shard)
+        if not self.settings["cpu_offload"]:
+            model.to(device.torch)  # the shards move; each rank holds 1/dp of every parameter
+        run = spec.cfg.run
+        self.model = torch.compile(model) if run.compile else model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS,
+                                           weight_decay=run.weight_decay)
+        self.sharded = all(type(p).__name__ == "DTensor" for p in model.parameters())
+        self.blocks = len(blocks)
+        self._fsdp_root = model
+        self.grad_clip = run.grad_clip
+        self.micro_batch_size, self.dp = spec.micro_batch_size, spec.world_size
+        self.global_batch = spec.schedule[0][1]
+        self._micro = 0
+
+    @property
+    def grad_accum(self) -> int:
+        return grad_accum_steps(self.global_batch, self.micro_batch_size, self.dp)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens, labels=tokens).loss
+
+    def backward_and_step(self, loss: torch.Tensor) -> None:
+        self._micro += 1
+        last = self._micro == self.grad_accum
+        self._fsdp_root.set_requires_gradient_sync(last)  # reduce-scatter only after the last micro batch
+        (loss / self.grad_accum).backward()
+        if last:
+            if self.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self._fsdp_root.parameters(), self.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._micro = 0
+
+    def set_global_batch(self, size: int) -> None:
+        self.global_batch = size
+
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def engine_global_batch(self) -> int:
+        return self.global_batch
+
+    def _state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self._fsdp_root, self.optimizer)
+        return {"model": model_state, "optimizer": optimizer_state}
+
+    def save_state(self, root: Path, tag: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(), checkpoint_id=str(root / tag))
+
+    def load_state(self, root: Path, tag: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(root / tag))
+        set_state_dict(self._fsdp_root, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+
+    def describe(self) -> dict:
+        return {"engine": "fsdp2", **self.settings, "sharded_blocks": self.blocks, "parameters_sharded": self.sharded,
+                "optimizer": type(self.optimizer).__name__, "built_partitioned": False}
