@@ -1,10 +1,12 @@
 """Predicted vs measured across a matrix of real local trials, beside the estimators users have.
 
     .venv/bin/python bench/memory_matrix.py [OUT_DIR] [--hardware NAME] [--models A,B] [--dp 1,2]
+                                            [--engines deepspeed,fsdp]
 
-Runs engine=deepspeed trials on this machine through `orchestrator run` (ZeRO 0-3 x
-recompute none/selective/full x dp 1 and 2, on a GPT-2 and a Llama shape whose static
-memory is tens of MB per rank), then prints one table from orchestrator/plan/check.py:
+Runs trials on this machine through `orchestrator run` (engine=deepspeed: ZeRO 0-3;
+engine=fsdp: FSDP2 at zero.stage 2 and 3; x recompute none/selective/full x dp 1 and 2, on
+a GPT-2 and a Llama shape whose static memory is tens of MB per rank), then prints one
+table from orchestrator/plan/check.py:
 static memory (alive between optimizer steps), activation memory and step time,
 predicted / measured, and beside them DeepSpeed's own estimators
 (estimate_zero2/3_model_states_mem_needs) and the textbook 16N, and the peak: the plan's
@@ -47,17 +49,23 @@ STEPS = {"llama-128k": ["run.steps=6", "run.warmup_steps=2", "batch.micro_batch_
 DEFAULT_STEPS = ["run.steps=6", "run.warmup_steps=2", "batch.micro_batch_size=2"]
 
 
-def matrix(shapes, dps) -> list[tuple]:
-    return list(itertools.product(shapes, [0, 1, 2, 3], ["none", "selective", "full"], dps))
+STAGES = {"deepspeed": [0, 1, 2, 3], "fsdp": [2, 3]}  # FSDP2: resharded after forward (3) or kept (2)
 
 
-def run_trial(out: Path, hardware: str, shape: str, stage: int, recompute: str, dp: int) -> Path:
-    trial = out / f"{shape}-z{stage}-{recompute}-dp{dp}"
+def matrix(shapes, dps, engines=("deepspeed",)) -> list[tuple]:
+    return [(engine, *point) for engine in engines
+            for point in itertools.product(shapes, STAGES[engine], ["none", "selective", "full"], dps)]
+
+
+def run_trial(out: Path, hardware: str, engine: str, shape: str, stage: int, recompute: str, dp: int) -> Path:
+    trial = out / (f"{shape}-z{stage}-{recompute}-dp{dp}" if engine == "deepspeed"
+                   else f"{engine}-{shape}-z{stage}-{recompute}-dp{dp}")
     model = SHAPES.get(shape, [f"model={shape}"])  # a shape above, or a model preset by name
     if not (trial / "result.json").is_file():
-        done = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *model, *COMMON,
+        common = COMMON if engine == "deepspeed" else [c for c in COMMON if not c.startswith("zero.")]  # ZeRO's knob
+        done = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *model, *common,
                                *STEPS.get(shape, DEFAULT_STEPS), f"hardware={hardware}", f"zero=stage{stage}",
-                               f"recompute={recompute}", f"parallel.dp={dp}"],
+                               f"recompute={recompute}", f"parallel.dp={dp}", f"engine={engine}"],
                               capture_output=True, text=True, timeout=1800)
         if not (trial / "trial.json").is_file():  # refused or failed before its directory was written
             print(f"{trial.name}: exit {done.returncode}: {done.stderr.strip()[-400:]}", file=sys.stderr)
@@ -91,8 +99,9 @@ if __name__ == "__main__":
     parser.add_argument("--hardware", default="cpu")
     parser.add_argument("--models", default=",".join(SHAPES), help="shapes above or model presets, comma-separated")
     parser.add_argument("--dp", default="1,2", help="data-parallel sizes, comma-separated")
+    parser.add_argument("--engines", default="deepspeed", help="deepspeed, fsdp or both, comma-separated")
     args = parser.parse_args()
-    points = matrix(args.models.split(","), [int(d) for d in args.dp.split(",")])
+    points = matrix(args.models.split(","), [int(d) for d in args.dp.split(",")], args.engines.split(","))
     trials = [run_trial(args.out, args.hardware, *point) for point in points]
     rows = [compare(trial) for trial in trials if (trial / "trial.json").is_file()]
     show(rows)

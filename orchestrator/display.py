@@ -41,7 +41,8 @@ def human_bytes(x: float) -> str:
 
 def trial_label(spec: TrialSpec) -> str:
     c = spec.cfg
-    return (f"model={spec.choices.get('model')} zero.stage={c.zero.stage} recompute={c.recompute.mode} "
+    engine = "" if c.engine.name == "deepspeed" else f"engine={c.engine.name} "
+    return (f"model={spec.choices.get('model')} {engine}zero.stage={c.zero.stage} recompute={c.recompute.mode} "
             f"dp={spec.dp} hardware={calibrated_name(c.hardware.name) if c.hardware.calibrated_on else c.hardware.name} "
             f"precision={spec.precision}")
 

@@ -90,9 +90,11 @@ def _history_is_whole(r: dict, steps: int) -> None:
     assert m["steps"] == steps and m["tokens"] == (steps - 1) * 8 * 128  # as an uninterrupted run (1 warm-up)
 
 
-def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("engine", [["engine=deepspeed"], ["engine=fsdp", "zero=stage3"]], ids=["deepspeed", "fsdp2"])
+def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_path, engine):
     steps = 40
-    assert run_cli("run", "--out", str(tmp_path), *SMALL, f"run.steps={steps}", "run.checkpoint_every=2").returncode == 0
+    assert run_cli("run", "--out", str(tmp_path), *SMALL, *engine, f"run.steps={steps}",
+                   "run.checkpoint_every=2").returncode == 0
     job = json.loads((tmp_path / "slurm.json").read_text())["job_id"]
     latest = tmp_path / "checkpoint" / "latest.json"
     deadline = time.monotonic() + 180
@@ -104,6 +106,7 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     (r,) = results(tmp_path)
     assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1 and r["metrics"]["resumed_at_steps"][0] >= 4
+    assert r["metrics"]["engine"]["engine"] == ("fsdp2" if "engine=fsdp" in engine else "deepspeed")
     _history_is_whole(r, steps)
 
 

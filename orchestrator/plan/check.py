@@ -63,7 +63,8 @@ def compare(trial_dir: Path) -> dict:
     ds = deepspeed_estimate(n, largest, stage, dp)
     textbook = 16 * n // (dp if stage else 1)
     return {
-        "trial": f"{cfg.model.arch} V{cfg.model.vocab} z{stage} {cfg.recompute.mode} dp{dp}",
+        "trial": f"{'fsdp2 ' if cfg.engine.name == 'fsdp' else ''}{cfg.model.arch} V{cfg.model.vocab} z{stage} "
+                 f"{cfg.recompute.mode} dp{dp}",
         "status": result["status"], "on_gpu": on_gpu,
         "predicted": predicted, "measured": got,
         "ratio": {k: ratio(predicted[k], got[k]) for k in predicted},

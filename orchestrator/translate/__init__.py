@@ -4,7 +4,8 @@
   config.yaml, trial.json    the resolved trial (what every rank loads back), its sweep
   plan.json                  the plan (predicted figures) the run is compared against
   ds_config.json             DeepSpeed's config (engine=deepspeed, or accelerate + deepspeed)
-  accelerate_config.yaml     Accelerate's config (engine=accelerate)
+  accelerate_config.yaml     Accelerate's config (engine=accelerate; engine=fsdp needs none: EXPLAIN.md
+                             says what fully_shard is given)
   launch.json                the launch as argument lists and environment
   launch.sh                  the same for a person: torchrun / accelerate launch, or an sbatch script
   EXPLAIN.md                 how each value follows from the trial
@@ -28,7 +29,7 @@ from orchestrator.files import atomic_write_json, atomic_write_text
 from orchestrator.spec import TrialSpec
 from orchestrator.redact import redact, secret_exports
 from orchestrator.token_file import few_windows_warning
-from orchestrator.translate import accelerate, deepspeed
+from orchestrator.translate import accelerate, deepspeed, fsdp
 from orchestrator.trial_dir import TrialPaths
 
 
@@ -57,6 +58,8 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
     if spec.cfg.engine.backend == "deepspeed":
         files[paths.ds_config] = deepspeed.ds_config(spec)
         explain += [f"## {paths.ds_config.name} (DeepSpeed)", ""] + [f"- {line}" for line in deepspeed.explain(spec)] + [""]
+    if spec.cfg.engine.name == "fsdp":
+        explain += ["## FSDP2 (engine=fsdp, under torchrun)", ""] + [f"- {line}" for line in fsdp.explain(spec)] + [""]
     if spec.cfg.engine.name == "accelerate":
         files[paths.accelerate_config] = yaml.safe_dump(accelerate.accelerate_config(spec, paths.ds_config),
                                                         sort_keys=False)

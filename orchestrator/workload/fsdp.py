@@ -30,18 +30,11 @@ from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
 from orchestrator.plan.batch import grad_accum_steps
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import LAYER_CLASS
+from orchestrator.translate.fsdp import fsdp_settings
 from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def fsdp_settings(spec: TrialSpec) -> dict:
-    """What fully_shard is given for this trial (also recorded in metrics.engine)."""
-    z = spec.cfg.zero
-    wire = z.communication_dtype or spec.precision
-    return {"reshard_after_forward": z.stage == 3, "param_dtype": spec.precision, "reduce_dtype": str(wire),
-            "cpu_offload": z.offload_param != "none"}
 
 
 class FSDP2Engine:

@@ -1,0 +1,112 @@
+"""FSDP2 (engine=fsdp): torch's fully_shard for real on CPU ranks with gloo, planned as FSDP2
+(plan/fsdp.py, not as ZeRO-3), and what FSDP2 cannot do refused before launch."""
+
+import json
+
+import pytest
+
+from orchestrator.plan.collectives import network
+from orchestrator.plan.fsdp import fsdp_states, fsdp_step_time, layout_of
+from orchestrator.plan.params import parameter_tensors
+from orchestrator.plan.planner import make_plan
+from orchestrator.spec import build_spec
+from tests.conftest import run_cli
+
+GPU = ["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b"]
+
+
+def layout(dp=8, reshard=True, grad_accum=1, offload=False, wire=2, model="gpt2-1.3b"):
+    tensors = parameter_tensors(build_spec([f"model={model}", "hardware=h100-sxm", "cluster=slurm"]).cfg.model)
+    return layout_of(tensors, dp, 2, wire, reshard, grad_accum, offload, adam_foreach=True)
+
+
+def test_each_block_is_one_unit_and_the_rest_is_the_roots():
+    f = layout()
+    spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "cluster=slurm"])
+    assert len(f.blocks) == spec.cfg.model.n_layers and len(set(f.blocks)) == 1
+    assert f.elements == make_plan(spec).parameters
+    assert f.root == f.elements - sum(f.blocks) > 0  # embeddings and the final norm
+
+
+def test_the_sharded_state_is_16_bytes_a_shard_element_and_the_working_set_follows_reshard():
+    resharded, kept = fsdp_states(layout(reshard=True)), fsdp_states(layout(reshard=False))
+    f = layout()
+    assert resharded["params"] + resharded["grads"] + resharded["optimizer"] == 16 * f.shard
+    assert resharded["gathered"] == 2 * (f.root + 2 * max(f.blocks))  # root + the block computing + the prefetched
+    assert kept["gathered"] == 2 * f.elements  # every block kept from forward to backward
+    assert resharded["static"] == 12 * f.shard  # zero_grad(set_to_none) frees the gradient shards
+
+
+def test_accumulating_micro_batches_keep_unsharded_gradients_and_offload_leaves_the_working_set():
+    f = layout()
+    assert fsdp_states(layout(grad_accum=4))["grads"] - fsdp_states(f)["grads"] == 2 * f.elements
+    off = fsdp_states(layout(offload=True))
+    assert off["params"] == off["grads"] == off["optimizer"] == 0 and off["offloaded"] == 16 * f.shard
+    assert off["gathered"] == fsdp_states(f)["gathered"]
+
+
+NET = network(64, 8, 370, 3, 40, 10)
+
+
+def test_gathers_every_micro_batch_and_reduce_scatters_once_a_step():
+    f = layout(dp=64, grad_accum=4)
+    t = fsdp_step_time(f, fwd_s=0.5, bwd_s=1.0, net=NET)
+    gathers = [c for c in t.collectives if c.op == "all_gather"]
+    (scatter,) = [c for c in t.collectives if c.op == "reduce_scatter"]
+    assert sum(c.calls for c in gathers) == 4 * (2 * len(f.blocks) + 1)  # forward + backward + the root's
+    assert scatter.calls == len(f.blocks) + 1 and scatter.dtype_bytes == 2
+    kept = fsdp_step_time(layout(dp=64, grad_accum=4, reshard=False), fwd_s=0.5, bwd_s=1.0, net=NET)
+    assert sum(c.calls for c in kept.collectives if c.op == "all_gather") == 4 * (len(f.blocks) + 1)
+    assert kept.step_s < t.step_s
+
+
+def test_only_the_first_gather_and_the_last_reduce_scatters_show_under_long_compute():
+    f = layout(dp=64)
+    long = fsdp_step_time(f, fwd_s=100.0, bwd_s=200.0, net=NET)
+    first = [c for c in long.collectives if "root" in c.phase][0].time_s / 1 + \
+        [c for c in long.collectives if c.op == "all_gather"][0].time_s / len(f.blocks)
+    assert long.exposed_s < 3 * first  # the rest hides behind blocks' compute
+    short = fsdp_step_time(f, fwd_s=1e-6, bwd_s=2e-6, net=NET)
+    assert short.step_s == pytest.approx(short.comm_s, rel=0.01)  # nothing to hide behind
+    fp32 = fsdp_step_time(layout(dp=64, wire=4), fwd_s=1e-6, bwd_s=2e-6, net=NET)
+    assert fp32.comm_s > short.comm_s  # gradients reduced in fp32 move twice the bytes
+
+
+def test_both_routes_to_fsdp2_describe_the_same_sharding():
+    own = make_plan(build_spec([*GPU, "engine=fsdp", "zero=stage3", "parallel.dp=16"]))
+    via_accelerate = make_plan(build_spec([*GPU, "engine=accelerate", "engine.backend=fsdp", "zero=stage3",
+                                           "parallel.dp=16"]))
+    zero3 = make_plan(build_spec([*GPU, "engine=deepspeed", "zero=stage3", "parallel.dp=16"]))
+    assert own.memory.total == via_accelerate.memory.total and own.time.step_s == via_accelerate.time.step_s
+    assert own.memory.total != zero3.memory.total  # planned as FSDP2, not as ZeRO-3
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (["zero=stage1"], "zero.stage"),
+    (["zero=stage0"], "zero.stage"),
+    (["zero=stage3", "zero.reduce_bucket_size=1e6"], "zero.reduce_bucket_size"),
+    (["zero=stage3", "zero.prefetch_bucket_size=1e6"], "zero.prefetch_bucket_size"),
+    (["zero=stage3", "zero.offload_optimizer=cpu"], "zero.offload_optimizer"),
+    (["zero=stage3", "run.bf16=false", "run.fp16=true", *GPU], "run.fp16"),
+    (["zero=stage3", "engine.backend=deepspeed"], "engine.backend"),
+])
+def test_what_fsdp2_cannot_do_exits_2_naming_the_field(overrides, field):
+    proc = run_cli("plan", "engine=fsdp", *overrides)
+    assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage,extra", [(3, ["batch.global_batch_size=8", "batch.micro_batch_size=2"]),
+                                         (2, ["zero.communication_dtype=fp32"])])
+def test_fsdp2_trains_here_with_sharded_parameters(tmp_path, stage, extra):
+    proc = run_cli("run", "engine=fsdp", f"zero=stage{stage}", "model=tiny", "run.steps=4", "run.warmup_steps=1",
+                   "logger.mode=disabled", *extra, "--out", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads((tmp_path / "result.json").read_text())
+    engine = r["metrics"]["engine"]
+    assert r["status"] == "ok" and engine["engine"] == "fsdp2" and engine["parameters_sharded"]
+    assert engine["reshard_after_forward"] is (stage == 3) and engine["sharded_blocks"] == 2
+    assert engine["reduce_dtype"] == ("fp32" if stage == 2 else "bf16")
+    losses = r["metrics"]["losses"]
+    assert all(isinstance(x, float) for x in losses) and losses[-1] < losses[0] + 0.5
+    assert "FSDP2" in (tmp_path / "EXPLAIN.md").read_text() and not (tmp_path / "ds_config.json").exists()
