@@ -46,7 +46,8 @@ def is_secret_name(name: str) -> bool:
 
 def redact_text(text: str) -> str:
     def mask(m: re.Match) -> str:
-        return f"{m.group(1)}{m.group(2)}{MASK}" if is_secret_name(m.group(1)) else m.group(0)
+        reference = m.group(3).lstrip("\"'").startswith("$")  # $TOKEN, $(cmd): names a secret, holds none
+        return f"{m.group(1)}{m.group(2)}{MASK}" if is_secret_name(m.group(1)) and not reference else m.group(0)
 
     text = _URL_PASSWORD.sub(rf"\1{MASK}\3", _BEARER.sub(rf"\1\2{MASK}", text))
     return _FLAG.sub(mask, _ASSIGNMENT.sub(mask, text))
