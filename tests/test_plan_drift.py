@@ -1,4 +1,4 @@
-"""The planner against real DeepSpeed trials: fails when an estimate drifts past its target.
+"""The planner against real DeepSpeed and FSDP2 trials: fails when an estimate drifts past its target.
 
 A few points of bench/memory_matrix.py's matrix at small shapes, so it runs in CI: every
 ZeRO stage and every recompute mode, GPT-2 and Llama (GQA, untied head), dp 1 and 2, bf16
@@ -36,12 +36,16 @@ COMMON = ["hardware=cpu", "run.steps=3", "run.warmup_steps=2", "logger.mode=disa
 POINTS = [("gpt2", 0, "none", 1, "bf16"), ("gpt2", 1, "selective", 2, "bf16"), ("gpt2", 2, "full", 2, "bf16"),
           ("gpt2", 3, "selective", 2, "bf16"), ("llama", 1, "none", 2, "bf16"), ("llama", 2, "selective", 1, "bf16"),
           ("llama", 3, "full", 2, "bf16"), ("gpt2", 0, "selective", 2, "fp32"), ("llama", 3, "none", 2, "fp32"),
-          ("llama-128k", 2, "none", 2, "bf16")]
+          ("llama-128k", 2, "none", 2, "bf16"),
+          # FSDP2 (engine=fsdp): parameters kept from forward to backward (2), resharded (3)
+          ("gpt2", 2, "none", 2, "bf16", "fsdp"), ("llama", 3, "selective", 2, "bf16", "fsdp")]
 
 
-@pytest.mark.parametrize("shape,stage,recompute,dp,precision", POINTS, ids=lambda p: str(p))
-def test_plan_matches_what_deepspeed_allocates(tmp_path, shape, stage, recompute, dp, precision):
-    proc = run_cli("run", "--out", str(tmp_path), *SMALL[shape], *COMMON, f"zero=stage{stage}",
+@pytest.mark.parametrize("point", POINTS, ids=lambda p: str(p))
+def test_plan_matches_what_the_engine_allocates(tmp_path, point):
+    shape, stage, recompute, dp, precision, engine = (*point, "deepspeed")[:6]
+    common = COMMON if engine == "deepspeed" else [c for c in COMMON if not c.startswith("zero.")]  # ZeRO's knob
+    proc = run_cli("run", "--out", str(tmp_path), *SMALL[shape], *common, f"zero=stage{stage}", f"engine={engine}",
                    f"recompute={recompute}", f"parallel.dp={dp}", f"run.bf16={precision == 'bf16'}", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     row = compare(tmp_path)

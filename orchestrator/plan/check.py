@@ -54,7 +54,10 @@ def compare(trial_dir: Path) -> dict:
     # comparable with the CUDA allocator's peak, and on a CPU with the live-tensor peak of
     # an untimed step; a CPU's max RSS is not comparable.
     on_gpu = "CUDA" in str(measured.get("peak_source"))
-    predicted = {"static": plan.memory.static, "activations": plan.memory.activations, "step_s": plan.time.step_s,
+    # The census counts what the forward allocated and left alive: under FSDP2 that keeps
+    # parameters from the forward to the backward (zero.stage=2), the kept blocks too.
+    kept = plan.memory.gathered if cfg.engine.backend == "fsdp" and stage == 2 else 0
+    predicted = {"static": plan.memory.static, "activations": plan.memory.activations + kept, "step_s": plan.time.step_s,
                  "peak": plan.memory.total - plan.memory.runtime, "mfu": plan.time.mfu}
     got = {"static": measured.get("static_bytes"), "activations": measured.get("activation_bytes"),
            "step_s": (result.get("metrics") or {}).get("step_time_s"),

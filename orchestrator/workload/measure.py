@@ -24,8 +24,21 @@ import torch
 from orchestrator.workload.torch_compat import TorchDispatchMode, allocator_events
 
 
+def storage_of(t: torch.Tensor):
+    """The tensor's storage, or None where it has none to count: a wrapper without storage
+    of its own (FSDP2's DTensor, whose local shard is counted) or storage FSDP2 freed (a
+    resharded block's unsharded parameters)."""
+    try:
+        storage = t.untyped_storage()
+        storage.data_ptr()
+        return storage
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _storage_key(t: torch.Tensor) -> tuple:
-    return (t.device.type, t.untyped_storage().data_ptr())
+    storage = storage_of(t)
+    return (t.device.type, storage.data_ptr() if storage is not None else None)
 
 
 class _Creations(TorchDispatchMode):
@@ -40,7 +53,7 @@ class _Creations(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         inputs = {_storage_key(t) for t in _tensors((args, kwargs)) if t.device.type != "meta"}
         for t in _tensors(out):
-            if t.device.type != "meta" and t.untyped_storage().nbytes():
+            if t.device.type != "meta" and (s := storage_of(t)) is not None and s.nbytes():
                 self.created.append(weakref.ref(t))
                 if _storage_key(t) not in inputs:
                     self.allocated.add(_storage_key(t))
@@ -83,14 +96,9 @@ def unique_storage_bytes(tensors) -> int:
     for t in tensors:
         if t is None or t.device.type == "meta":
             continue
-        try:
-            storage = t.untyped_storage()
-            if storage.nbytes():
-                seen[(t.device.type, storage.data_ptr())] = storage.nbytes()
-        except (RuntimeError, NotImplementedError):
-            # A wrapper without storage of its own (FSDP2's DTensor: its local shard is
-            # counted) or one whose storage FSDP2 freed (a resharded block's): no bytes.
-            continue
+        storage = storage_of(t)
+        if storage is not None and storage.nbytes():
+            seen[(t.device.type, storage.data_ptr())] = storage.nbytes()
     return sum(seen.values())
 
 
@@ -147,7 +155,8 @@ class AllocatorPeak:
 
 def live_storage_addresses(device_type: str) -> set[int]:
     """The data pointers of every storage on `device_type` a Python-visible tensor holds."""
-    return {t.untyped_storage().data_ptr() for t in _heap_tensors(device_type) if t.layout == torch.strided}
+    return {s.data_ptr() for t in _heap_tensors(device_type)
+            if t.layout == torch.strided and (s := storage_of(t)) is not None}
 
 
 def held_growth(events: list[tuple[int, int]]) -> tuple[int, int | None]:
