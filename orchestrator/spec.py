@@ -176,9 +176,9 @@ def _check_fsdp(cfg: TrialConfig) -> None:
     if z.offload_optimizer != "none" and z.offload_param == "none":
         raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "none with FSDP: FSDP2 offloads parameters, "
                           "gradients and the optimizer step together (zero.offload_param=cpu), never the optimizer alone")
-    if cfg.run.fp16:
-        raise ConfigError("run.fp16", True, "false with FSDP here: FSDP2's fp16 needs a sharded gradient scaler; "
-                          "use run.bf16=true")
+    if cfg.run.fp16 and cfg.engine.name == "fsdp":
+        raise ConfigError("run.fp16", True, "false with engine=fsdp: fp16 needs a sharded gradient scaler, which "
+                          "this engine has not; use run.bf16=true (or engine=accelerate, whose FSDP2 scales)")
 
 
 def _check_zero_only_knobs(cfg: TrialConfig, overrides: tuple[str, ...]) -> None:
