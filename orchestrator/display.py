@@ -63,8 +63,8 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     sharding = (f"FSDP2 fp32 shards, computing in {spec.precision}, " + ("resharded after forward" if z.stage == 3
                 else "kept from forward to backward")) if fsdp else f"ZeRO stage {z.stage}, {spec.precision}"
     rows = [("parameters", m.params, sharding),
-            ("gradients", m.grads, "fp32 shards" + (" + unsharded, accumulated across micro batches"
-                                                    if fsdp and spec.grad_accum_steps > 1 else "") if fsdp else ""),
+            ("gradients", m.grads, ("unsharded, accumulated across micro batches" if spec.grad_accum_steps > 1 else
+                                    "the root's, unsharded during backward") + "; fp32 shards at the step" if fsdp else ""),
             ("optimizer states", m.optimizer, "Adam moments (the shards are the master weights)" if fsdp
              else "fp32 master + Adam moments"),
             ("activations", m.activations, f"micro batch {spec.micro_batch_size}, recompute {spec.cfg.recompute.mode}, "

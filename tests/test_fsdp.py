@@ -31,7 +31,8 @@ def test_each_block_is_one_unit_and_the_rest_is_the_roots():
 def test_the_sharded_state_is_16_bytes_a_shard_element_and_the_working_set_follows_reshard():
     resharded, kept = fsdp_states(layout(reshard=True)), fsdp_states(layout(reshard=False))
     f = layout()
-    assert resharded["params"] + resharded["grads"] + resharded["optimizer"] == 16 * f.shard
+    assert resharded["params"] + resharded["grads_at_step"] + resharded["optimizer"] == 16 * f.shard
+    assert resharded["grads"] == 2 * f.root  # inside backward: the root's, unsharded
     assert resharded["gathered"] == 2 * (f.root + 2 * max(f.blocks))  # root + the block computing + the prefetched
     assert kept["gathered"] == 2 * f.elements  # every block kept from forward to backward
     assert resharded["static"] == 12 * f.shard  # zero_grad(set_to_none) frees the gradient shards
@@ -39,9 +40,9 @@ def test_the_sharded_state_is_16_bytes_a_shard_element_and_the_working_set_follo
 
 def test_accumulating_micro_batches_keep_unsharded_gradients_and_offload_leaves_the_working_set():
     f = layout()
-    assert fsdp_states(layout(grad_accum=4))["grads"] - fsdp_states(f)["grads"] == 2 * f.elements
+    assert fsdp_states(layout(grad_accum=4))["grads"] == 2 * f.elements
     off = fsdp_states(layout(offload=True))
-    assert off["params"] == off["grads"] == off["optimizer"] == 0 and off["offloaded"] == 16 * f.shard
+    assert off["params"] == off["grads_at_step"] == off["optimizer"] == 0 and off["offloaded"] == 16 * f.shard
     assert off["gathered"] == fsdp_states(f)["gathered"]
 
 
@@ -95,9 +96,24 @@ def test_what_fsdp2_cannot_do_exits_2_naming_the_field(overrides, field):
     assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_an_offload_that_means_nothing_here_is_accepted_with_a_warning():
+    proc = run_cli("plan", "engine=fsdp", "zero=stage3", "zero.offload_param=cpu")
+    assert proc.returncode == 0 and "moves nothing here" in " ".join(proc.stdout.split())
+
+
+@pytest.mark.slow
+def test_one_sweep_puts_zero3_and_fsdp2_side_by_side(tmp_path):
+    proc = run_cli("run", "-m", "engine=deepspeed,fsdp", "zero=stage3", "model=tiny", "run.steps=3",
+                   "run.warmup_steps=1", "logger.mode=disabled", "--out", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_cli("report", str(tmp_path), "--json")
+    rows = json.loads(proc.stdout)
+    assert sorted(r["engine"] for r in rows) == ["deepspeed", "fsdp"] and all(r["status"] == "ok" for r in rows)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage,extra", [(3, ["batch.global_batch_size=8", "batch.micro_batch_size=2"]),
-                                         (2, ["zero.communication_dtype=fp32"])])
+                                         (2, ["zero.communication_dtype=fp32", "zero.offload_param=cpu"])])
 def test_fsdp2_trains_here_with_sharded_parameters(tmp_path, stage, extra):
     proc = run_cli("run", "engine=fsdp", f"zero=stage{stage}", "model=tiny", "run.steps=4", "run.warmup_steps=1",
                    "logger.mode=disabled", *extra, "--out", str(tmp_path), timeout=600)
@@ -106,7 +122,7 @@ def test_fsdp2_trains_here_with_sharded_parameters(tmp_path, stage, extra):
     engine = r["metrics"]["engine"]
     assert r["status"] == "ok" and engine["engine"] == "fsdp2" and engine["parameters_sharded"]
     assert engine["reshard_after_forward"] is (stage == 3) and engine["sharded_blocks"] == 2
-    assert engine["reduce_dtype"] == ("fp32" if stage == 2 else "bf16")
+    assert engine["reduce_dtype"] == ("fp32" if stage == 2 else "bf16") and engine["cpu_offload"] is (stage == 2)
     losses = r["metrics"]["losses"]
     assert all(isinstance(x, float) for x in losses) and losses[-1] < losses[0] + 0.5
     assert "FSDP2" in (tmp_path / "EXPLAIN.md").read_text() and not (tmp_path / "ds_config.json").exists()

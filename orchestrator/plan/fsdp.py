@@ -12,7 +12,9 @@ Memory per rank (what phases() in memory.py adds up):
   the one prefetched), or every block's when parameters are kept from the forward to the
   backward (reshard_after_forward=False, the ZeRO-2 pattern);
 - in a block's backward, its unsharded gradients in the compute dtype and, where the
-  reduction is in another dtype, the reduce-scatter's input in that dtype;
+  reduction is in another dtype, the reduce-scatter's input in that dtype; the root's
+  unsharded gradients for the whole backward (reduce-scattered at its end); the blocks'
+  fp32 gradient shards arrive as their activations go, and meet whole at the step;
 - with gradient accumulation, the micro batches that skip the reduce-scatter
   (set_requires_gradient_sync(False)) keep unsharded gradients of the whole model;
 - CPUOffloadPolicy keeps the sharded state on the host: the device holds the working set.
@@ -43,6 +45,7 @@ class FsdpLayout:
     blocks: list[int]  # elements of each transformer block: what one fully_shard gathers
     root: int  # elements outside the blocks: the root module's (embeddings, final norm, head)
     shard: int  # elements of this rank's shards, all parameters (each split on dim 0 into dp parts)
+    largest_tensor: int  # elements of the largest parameter: a CPU AdamW's per-tensor temporaries follow it
     dp: int
     param_bytes: int  # the compute dtype (MixedPrecisionPolicy.param_dtype)
     wire_bytes: int  # the reduce-scatter's dtype (reduce_dtype)
@@ -67,7 +70,8 @@ def layout_of(tensors: list[ParamTensor], dp: int, param_bytes: int, wire_bytes:
         else:
             root += p.numel
     shard = sum(-(-p.numel // dp) for p in tensors)
-    return FsdpLayout(blocks=list(blocks.values()), root=root, shard=shard, dp=dp, param_bytes=param_bytes,
+    return FsdpLayout(blocks=list(blocks.values()), root=root, shard=shard,
+                      largest_tensor=max(p.numel for p in tensors), dp=dp, param_bytes=param_bytes,
                       wire_bytes=wire_bytes, reshard_after_forward=reshard, grad_accum=grad_accum, offload=offload,
                       adam_foreach=adam_foreach)
 
@@ -75,21 +79,25 @@ def layout_of(tensors: list[ParamTensor], dp: int, param_bytes: int, wire_bytes:
 def fsdp_states(f: FsdpLayout) -> dict[str, int]:
     """Bytes per rank of each component, in memory.model_states' keys."""
     largest = max(f.blocks, default=0)
-    params, grads, optimizer = 4 * f.shard, 4 * f.shard, 8 * f.shard
+    params, shard_grads, optimizer = 4 * f.shard, 4 * f.shard, 8 * f.shard
+    # Inside backward the root's gradients (the head's come first) stay unsharded until the
+    # root's reduce-scatter at its end; the blocks' fp32 gradient shards arrive one by one
+    # as their activations are freed, so all of them meet only at the step.
+    grads = f.param_bytes * f.root
     in_flight = f.blocks if not f.reshard_after_forward else [largest] * min(2, len(f.blocks))
     gathered = f.param_bytes * (f.root + sum(in_flight))
     block_grads = largest * (f.param_bytes + (f.wire_bytes if f.wire_bytes != f.param_bytes else 0))
     if f.grad_accum > 1:  # unsynchronised micro batches accumulate unsharded gradients
-        grads += f.param_bytes * f.elements
-    temporaries = 4 * f.shard if f.adam_foreach else 2 * 4 * -(-max(f.blocks + [f.root]) // f.dp)
+        grads = f.param_bytes * f.elements
+    temporaries = 4 * f.shard if f.adam_foreach else 2 * 4 * -(-f.largest_tensor // f.dp)
     static = params + optimizer  # zero_grad(set_to_none=True) frees the gradient shards
     offloaded = 0
     if f.offload:
-        offloaded = params + grads + optimizer
+        offloaded = params + shard_grads + optimizer
         static -= params + optimizer
-        params = grads = optimizer = temporaries = 0
+        params = shard_grads = optimizer = temporaries = 0
     return dict(params=params, grads=grads, optimizer=optimizer, buffers=gathered + block_grads,
-                gathered=gathered, optimizer_step=0, optimizer_temporaries=temporaries, grads_at_step=grads,
+                gathered=gathered, optimizer_step=0, optimizer_temporaries=temporaries, grads_at_step=shard_grads,
                 static=static, offloaded=offloaded)
 
 
