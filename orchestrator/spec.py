@@ -182,7 +182,7 @@ def _check_fsdp(cfg: TrialConfig) -> None:
 
 
 def _check_zero_only_knobs(cfg: TrialConfig, overrides: tuple[str, ...]) -> None:
-    if cfg.engine.backend != "fsdp":
+    if cfg.engine.backend != "fsdp" or cfg.zero.stage == 0:  # stage 0 is DDP, whose bucket reduce_bucket_size sets
         return
     for o in overrides:
         key = o.lstrip("+~").partition("=")[0]
