@@ -176,6 +176,9 @@ def _check_fsdp(cfg: TrialConfig) -> None:
     if z.offload_optimizer != "none" and z.offload_param == "none":
         raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "none with FSDP: FSDP2 offloads parameters, "
                           "gradients and the optimizer step together (zero.offload_param=cpu), never the optimizer alone")
+    if cfg.engine.name == "fsdp" and z.offload_param != "none" and not cfg.hardware.device.is_gpu:
+        raise ConfigError("zero.offload_param", z.offload_param, "none on a CPU device: FSDP2's CPU offload moves "
+                          "shards between the host and a GPU, and there is none here")
     if cfg.run.fp16 and cfg.engine.name == "fsdp":
         raise ConfigError("run.fp16", True, "false with engine=fsdp: fp16 needs a sharded gradient scaler, which "
                           "this engine has not; use run.bf16=true (or engine=accelerate, whose FSDP2 scales)")

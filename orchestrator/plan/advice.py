@@ -97,16 +97,8 @@ def numa_without_gpu(spec: TrialSpec, plan: Plan) -> str | None:
     return "; ".join(trial_binding(spec).warnings) or None  # binding follows the GPU: said once, in binding.py
 
 
-def offload_on_a_cpu(spec: TrialSpec, plan: Plan) -> str | None:
-    z = spec.cfg.zero
-    if spec.cfg.engine.name == "fsdp" and z.offload_param != "none" and not spec.cfg.hardware.device.is_gpu:
-        return ("zero.offload_param=cpu on a CPU device: FSDP2's CPUOffloadPolicy moves nothing here (the "
-                "parameters are on the host already); it changes something on GPUs only")
-    return None
-
-
 RULES: tuple[Rule, ...] = (what_would_fit, vocab_multiple_of_64, head_size_power_of_two, swiglu_shape,
-                           micro_batch_not_maxed, little_headroom, numa_without_gpu, offload_on_a_cpu)
+                           micro_batch_not_maxed, little_headroom, numa_without_gpu)
 
 
 def warnings(spec: TrialSpec, plan: Plan) -> list[str]:
