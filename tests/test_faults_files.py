@@ -208,7 +208,7 @@ def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refu
     changed = [o.replace("1,2", "1,4") for o in space]
     proc = run_cli("tune", "--trials", "1", "--out", str(out), *changed)
     assert proc.returncode == 2 and "batch.micro_batch_size" in said(proc) and "then" in said(proc), said(proc)
-    proc = run_cli("tune", "--trials", "1", "--out", str(out), *[o.replace("run.step_sleep_s=4", "run.step_sleep_s=0")
+    proc = run_cli("tune", "--trials", "1", "--out", str(out), *[o.replace("run.step_sleep_s=2", "run.step_sleep_s=0")
                                                                   for o in space], timeout=600)
     assert proc.returncode == 2 and "run.step_sleep_s" in said(proc)  # a fixed override is part of the space too
     proc = run_cli("tune", "--trials", "1", "--out", str(out), *space, timeout=600)
