@@ -32,7 +32,6 @@ import dataclasses
 import datetime
 import fcntl
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -47,7 +46,7 @@ from orchestrator.files import atomic_write_text, read_json
 from orchestrator.hardware import calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.spec import TrialSpec, build_spec, load_spec
-from orchestrator.trial_dir import TrialPaths, check_path, trials_below
+from orchestrator.trial_dir import TrialPaths, check_path, trials_below, writable_dir
 
 FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency",
           "attention_backward_efficiency", "memory_efficiency", "op_overhead_us")
@@ -304,16 +303,7 @@ def determined(trials: list[Measured], params: dict) -> tuple[tuple[str, ...], t
 
 def writable_preset_dir() -> Path:
     """The user's hardware preset folder, made and checked writable (ConfigError if not)."""
-    path = user_conf_dir() / "hardware"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError("ORCHESTRATOR_USER_CONF", str(user_conf_dir()), "a directory this user can write, where "
-                          f"calibrated presets go ({exc.strerror})") from None
-    return path
+    return writable_dir(user_conf_dir() / "hardware", "ORCHESTRATOR_USER_CONF")
 
 
 @contextlib.contextmanager
