@@ -1,7 +1,7 @@
 """The communication model (orchestrator/plan/comm.py) against a real multi-node cluster.
 
     .venv/bin/python bench/comm_check.py collectives [--link-mbit 400] [--reps 3]
-    .venv/bin/python bench/comm_check.py trials OUT_DIR [--link-mbit 100]
+    .venv/bin/python bench/comm_check.py trials OUT_DIR [--link-mbit 100] [--engines deepspeed,fsdp]
 
 Starts the test cluster shaped (tests/slurm/cluster.sh start --nodes 4 --cpus-per-node 4
 --link-mbit R: four nodes in network namespaces, every node's link limited to R Mbit/s
@@ -14,8 +14,8 @@ bandwidth and latency fitted on the one-node rows, inter-node latency from a 4-b
 all-reduce across two nodes. Those rows are marked "fit"; the others are checked (15 %).
 
 trials: whole `orchestrator run cluster=slurm` trials that are communication-bound (a
-small model on a slow link), ZeRO 0-3 across reduce bucket sizes and dp 2 and 4 (one rank
-per node), planned with the same link description (`hardware.inter_node.*`) and a fixed
+small model on a slow link), DeepSpeed's ZeRO 0-3 across reduce bucket sizes and FSDP2
+resharding or keeping parameters, at dp 2 and 4 (one rank per node), planned with the same link description (`hardware.inter_node.*`) and a fixed
 cost per collective fitted on two one-node trials (`hardware.collective_overhead_us`).
 Prints the step time predicted / measured (25 %) and, per dp, the ranking of bucket sizes
 both ways.
@@ -126,12 +126,18 @@ BUCKETS = (3e3, 1e5, 1e6, 1e7)  # the dp x bucket sweep, at ZeRO-2
 FIT_BUCKETS = (3e3, 1e7)  # one node, two ranks: the fixed cost per collective, from the most and fewest calls
 
 
-def trial_points() -> list[tuple[int, float, int, int]]:
-    """(stage, reduce bucket, dp, ranks per node): ZeRO 0-3 at dp 2 and 4 and ZeRO-2's dp x
-    bucket sweep, one rank per node; then the fit points, two ranks on one node."""
-    points = [(stage, STAGES_AT, dp, 1) for stage in range(4) for dp in (2, 4)]
-    points += [(2, b, dp, 1) for b in BUCKETS for dp in (2, 4) if b != STAGES_AT]
-    return points + [(2, b, 2, 2) for b in FIT_BUCKETS]
+def trial_points(engines: list[str]) -> list[tuple[str, int, float, int, int]]:
+    """(engine, stage, reduce bucket, dp, ranks per node): DeepSpeed's ZeRO 0-3 at dp 2 and 4
+    and ZeRO-2's dp x bucket sweep; FSDP2 with parameters kept (stage 2) and resharded
+    (stage 3) at dp 2 and 4 (no bucket: FSDP2 communicates per block); all one rank per
+    node. Then the fit points (DeepSpeed, two ranks on one node), which every run needs."""
+    points = []
+    if "deepspeed" in engines:
+        points += [("deepspeed", stage, STAGES_AT, dp, 1) for stage in range(4) for dp in (2, 4)]
+        points += [("deepspeed", 2, b, dp, 1) for b in BUCKETS for dp in (2, 4) if b != STAGES_AT]
+    if "fsdp" in engines:
+        points += [("fsdp", stage, 0.0, dp, 1) for stage in (2, 3) for dp in (2, 4)]
+    return points + [("deepspeed", 2, b, 2, 2) for b in FIT_BUCKETS]
 
 
 def inter_node_latency(reps: int = 5) -> float:
@@ -154,19 +160,22 @@ def calls_per_step(plan: dict) -> int:
     return sum(c["calls"] for c in plan["comm"]["collectives"])
 
 
-def run_trials(out: Path, links: list[str]) -> list[dict]:
+def run_trials(out: Path, links: list[str], engines: list[str]) -> list[dict]:
     rows = []
-    for stage, bucket, dp, per_node in trial_points():
-        trial = out / f"z{stage}-b{bucket:.0e}-dp{dp}-{per_node}pn"
+    for engine, stage, bucket, dp, per_node in trial_points(engines):
+        name = f"z{stage}-b{bucket:.0e}" if engine == "deepspeed" else f"fsdp2-z{stage}"
+        trial = out / f"{name}-dp{dp}-{per_node}pn"
+        sharding = [f"zero.reduce_bucket_size={bucket:g}"] if engine == "deepspeed" else []
         if not (trial / "result.json").is_file():
             subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *TRIAL_MODEL,
-                            *TRIAL_RUN, *links, f"cluster.gpus_per_node={per_node}", f"zero=stage{stage}",
-                            f"zero.reduce_bucket_size={bucket:g}", f"parallel.dp={dp}"], capture_output=True,
+                            *TRIAL_RUN, *links, f"cluster.gpus_per_node={per_node}", f"engine={engine}",
+                            f"zero=stage{stage}", *sharding, f"parallel.dp={dp}"], capture_output=True,
                            timeout=1800)
             print(f"  ran {trial.name}", file=sys.stderr)
         r = json.loads((trial / "result.json").read_text())
         timed = [h["step_time_s"] for h in (r.get("metrics") or {}).get("history", []) if h["timed"]]
-        rows.append({"stage": stage, "bucket": bucket, "dp": dp, "per_node": per_node, "status": r["status"],
+        rows.append({"engine": engine, "stage": stage, "bucket": bucket, "dp": dp, "per_node": per_node,
+                     "status": r["status"],
                      "overrides": r["overrides"], "measured": (r.get("metrics") or {}).get("step_time_s"),
                      "spread": statistics.pstdev(timed) / statistics.mean(timed) if len(timed) > 1 else 0.0})
     return rows
@@ -185,7 +194,7 @@ def trials(args) -> None:
     latency = inter_node_latency()
     links = [f"hardware.inter_node.busbw_gbps={args.link_mbit / 8000:g}",
              f"hardware.inter_node.latency_us={latency * 1e6:.0f}"]
-    rows = run_trials(Path(args.out), links)
+    rows = run_trials(Path(args.out), links, args.engines.split(","))
     fit = [x for x in rows if x["per_node"] == 2]
     call = fit_call_cost(fit, links)
     links.append(f"hardware.collective_overhead_us={call * 1e6:.0f}")
@@ -195,16 +204,17 @@ def trials(args) -> None:
     for x in rows:
         plan = planned(x["overrides"], links)
         x.update(predicted=plan["time"]["step_s"], exposed=plan["time"]["exposed_comm_s"], calls=calls_per_step(plan))
-    print("\n| ZeRO | reduce bucket | dp | nodes | collectives per step | measured step s | predicted s | "
+    print("\n| engine | ZeRO | reduce bucket | dp | nodes | collectives per step | measured step s | predicted s | "
           "of which comm exposed | pred/meas | |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for x in rows:
         ratio = x["predicted"] / x["measured"] if x["measured"] else float("nan")
         verdict = "fit" if x["per_node"] == 2 else "ok" if abs(ratio - 1) <= STEP_TOLERANCE else "MISS"
         if x["per_node"] == 1:
             ratios.append(ratio)
-        print(f"| {x['stage']} | {x['bucket']:.0e} | {x['dp']} | {x['dp'] // x['per_node']} | {x['calls']} | "
+        bucket = f"{x['bucket']:.0e}" if x["engine"] == "deepspeed" else "per block"
+        print(f"| {x['engine']} | {x['stage']} | {bucket} | {x['dp']} | {x['dp'] // x['per_node']} | {x['calls']} | "
               f"{x['measured'] or float('nan'):.3f} | {x['predicted']:.3f} | {x['exposed']:.3f} | {ratio:.2f} | "
               f"{verdict} |")
     good = [r for r in ratios if r == r]
@@ -216,8 +226,10 @@ def trials(args) -> None:
     print(f"step-to-step spread (std/mean of the timed steps), median {tie / 2:.1%}: differences under {tie:.1%} "
           "are ties")
     for dp in (2, 4):
-        sweep = [x for x in rows if x["stage"] == 2 and x["dp"] == dp and x["per_node"] == 1]
-        print_ranking(f"ZeRO-2 dp {dp}", sweep, tie)
+        sweep = [x for x in rows if x["engine"] == "deepspeed" and x["stage"] == 2 and x["dp"] == dp
+                 and x["per_node"] == 1]
+        if len(sweep) > 1:
+            print_ranking(f"ZeRO-2 dp {dp}", sweep, tie)
 
 
 def print_ranking(title: str, sweep: list[dict], tie: float) -> None:
@@ -246,6 +258,7 @@ def main() -> None:
     t = sub.add_parser("trials")
     t.add_argument("out", metavar="OUT_DIR", help="trial directories (trials already there are not run again)")
     t.add_argument("--link-mbit", type=int, default=100)
+    t.add_argument("--engines", default="deepspeed,fsdp", help="deepspeed, fsdp or both (comma-separated)")
     t.set_defaults(handler=trials)
     args = parser.parse_args()
     args.handler(args)

@@ -73,6 +73,20 @@ def test_only_the_first_gather_and_the_last_reduce_scatters_show_under_long_comp
     assert fp32.comm_s > short.comm_s  # gradients reduced in fp32 move twice the bytes
 
 
+def test_on_a_cpu_device_no_collective_hides_behind_compute():
+    # FSDP2 overlaps through CUDA streams; on a CPU each collective blocks the rank.
+    f = layout(dp=64, grad_accum=2)
+    cpu = layout_of(parameter_tensors(build_spec(["model=gpt2-1.3b", "hardware=cpu"]).cfg.model), 64, 2, 2, True, 2,
+                    False, adam_foreach=False, overlap=False)
+    gpu, blocking = (fsdp_step_time(x, fwd_s=100.0, bwd_s=200.0, net=NET) for x in (f, cpu))
+    assert blocking.step_s == pytest.approx(600.0 + blocking.comm_s) and blocking.exposed_s == pytest.approx(
+        blocking.comm_s)
+    assert gpu.exposed_s < 0.2 * gpu.comm_s
+    spec = build_spec(["engine=fsdp", "zero=stage3", "hardware=cpu", "parallel.dp=2"])
+    time = make_plan(spec).as_dict()["time"]
+    assert time["exposed_comm_s"] == pytest.approx(time["comm_s"])  # the planner tells the layout it is a CPU
+
+
 def test_both_routes_to_fsdp2_describe_the_same_sharding():
     own = make_plan(build_spec([*GPU, "engine=fsdp", "zero=stage3", "parallel.dp=16"]))
     via_accelerate = make_plan(build_spec([*GPU, "engine=accelerate", "engine.backend=fsdp", "zero=stage3",

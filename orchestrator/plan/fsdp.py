@@ -25,7 +25,11 @@ on the micro batch that synchronises, each block's gradients reduce-scattered as
 backward ends. FSDP2 prefetches the next block's all-gather while a block computes and
 reduce-scatters a block while the next one's backward runs, so per block the longer of its
 compute and its communication counts; the first gather and the last reduce-scatter hide
-behind nothing. Each call is timed by collectives.py (NCCL's ring, or gloo's).
+behind nothing. That overlap is the work of CUDA streams: FSDP2 issues its all-gathers and
+reduce-scatters on streams of their own and waits on events. A CPU device has no streams,
+so there each collective is a blocking call and the step is compute plus all of its
+communication (measured on the namespace cluster: bench/RESULTS.md). Each call is timed by
+collectives.py (NCCL's ring, or gloo's).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class FsdpLayout:
     grad_accum: int
     offload: bool  # CPUOffloadPolicy
     adam_foreach: bool  # torch's AdamW on CUDA updates every tensor at once; on a CPU one at a time
+    overlap: bool = True  # CUDA streams: FSDP2 overlaps its collectives with compute; a CPU has none
 
     @property
     def elements(self) -> int:
@@ -60,7 +65,7 @@ class FsdpLayout:
 
 
 def layout_of(tensors: list[ParamTensor], dp: int, param_bytes: int, wire_bytes: int, reshard: bool,
-              grad_accum: int, offload: bool, adam_foreach: bool) -> FsdpLayout:
+              grad_accum: int, offload: bool, adam_foreach: bool, overlap: bool = True) -> FsdpLayout:
     blocks: dict[str, int] = {}
     root = 0
     for p in tensors:
@@ -73,7 +78,7 @@ def layout_of(tensors: list[ParamTensor], dp: int, param_bytes: int, wire_bytes:
     return FsdpLayout(blocks=list(blocks.values()), root=root, shard=shard,
                       largest_tensor=max(p.numel for p in tensors), dp=dp, param_bytes=param_bytes,
                       wire_bytes=wire_bytes, reshard_after_forward=reshard, grad_accum=grad_accum, offload=offload,
-                      adam_foreach=adam_foreach)
+                      adam_foreach=adam_foreach, overlap=overlap)
 
 
 def fsdp_states(f: FsdpLayout) -> dict[str, int]:
@@ -121,8 +126,11 @@ def fsdp_step_time(f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network) -
         return back_ag[0] + hidden + (sum(rs[n - 1:]) if sync else 0.0)
 
     micro = fwd_s + bwd_s
-    step = (f.grad_accum - 1) * (fwd + backward(False)) + fwd + backward(True)
     compute = f.grad_accum * micro
+    if f.overlap:
+        step = (f.grad_accum - 1) * (fwd + backward(False)) + fwd + backward(True)
+    else:  # every collective blocks the rank: nothing hides
+        step = compute + f.grad_accum * (sum(ag) + sum(root.seconds) + sum(back_ag)) + sum(rs)
     exposed = max(0.0, step - compute)
     totals = {"forward": f.grad_accum * (sum(ag) + sum(root.seconds)),
               "backward": f.grad_accum * sum(back_ag), "reduce": sum(rs)}

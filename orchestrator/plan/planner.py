@@ -129,7 +129,7 @@ def fsdp_layout(spec: TrialSpec) -> FsdpLayout | None:
     return layout_of(parameter_tensors(spec.cfg.model), spec.dp, element_bytes(spec.precision),
                      element_bytes(wire_dtype(spec)), reshard=z.stage == 3, grad_accum=spec.grad_accum_steps,
                      offload=z.offload_param != "none" or z.offload_optimizer != "none",
-                     adam_foreach=spec.cfg.hardware.device.is_gpu)
+                     adam_foreach=spec.cfg.hardware.device.is_gpu, overlap=spec.cfg.hardware.device.is_gpu)
 
 
 def wire_dtype(spec: TrialSpec) -> str:
