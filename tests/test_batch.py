@@ -28,3 +28,27 @@ def test_batch_in_force_follows_consumed_tokens():
     # 10 tokens per sequence: 80 tokens per step at 8, so the switch to 16 comes at step 13.
     sizes = batch_sizes_per_step(schedule, 20, seq_len=10)
     assert sizes[:13] == [8] * 13 and sizes[13] == 16 and sizes[-1] == 24
+
+
+def test_micro_batches_sync_and_step_only_on_the_last_one_at_the_batch_of_the_moment():
+    import torch
+
+    from orchestrator.workload.accumulation import MicroBatches
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    syncs, scaled = [], []
+
+    def backward(loss, sync):
+        syncs.append(sync)
+        scaled.append(loss.item())
+        loss.backward()
+
+    micro = MicroBatches(global_batch=8, micro_batch_size=2, dp=2)  # 2 micro batches a step
+    for _ in range(2):
+        micro.backward_and_step((weight * 3).sum(), backward, optimizer)
+    assert syncs == [False, True] and scaled == [3.0, 3.0]  # each loss divided by grad_accum
+    assert weight.tolist() == [-2.0, -2.0] and weight.grad is None  # one step on the summed gradient, then freed
+    micro.global_batch = 4  # warm-up: now one micro batch a step
+    micro.backward_and_step((weight * 1).sum(), backward, optimizer)
+    assert syncs[-1] is True and weight.tolist() == [-3.0, -3.0]

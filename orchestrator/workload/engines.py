@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
-from orchestrator.plan.batch import grad_accum_steps
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import ddp_bucket_mb
+from orchestrator.workload.accumulation import MicroBatches
 from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model
 from orchestrator.trial_dir import TrialPaths
@@ -109,13 +109,7 @@ class AccelerateEngine:
             model = torch.compile(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.grad_clip = run.grad_clip
-        self.micro_batch_size, self.dp = spec.micro_batch_size, spec.world_size
-        self.global_batch = spec.schedule[0][1]
-        self._micro = 0
-
-    @property
-    def grad_accum(self) -> int:
-        return grad_accum_steps(self.global_batch, self.micro_batch_size, self.dp)
+        self.micro_batches = MicroBatches(spec.schedule[0][1], spec.micro_batch_size, spec.world_size)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=tokens, labels=tokens).loss
@@ -124,24 +118,20 @@ class AccelerateEngine:
         if self.deepspeed:  # accelerate's DeepSpeed wrapper runs engine.backward + engine.step
             self.accelerator.backward(loss)
             return
-        self._micro += 1
-        last = self._micro == self.grad_accum
-        sync = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
-        with sync:
-            self.accelerator.backward(loss / self.grad_accum)
-        if last:
-            if self.grad_clip:
-                self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self._micro = 0
+        def backward(scaled: torch.Tensor, sync: bool) -> None:
+            with contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model):
+                self.accelerator.backward(scaled)
+
+        clip = (lambda: self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)) \
+            if self.grad_clip else None
+        self.micro_batches.backward_and_step(loss, backward, self.optimizer, clip)
 
     def set_global_batch(self, size: int) -> None:
-        if size == self.global_batch:
+        if size == self.micro_batches.global_batch:
             return
         if self.deepspeed:
             self.accelerator.deepspeed_engine_wrapped.engine.set_train_batch_size(size)
-        self.global_batch = size
+        self.micro_batches.global_batch = size
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
@@ -161,7 +151,7 @@ class AccelerateEngine:
     def engine_global_batch(self) -> int:
         if self.deepspeed:
             return int(self.accelerator.deepspeed_engine_wrapped.engine.train_batch_size())
-        return self.global_batch
+        return self.micro_batches.global_batch
 
 
 def built_partitioned(model) -> bool:

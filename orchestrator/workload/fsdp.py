@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
-from orchestrator.plan.batch import grad_accum_steps
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import LAYER_CLASS
 from orchestrator.translate.fsdp import fsdp_settings
+from orchestrator.workload.accumulation import MicroBatches
 from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model
 
@@ -67,37 +67,28 @@ class FSDP2Engine:
         self.blocks = len(blocks)
         self._fsdp_root = model
         self.grad_clip = run.grad_clip
-        self.micro_batch_size, self.dp = spec.micro_batch_size, spec.world_size
-        self.global_batch = spec.schedule[0][1]
-        self._micro = 0
-
-    @property
-    def grad_accum(self) -> int:
-        return grad_accum_steps(self.global_batch, self.micro_batch_size, self.dp)
+        self.micro_batches = MicroBatches(spec.schedule[0][1], spec.micro_batch_size, spec.world_size)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=tokens, labels=tokens).loss
 
     def backward_and_step(self, loss: torch.Tensor) -> None:
-        self._micro += 1
-        last = self._micro == self.grad_accum
-        self._fsdp_root.set_requires_gradient_sync(last)  # reduce-scatter only after the last micro batch
-        (loss / self.grad_accum).backward()
-        if last:
-            if self.grad_clip:
-                torch.nn.utils.clip_grad_norm_(self._fsdp_root.parameters(), self.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self._micro = 0
+        def backward(scaled: torch.Tensor, sync: bool) -> None:
+            self._fsdp_root.set_requires_gradient_sync(sync)  # reduce-scatter only after the last micro batch
+            scaled.backward()
+
+        clip = (lambda: torch.nn.utils.clip_grad_norm_(self._fsdp_root.parameters(), self.grad_clip)) \
+            if self.grad_clip else None
+        self.micro_batches.backward_and_step(loss, backward, self.optimizer, clip)
 
     def set_global_batch(self, size: int) -> None:
-        self.global_batch = size
+        self.micro_batches.global_batch = size
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def engine_global_batch(self) -> int:
-        return self.global_batch
+        return self.micro_batches.global_batch
 
     def _state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_state_dict
