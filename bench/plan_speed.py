@@ -2,16 +2,42 @@
 
     .venv/bin/python bench/plan_speed.py [POINTS]
 
-Target (issue: Plan): 1,000 points in under 10 s on the 2-core CI machine.
+Two sweeps: one planned from a GPU preset (h100-sxm), and one on this CPU, whose plans
+time the trial's kernels (kernel_timing.py): with an empty kernel cache (what a fresh
+sweep costs) and then with the cache warm. Target: 1,000 points in under 10 s on the
+2-core CI machine, warm.
 """
 
+import os
 import subprocess
 import sys
+import tempfile
 import time
+
+from orchestrator.kernel_timing import Cache
 
 from orchestrator.compose import expand_sweep
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
+
+
+CPU_SWEEP = ["model=tiny,gpt2-125m", "hardware=cpu", "cluster=slurm", "zero=stage0,stage1,stage2,stage3",
+             "parallel.dp=1,2,4,8,16,32,64,128,256", "zero.reduce_bucket_size=1e7,5e7,1e8,2e8,5e8",
+             "batch.micro_batch_size=1,2,4"]
+
+
+def cpu_sweep(points: int) -> None:
+    """The CPU sweep with an empty kernel cache, then again with the one it left."""
+    overrides = expand_sweep(CPU_SWEEP)[:points]
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["XDG_CACHE_HOME"] = cache
+        for state in ("fresh", "warm"):
+            Cache._known = None  # read from the file again, as a new process would
+            start = time.perf_counter()
+            plans = [make_plan(build_spec(o)) for o in overrides]
+            kernels = sum(1 for _ in Cache.known())
+            print(f"this CPU, measured kernels, {state} cache: {len(plans)} points in "
+                  f"{time.perf_counter() - start:6.2f} s ({kernels} kernels timed and cached)")
 
 
 def main(points: int = 1000) -> None:
@@ -39,6 +65,7 @@ def main(points: int = 1000) -> None:
     wall = time.perf_counter() - start
     print(f"`orchestrator plan -m --json` of all {expanded_all(sweep)} points, the whole command: {wall:6.2f} s "
           f"(exit {proc.returncode}: 0 all fit, 3 some do not)")
+    cpu_sweep(points)
 
 
 def expanded_all(sweep: list[str]) -> int:

@@ -41,6 +41,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from orchestrator.compose import user_conf_dir
+from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_json
 from orchestrator.hardware import calibrated_name, calibrated_preset
@@ -95,7 +96,10 @@ def with_params(spec: TrialSpec, params: dict) -> TrialSpec:
         if "." in key:
             level, field = key.split(".", 1)
             levels.setdefault(level, {})[field] = value
-    hw = dataclasses.replace(hw, **flat, **{lv: dataclasses.replace(getattr(hw, lv), **f) for lv, f in levels.items()})
+    # A calibration fits the preset's parameters: its plans (and the preset it writes)
+    # estimate the kernels from them rather than time them.
+    hw = dataclasses.replace(hw, **flat, **{lv: dataclasses.replace(getattr(hw, lv), **f) for lv, f in levels.items()},
+                             kernels=KernelSource.preset)
     return dataclasses.replace(spec, cfg=dataclasses.replace(spec.cfg, hardware=hw))
 
 

@@ -230,6 +230,12 @@ class GemmSaturation(StrEnum):
     reduction = "reduction"  # k alone: one CPU thread has no SMs to fill; only short sums per output tile cost
 
 
+class KernelSource(StrEnum):
+    """Where the plan's compute times come from."""
+    measured = "measured"  # the trial's own kernels, timed on this machine's device (hardware=auto sets it)
+    preset = "preset"  # the preset's step-time parameters: to plan for hardware one does not have
+
+
 class DeviceType(StrEnum):
     """The kind of device a rank trains on. What differs between the kinds and is known
     without touching a device is said here, once; the rank's own `Device`
@@ -253,6 +259,9 @@ class HardwareConfig:
     device: DeviceType = DeviceType.cpu
     peak_tflops: PeakTflops = field(default_factory=PeakTflops)  # dense; null on cpu: measured
     memory_gib: Optional[float] = None  # null on cpu: the host's RAM
+    # measured: the plan times the trial's kernels on this machine's device (kernel_timing.py)
+    # and uses the parameters below only if that fails; preset: it estimates them from these.
+    kernels: KernelSource = KernelSource.preset
     # The step-time model's parameters (plan/compute.py); each preset says where its come from.
     compute_efficiency: float = 0.5  # share of the peak a large GEMM reaches
     gemm_half_dim: float = 64.0  # a GEMM whose saturating dimension is this reaches half of compute_efficiency

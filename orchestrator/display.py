@@ -96,13 +96,15 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     tt.add_column("value", justify="right")
     tt.add_column("note")
     tt.add_row("compute", f"{t.compute_s:.4g} s", f"{spec.grad_accum_steps} micro batch(es) of {mb.total_s:.4g} s:")
-    for name, value, note in [("  GEMMs", mb.gemm_s, "shape-aware roofline"),
-                              ("  attention", mb.attention_s, f"{spec.cfg.model.attention}, its own rate"),
-                              ("  memory-bound", mb.memory_bound_s, "norms, activations, adds, loss"),
-                              ("  fixed per kernel", mb.overhead_s, f"{mb.kernels} kernels")]:
+    how = "timed on this device" if mb.timed else None
+    for name, value, note in [("  GEMMs", mb.gemm_s, how or "shape-aware roofline"),
+                              ("  attention", mb.attention_s, f"{spec.cfg.model.attention}, {how or 'its own rate'}"),
+                              ("  memory-bound", mb.memory_bound_s, f"norms, activations, adds, loss{', ' + how if how else ''}"),
+                              ("  fixed per kernel", mb.overhead_s,
+                               f"{mb.kernels} kernels" + ("; in each timed kernel's time" if how else ""))]:
         tt.add_row(name, f"{value:.4g} s", f"{value / mb.total_s:.0%} of a micro batch; {note}")
     tt.add_row("communication", f"{t.comm_s:.4g} s", f"{t.exposed_comm_s:.4g} s exposed")
-    tt.add_row("optimizer step", f"{t.optimizer_s:.4g} s", "memory-bound")
+    tt.add_row("optimizer step", f"{t.optimizer_s:.4g} s", "AdamW, " + how if how and not m.offloaded else "memory-bound")
     tt.add_row("step", f"{t.step_s:.4g} s", "")
     tt.add_row("tokens/s/GPU", f"{t.tokens_per_sec_per_gpu:,.0f}", "")
     tt.add_row("MFU / HFU", f"{t.mfu:.1%} / {t.hfu:.1%}", "")

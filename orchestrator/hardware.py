@@ -118,7 +118,7 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
             best = max(best, 2 * n * n * k / _best_time(lambda: a @ w.t()) / 1e12)
         return best
 
-    key = f"{_cpu_model()}|torch {torch.__version__}|{precision}|{threads} threads|linear layout, best of 64-512, k to 2048"
+    key = f"{cpu_model()}|torch {torch.__version__}|{precision}|{threads} threads|linear layout, best of 64-512, k to 2048"
     return _measured(key, threads, matmul_tflops)
 
 
@@ -132,7 +132,7 @@ def measured_cpu_bandwidth_gbps(threads: int) -> float:
         dst = torch.empty_like(src)
         return 2 * src.numel() * src.element_size() / _best_time(lambda: dst.copy_(src)) / 1e9
 
-    return _measured(f"{_cpu_model()}|torch {torch.__version__}|copy bandwidth|{threads} threads", threads, copy_gbps)
+    return _measured(f"{cpu_model()}|torch {torch.__version__}|copy bandwidth|{threads} threads", threads, copy_gbps)
 
 
 # What this process has read or measured: a plan of a CPU trial asks for a peak (and the
@@ -179,7 +179,7 @@ def _best_time(op, reps: int = 5) -> float:
     return best
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -417,7 +417,10 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
     if hardware.calibrated_preset(preset, user_conf_dir()) is not None:  # written by `orchestrator calibrate`
         preset = hardware.calibrated_name(preset)
     kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
-    resolved = compose_trial(kept + [f"hardware={preset}"])
+    # On the machine the trial runs on, its kernels are timed here (kernel_timing.py);
+    # a calibrated preset is the user's choice of fitted values, and keeps them.
+    timed = [] if preset.endswith(hardware.CALIBRATED) else ["hardware.kernels=measured"]
+    resolved = compose_trial(kept + [f"hardware={preset}", *timed])
     return dataclasses.replace(resolved, overrides=composed.overrides)  # what the user typed
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from orchestrator.config import ModelConfig
-from orchestrator.plan.compute import Rates, attention_time, gemm_time, micro_batch_time
+from orchestrator.plan.compute import Rates, attention_time, gemm_time, estimated_kernels, micro_batch_time
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
 
@@ -32,7 +32,7 @@ def test_a_large_gemm_nears_the_ceiling_and_skinny_or_small_ones_fall_far_below(
 def test_a_k_by_n_right_operand_runs_at_its_own_rate_where_each_model_has_one():
     def gemms(arch, kn):
         model = ModelConfig(arch=arch, hidden=1024, heads=16, n_layers=4, vocab=8192, seq_len=512, max_positions=512)
-        t = micro_batch_time(model, 4, "none", dataclasses.replace(H100, kn_efficiency=kn), 2)
+        t = micro_batch_time(model, 4, "none", estimated_kernels(model, 4, dataclasses.replace(H100, kn_efficiency=kn), 2))
         return t.gemm_s, t.forward_s
 
     # A GPU runs every layout alike: the backward's two products are a forward's each.
@@ -90,7 +90,7 @@ def test_micro_batch_size_changes_the_predicted_throughput():
 def test_long_sequences_spend_their_time_in_attention():
     def share(seq):
         model = ModelConfig(hidden=2048, heads=16, n_layers=24, vocab=50368, seq_len=seq, max_positions=seq)
-        t = micro_batch_time(model, 65536 // seq, "none", H100, 2)
+        t = micro_batch_time(model, 65536 // seq, "none", estimated_kernels(model, 65536 // seq, H100, 2))
         return t.attention_s / t.total_s
 
     assert share(2048) < 0.2 < 0.5 < share(65536)
@@ -98,7 +98,7 @@ def test_long_sequences_spend_their_time_in_attention():
 
 def test_full_recompute_runs_the_forward_again_and_selective_less():
     model = ModelConfig(hidden=4096, heads=32, n_layers=32, vocab=50368, seq_len=2048, max_positions=2048)
-    none, sel, full = (micro_batch_time(model, 4, mode, H100, 2) for mode in ("none", "selective", "full"))
+    none, sel, full = (micro_batch_time(model, 4, mode, estimated_kernels(model, 4, H100, 2)) for mode in ("none", "selective", "full"))
     assert none.forward_s == full.forward_s
     # full: the layers' forward once more (the lm_head and loss are outside the checkpoints)
     assert full.total_s - none.total_s == pytest.approx(none.forward_s, rel=0.1)
@@ -107,7 +107,7 @@ def test_full_recompute_runs_the_forward_again_and_selective_less():
 
 def test_a_tiny_model_is_its_fixed_cost_per_kernel():
     tiny = ModelConfig()  # 2 layers of width 64
-    t = micro_batch_time(tiny, 1, "none", dataclasses.replace(H100, op_overhead_s=10e-6), 2)
+    t = micro_batch_time(tiny, 1, "none", estimated_kernels(tiny, 1, dataclasses.replace(H100, op_overhead_s=10e-6), 2))
     assert t.overhead_s > 0.9 * t.total_s
     assert t.kernels == 3 * 2 * 12 + 10  # forward and backward of each layer, and the loss
 

@@ -53,6 +53,12 @@ def test_the_default_trial_succeeds_and_is_measured(tmp_path):
         assert (tmp_path / name).is_file(), name
     assert r["config"]["model"]["hidden"] == 64 and r["plan"]["parameters"] == 141056
     assert "step 10/10" in proc.stdout and "tokens/s/GPU" in proc.stdout  # progress and final table
+    # The plan timed this CPU's kernels (nothing fitted elsewhere). Within 2x is a guard on
+    # any machine of this kind; the 20 % target is bench/kernel_check.py's, run alone.
+    plan = r["plan"]
+    assert plan["sources"]["compute"].startswith("compute: measured kernels: timed on ")
+    assert plan["time"]["micro_batch"]["timed"] is True
+    assert 0.5 < plan["time"]["step_s"] / m["step_time_s"] < 2.0
 
 
 @pytest.fixture

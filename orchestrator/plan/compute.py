@@ -32,8 +32,12 @@ dispatcher and engine hooks on a CPU. It is what makes a tiny model slow.
 Recompute adds the forward again inside the backward: all of a layer's kernels for full
 recompute; the kernels between the kept matmul and attention outputs for selective.
 
-Everything here is a pure function of the model shape, the micro batch and `Rates`, so
-each part can be tested and fitted alone (bench/perf_check.py).
+The parts (`KernelTimes`) come from one of two sources, composed alike by
+`micro_batch_time`: measured on the device the trial will use (orchestrator/kernel_timing.py,
+as vTrain profiles each operator on the target GPU: Bang et al., MICRO 2024), or estimated
+here from a preset's `Rates` (`estimated_kernels`), for hardware one does not have.
+Everything here is a pure function of the model shape, the micro batch and the parts, so
+each can be tested and fitted alone (bench/perf_check.py).
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class ComputeTime:
     forward_s: float  # the forward pass alone (all kinds)
     backward_s: float  # the backward, with what recompute does again
     kernels: int
+    timed: bool = False  # the kernels were timed on the device, not estimated from a preset
 
     @property
     def total_s(self) -> float:
@@ -149,32 +154,56 @@ def memory_bound_bytes_per_token(model: ModelConfig, element_bytes: int) -> tupl
     return layer * element_bytes, LOSS_BYTES_PER_VOCAB * model.vocab
 
 
-def micro_batch_time(model: ModelConfig, micro: int, recompute: str, r: Rates, element_bytes: int) -> ComputeTime:
-    """Forward and backward of one micro batch of `micro` sequences on one rank."""
+@dataclass(frozen=True)
+class KernelTimes:
+    """Seconds of one micro batch's kernels as timed on the device itself
+    (orchestrator/kernel_timing.py): the same parts the roofline estimates, measured."""
+
+    layer_gemms: tuple[float, float]  # (forward, backward) of one layer's GEMMs
+    head: tuple[float, float]  # the lm_head's GEMM
+    attention: tuple[float, float]  # one layer's attention core
+    memory_bound: tuple[float, float]  # one layer's norms, activation, residual adds, rotary
+    loss: tuple[float, float]  # the loss over the vocabulary
+    launch_s: float  # an empty kernel: the floor under every kernel a step launches
+
+
+def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: int) -> KernelTimes:
+    """The roofline's estimate of the same parts, from a preset's (or calibrated) Rates."""
     tokens = micro * model.seq_len
-    layers = model.n_layers
-    shapes = layer_gemms(model, tokens)
     conv1d = model.arch == "gpt2"  # transformers' GPT-2 stores its layers' weights [in, out]
-    gemm_fwd = layers * sum(gemm_time(m, n, k, r, element_bytes, kn=conv1d) for m, n, k in shapes)
-    gemm_bwd = layers * sum(backward_gemm_time(m, n, k, r, element_bytes, conv1d) for m, n, k in shapes)
-    head_fwd = gemm_time(tokens, model.vocab, model.hidden, r, element_bytes)
-    head_bwd = backward_gemm_time(tokens, model.vocab, model.hidden, r, element_bytes)
-    attn_fwd, attn_bwd = (layers * t for t in attention_time(model, micro, r, element_bytes))
+    shapes = layer_gemms(model, tokens)
     layer_bytes, loss_bytes = memory_bound_bytes_per_token(model, element_bytes)
-    mem_layers = layers * tokens * layer_bytes / r.memory_bytes_per_s
-    mem_loss = tokens * loss_bytes / r.memory_bytes_per_s
+    mem, loss = tokens * layer_bytes / r.memory_bytes_per_s, tokens * loss_bytes / r.memory_bytes_per_s
+    return KernelTimes(
+        layer_gemms=(sum(gemm_time(m, n, k, r, element_bytes, kn=conv1d) for m, n, k in shapes),
+                     sum(backward_gemm_time(m, n, k, r, element_bytes, conv1d) for m, n, k in shapes)),
+        head=(gemm_time(tokens, model.vocab, model.hidden, r, element_bytes),
+              backward_gemm_time(tokens, model.vocab, model.hidden, r, element_bytes)),
+        attention=attention_time(model, micro, r, element_bytes),
+        memory_bound=(FORWARD_SHARE * mem, (1 - FORWARD_SHARE) * mem),
+        loss=(FORWARD_SHARE * loss, (1 - FORWARD_SHARE) * loss), launch_s=r.op_overhead_s)
+
+
+def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTimes, *,
+                     timed: bool = False) -> ComputeTime:
+    """Forward and backward of one micro batch of `micro` sequences on one rank, composed
+    from its kernels' times. timed: the times were measured on the device, so they hold
+    each kernel's launch already; estimated ones pay k.launch_s per kernel on top."""
+    layers = model.n_layers
     kernels_fwd = layers * LAYER_KERNELS_FWD.get(model.arch, 12)
     kernels = 3 * kernels_fwd + LOSS_KERNELS  # the backward launches about twice the forward's
     # What recompute runs again in the backward: the whole layer forward (full), or the
     # memory-bound kernels between the kept matmul and attention outputs (selective).
     full = recompute == "full"
-    redo_mem = FORWARD_SHARE * mem_layers if recompute != "none" else 0.0
+    redo_mem = layers * k.memory_bound[0] if recompute != "none" else 0.0
     kernels += kernels_fwd if full else kernels_fwd // 2 if recompute == "selective" else 0
-    gemm = gemm_fwd + head_fwd + gemm_bwd + head_bwd + (gemm_fwd if full else 0.0)
-    attention = attn_fwd + attn_bwd + (attn_fwd if full else 0.0)
-    memory_bound = mem_layers + mem_loss + redo_mem
-    overhead = kernels * r.op_overhead_s
-    forward = gemm_fwd + head_fwd + attn_fwd + FORWARD_SHARE * (mem_layers + mem_loss) + (kernels_fwd + 3) * r.op_overhead_s
+    gemm_fwd = layers * k.layer_gemms[0] + k.head[0]
+    gemm = gemm_fwd + layers * k.layer_gemms[1] + k.head[1] + (layers * k.layer_gemms[0] if full else 0.0)
+    attention = layers * (sum(k.attention) + (k.attention[0] if full else 0.0))
+    memory_bound = layers * sum(k.memory_bound) + sum(k.loss) + redo_mem
+    overhead = 0.0 if timed else kernels * k.launch_s
+    forward = gemm_fwd + layers * (k.attention[0] + k.memory_bound[0]) + k.loss[0] + \
+        (0.0 if timed else (kernels_fwd + 3) * k.launch_s)
     total = gemm + attention + memory_bound + overhead
     return ComputeTime(gemm_s=gemm, attention_s=attention, memory_bound_s=memory_bound, overhead_s=overhead,
-                       forward_s=forward, backward_s=total - forward, kernels=kernels)
+                       forward_s=forward, backward_s=total - forward, kernels=kernels, timed=timed)

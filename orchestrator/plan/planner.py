@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from orchestrator import hardware
+from orchestrator import hardware, kernel_timing
 from orchestrator.plan import advice
 from orchestrator.plan.collectives import Network, network
 from orchestrator.plan.comm import Schedule, bytes_per_rank_per_step, step_time
-from orchestrator.plan.compute import Rates, micro_batch_time
+from orchestrator.config import KernelSource
+from orchestrator.kernel_timing import KernelTimingError, Measured
+from orchestrator.plan.compute import Rates, estimated_kernels, micro_batch_time
 from orchestrator.plan.flops import flops
 from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.memory import (GIB, activation_bytes, loss_backward_bytes,
@@ -42,15 +44,17 @@ def make_plan(spec: TrialSpec) -> Plan:
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
     peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, hardware.threads_per_rank(spec.gpus_per_node))
     bandwidth, bandwidth_note = memory_bandwidth(spec)
-    low = element_bytes(spec.precision)
-    micro_time = micro_batch_time(cfg.model, micro, mode, rates(spec, peak_tflops, bandwidth), low)
+    measured, compute_source = measured_kernels(spec)
+    kernels = measured.kernels if measured else estimated_kernels(cfg.model, micro, rates(spec, peak_tflops, bandwidth),
+                                                                  element_bytes(spec.precision))
+    micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None)
     if sharded:
         t = fsdp_step_time(sharded, fwd_s=micro_time.forward_s, bwd_s=micro_time.backward_s, net=network_of(spec))
     else:
         t = step_time(schedule_of(spec), grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
                       bwd_s=micro_time.backward_s, net=network_of(spec))
     offloaded = bool((sharded.offload if sharded else layout.offload_optimizer and cfg.zero.stage) and hw.device.is_gpu)
-    optimizer_s = optimizer_step_s(spec, n, offloaded, bandwidth)
+    optimizer_s = measured.optimizer_s if measured and not offloaded else optimizer_step_s(spec, n, offloaded, bandwidth)
     step_s = t.step_s + optimizer_s
     denominator = step_s * spec.world_size * peak_tflops * 1e12
     max_micro = max_micro_batch(states, runtime, capacity, sample_bytes(cfg.model, mode, spec.precision))
@@ -69,7 +73,8 @@ def make_plan(spec: TrialSpec) -> Plan:
                   mfu=f.model_per_token * spec.tokens_per_step / denominator, hfu=f.per_step / denominator,
                   peak_tflops=peak_tflops, micro_batch=micro_time),
         max_micro_batch=max_micro,
-        assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded),
+        assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source),
+        sources={"compute": compute_source, "peak": peak_note},
     )
     if not plan.fits:
         plan = dataclasses.replace(plan, fitting_changes=advice.fitting_changes(spec, plan))
@@ -89,12 +94,32 @@ def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: f
     return optimizer_traffic_bytes(updated, spec.precision) / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
 
 
-def assumptions(spec: TrialSpec, peak_tflops: float, peak_note: str, bandwidth_note: str, offloaded: bool) -> list[str]:
+def measured_kernels(spec: TrialSpec) -> tuple[Measured | None, str]:
+    """The trial's kernels timed on this machine's device where hardware.kernels=measured
+    (None otherwise, or where timing failed), and where the compute times come from."""
+    hw = spec.cfg.hardware
+    if hw.kernels != KernelSource.measured:
+        return None, compute_assumption(hw)
+    device = hw.device.value
+    threads = hardware.threads_per_rank(spec.gpus_per_node) if not hw.device.is_gpu else 1
+    shares = [p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)]
+    try:
+        if hw.device.is_gpu and hardware.local_gpu_name() is None:
+            raise KernelTimingError("no CUDA device on this machine")
+        m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares)
+    except KernelTimingError as exc:
+        return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
+    on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
+    return m, f"compute: {m.source()}{on}"
+
+
+def assumptions(spec: TrialSpec, peak_tflops: float, peak_note: str, bandwidth_note: str, offloaded: bool,
+                compute_source: str) -> list[str]:
     """What the plan's figures rest on, said with their sources (the plan prints them)."""
     hw = spec.cfg.hardware
     return [
         f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})",
-        compute_assumption(hw),
+        compute_source,
         f"network: {_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}; "
         f"{hw.device.collective_backend}'s " + ("ring or tree, the faster per call" if hw.device.is_gpu else "ring")
         + f"; gradients on the wire in {wire_dtype(spec)}; {hw.collective_overhead_us:g} us fixed cost per call "

@@ -59,6 +59,9 @@ class Plan:
     fitting_changes: str = ""  # where it does not fit: the changes that would make it fit
     warnings: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
+    # Where the figures come from: "compute" (measured kernels, with what and when; a
+    # preset's fitted values; a calibrated preset), "peak" (published or measured).
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -68,4 +71,4 @@ class Plan:
         return {"parameters": self.parameters, "parallel": self.parallel, "batch": self.batch,
                 "memory": self.memory.as_dict(), "flops": self.flops.as_dict(), "comm": self.comm.as_dict(),
                 "time": self.time.as_dict(), "max_micro_batch": self.max_micro_batch, "warnings": self.warnings,
-                "assumptions": self.assumptions}
+                "assumptions": self.assumptions, "sources": self.sources}

@@ -1,0 +1,225 @@
+"""The trial's own kernels, timed on the device the trial will use: what the plan composes
+a step from where it runs on that kind of device (hardware.kernels=measured).
+
+Timed, each in the dtype and layout the model really uses (transformers' modules):
+- every distinct GEMM of a layer and the lm_head, forward and backward (autograd's dX and
+  dW), nn.Linear's [out, in] weight or GPT-2's Conv1D's [in, out];
+- attention at the trial's sequence length, forward and backward, sdpa (causal) or eager
+  (transformers' matmul, mask, fp32 softmax, matmul);
+- one layer's memory-bound kernels: the two norms, the activation (GPT-2's tanh GELU, or
+  Llama's SiLU gate times up), the two residual adds, Llama's rotary on Q and K;
+- the loss: the logits upcast to fp32 and cross-entropy over the vocabulary;
+- the optimizer step: torch's AdamW over the rank's share of the parameters;
+- an empty kernel: the fixed cost of one launch.
+
+A kernel too large to time in `BUDGET_S` is timed on fewer rows (tokens, sequences x
+heads, elements) and scaled: its time is linear in them once they are a few dozen; a GEMM's
+output width is cut to `kernels.GEMM_MAX_N` the same way (the lm_head's vocabulary). On a CPU the clock is the
+wall clock on the rank's threads; on a GPU, CUDA events around the calls.
+
+Times are cached by device name, torch and transformers versions, threads, dtype and
+shape (~/.cache/orchestrator/kernels.json), so a sweep times each distinct shape once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from orchestrator.config import ModelConfig
+from orchestrator.files import atomic_write_text
+from orchestrator import kernels
+from orchestrator.kernels import Kernel
+from orchestrator.plan.compute import KernelTimes
+
+BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
+
+
+class KernelTimingError(RuntimeError):
+    """A kernel could not be timed on this device (the plan falls back to the preset)."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The kernels of one micro batch and the optimizer step, and where they were timed."""
+
+    kernels: KernelTimes
+    optimizer_s: float
+    device: str  # what they were timed on: the device's name
+    software: str  # torch and transformers versions
+    timed_at: str  # when the oldest of them was timed (UTC, ISO 8601)
+
+    def source(self) -> str:
+        return f"measured kernels: timed on {self.device} ({self.software}), {self.timed_at}"
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator" / "kernels.json"
+
+
+class Cache:
+    """(forward s, backward s, when timed) per kernel key; read once per process, written
+    after new timings."""
+
+    _known: dict[str, list] | None = None
+    _dirty = False
+
+    @classmethod
+    def known(cls) -> dict[str, list]:
+        if cls._known is None:
+            try:
+                data = json.loads(cache_path().read_text())
+                cls._known = data if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                cls._known = {}
+        return cls._known
+
+    @classmethod
+    def get(cls, key: str, measure: Callable[[], tuple[float, float]]) -> tuple[float, float, str]:
+        entry = cls.known().get(key)
+        if isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, float) for x in entry[:2]):
+            return entry[0], entry[1], str(entry[2])
+        fwd, bwd = measure()
+        entry = [float(fwd), float(bwd), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())]
+        cls.known()[key] = entry
+        cls._dirty = True
+        return entry[0], entry[1], entry[2]
+
+    @classmethod
+    def save(cls) -> None:
+        if not cls._dirty:
+            return
+        try:  # merged with what other processes wrote meanwhile; a cache lost costs only time
+            on_disk = json.loads(cache_path().read_text())
+        except (OSError, ValueError):
+            on_disk = {}
+        merged = {**(on_disk if isinstance(on_disk, dict) else {}), **cls.known()}
+        try:
+            atomic_write_text(cache_path(), json.dumps(merged, indent=0))
+        except OSError:
+            pass
+        cls._dirty = False
+
+
+def clock(device) -> Callable[[Callable[[], object], int, int], float]:
+    """tick(op, reps, rounds): seconds per call of op over `reps` calls, the best of `rounds`
+    rounds after a warm-up call: the wall clock on a CPU, CUDA events on a GPU (the host
+    returns before the GPU is done)."""
+    import torch
+
+    def wall(op, reps, rounds):
+        op()
+        best = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(reps):
+                op()
+            best = min(best, (time.perf_counter() - start) / reps)
+        return best
+
+    def events(op, reps, rounds):
+        op()
+        torch.cuda.synchronize(device)
+        best = float("inf")
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                op()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3 / reps)
+        return best
+
+    return events if torch.device(device).type == "cuda" else wall
+
+
+@contextmanager
+def threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
+    """(forward s, backward s) of the kernel at its full size. A call on `min_rows` rows
+    says what a call costs; a kernel that would take more than BUDGET_S a call whole is
+    timed on fewer rows (never under min_rows) and scaled; one that takes longer even on
+    min_rows keeps that first timing (a slow device pays once, not best of three)."""
+    rows = min(kernel.rows, kernel.min_rows)
+    fwd, both = kernel.build(rows)
+    total = probe = tick(both, 1, 1)
+    if probe >= BUDGET_S:
+        forward = tick(fwd, 1, 1)
+    else:
+        if rows < kernel.rows:
+            rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
+            fwd, both = kernel.build(rows)
+            probe = tick(both, 1, 1)
+        reps = max(1, min(20, int(BUDGET_S / max(probe, 1e-9))))
+        forward, total = tick(fwd, reps, 3), tick(both, reps, 3)
+    scale = kernel.scale * kernel.rows / rows
+    return forward * scale, max(total - forward, 0.0) * scale
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    from orchestrator.hardware import cpu_model
+
+    return cpu_model()
+
+
+def software() -> str:
+    from importlib.metadata import version
+
+    return f"torch {version('torch')}, transformers {version('transformers')}"
+
+
+def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
+            optimizer_tensors: list[int]) -> Measured:
+    """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
+    optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
+    KernelTimingError where the device cannot run one."""
+    name, sw = device_name(device), software()
+    prefix = f"{name}|{sw}|{threads_per_rank} threads|{precision}|"
+    tick = clock(device)
+    whens: list[str] = []
+
+    def timed(kernel: Kernel) -> tuple[float, float]:
+        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: time_kernel(kernel, tick))
+        whens.append(when)
+        return fwd, bwd
+
+    tokens = micro * model.seq_len
+    try:
+        with threads(threads_per_rank):
+            layer = [0.0, 0.0]
+            for (n, k, conv1d, bias), count in kernels.trial_gemms(model, tokens):
+                fwd, bwd = timed(kernels.gemm(tokens, n, k, conv1d, bias, precision, device))
+                layer = [layer[0] + count * fwd, layer[1] + count * bwd]
+            times = KernelTimes(
+                layer_gemms=(layer[0], layer[1]),
+                head=timed(kernels.gemm(tokens, model.vocab, model.hidden, False, False, precision, device)),
+                attention=timed(kernels.attention(model, micro, precision, device)),
+                memory_bound=timed(kernels.memory_bound(model, tokens, precision, device)),
+                loss=timed(kernels.loss(model.vocab, tokens, precision, device)),
+                launch_s=timed(kernels.launch(device))[0])
+            optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
+    except (RuntimeError, ValueError, TypeError, ImportError, MemoryError) as exc:
+        raise KernelTimingError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+    finally:
+        Cache.save()
+    return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens))

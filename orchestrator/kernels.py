@@ -1,0 +1,187 @@
+"""A trial's kernels as torch calls, built from transformers' own modules in the layout
+and dtype the model uses (orchestrator/workload/model.py builds the same layers), for
+kernel_timing.py to time. Each `Kernel` takes the rows (tokens, or sequences x heads) to
+run on, so a large one can be timed on part of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from orchestrator.config import ModelConfig
+from orchestrator.plan.compute import layer_gemms
+
+MIN_ROWS = 256  # never timed on fewer rows: below this a kernel's time is not linear in them
+GEMM_MIN_ROWS = 32  # a GEMM's: its time per row holds from a few dozen rows
+GEMM_MAX_N = 1024  # wider outputs are timed on this many columns and scaled (linear in them too)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel to time: `build(rows)` makes (forward, forward and backward) calls on
+    `rows` of its leading dimension. Building is left to the timing: a kernel whose time
+    is cached costs nothing (not even transformers' import)."""
+
+    name: str  # what it is and its shape, without the rows: part of the cache key
+    rows: int
+    build: Callable[[int], tuple[Callable[[], object], Callable[[], object]]]
+    min_rows: int = MIN_ROWS
+    scale: float = 1.0  # the real kernel over the one built, in a dimension other than rows
+
+GPT2_ACTIVATION = "gelu_pytorch_tanh"  # what workload/model.py gives GPT2Config
+
+
+def _dtype(precision: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+
+
+def _grads(outputs, inputs, grads):
+    import torch
+
+    return lambda: torch.autograd.grad(outputs(), inputs, grads)
+
+
+def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, device: str) -> Kernel:
+    """y = x W (+ b) for x of [rows, k]: nn.Linear(k, n) ([n, k] weight) or transformers'
+    Conv1D(n, k) (GPT-2's, [k, n]); its backward is autograd's dX and dW."""
+    cols = min(n, GEMM_MAX_N)
+
+    def build(r: int):
+        import torch
+        from transformers.pytorch_utils import Conv1D
+
+        dtype = _dtype(precision)
+        module = (Conv1D(cols, k) if conv1d else torch.nn.Linear(k, cols, bias=bias)).to(device=device, dtype=dtype)
+        x = torch.randn(r, k, device=device, dtype=dtype, requires_grad=True)
+        dy = torch.randn(r, cols, device=device, dtype=dtype)
+        return (lambda: module(x)), _grads(lambda: module(x), [x, *module.parameters()], dy)
+
+    layout = "conv1d [k, n]" if conv1d else "linear [n, k]"
+    return Kernel(f"gemm {layout}{' + bias' if conv1d or bias else ''} n={n} k={k}", rows, build,
+                  min_rows=GEMM_MIN_ROWS, scale=n / cols)
+
+
+def attention(model: ModelConfig, micro: int, precision: str, device: str) -> Kernel:
+    """The attention core of one layer, causal: sdpa, or transformers' eager path (QK^T,
+    additive mask, softmax in fp32, AV). Rows are sequences x heads."""
+    s, d = model.seq_len, model.head_dim
+
+    def build(r: int):
+        import torch
+        import torch.nn.functional as F
+
+        dtype = _dtype(precision)
+        mask = torch.full((s, s), torch.finfo(dtype).min, device=device, dtype=dtype).triu(1)
+
+        def core(q, k, v):
+            if model.attention == "sdpa":
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            scores = torch.matmul(q, k.transpose(2, 3)) * d ** -0.5 + mask
+            return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(dtype), v)
+
+        q, k, v = (torch.randn(1, r, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        do = torch.randn(1, r, s, d, device=device, dtype=dtype)
+        return (lambda: core(q, k, v)), _grads(lambda: core(q, k, v), [q, k, v], do)
+
+    return Kernel(f"attention {model.attention} causal s={s} d={d}", micro * model.heads, build, min_rows=1)
+
+
+def memory_bound(model: ModelConfig, tokens: int, precision: str, device: str) -> Kernel:
+    """One layer's memory-bound kernels: two norms and two residual adds, the activation
+    (GPT-2's tanh GELU; Llama's SiLU(gate) x up) and Llama's rotary on Q and K."""
+    h, f, llama = model.hidden, model.ffn, model.arch == "llama"
+    heads, kv, d = model.heads, model.kv_heads or model.heads, model.head_dim
+
+    def build(r: int):
+        import torch
+        from transformers.activations import ACT2FN
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+        dtype = _dtype(precision)
+        norm = LlamaRMSNorm if llama else torch.nn.LayerNorm
+        norms = [norm(h).to(device=device, dtype=dtype) for _ in range(2)]
+        act = ACT2FN["silu" if llama else GPT2_ACTIVATION]
+
+        def t(*shape, grad=True):
+            return torch.randn(*shape, device=device, dtype=dtype, requires_grad=grad)
+
+        x, gate, up = t(r, h), t(r, f), t(r, f)
+        q, k, cos, sin = t(1, heads, r, d), t(1, kv, r, d), t(1, r, d, grad=False), t(1, r, d, grad=False)
+        inputs = [x, gate, up, q, k] if llama else [x, gate]
+
+        def forward():
+            a = x + norms[0](x)
+            out = [a + norms[1](a), act(gate) * up if llama else act(gate)]
+            return [*out, *apply_rotary_pos_emb(q, k, cos, sin)] if llama else out
+
+        outs = forward()
+        grads = [torch.randn_like(o) for o in outs]
+        return forward, _grads(forward, inputs, grads)
+
+    return Kernel(f"memory-bound {model.arch} layer h={h} f={f}", tokens, build)
+
+
+def loss(vocab: int, tokens: int, precision: str, device: str) -> Kernel:
+    """transformers' causal LM loss: the logits upcast to fp32, cross-entropy."""
+    def build(r: int):
+        import torch
+        import torch.nn.functional as F
+
+        dtype = _dtype(precision)
+        logits = torch.randn(r, vocab, device=device, dtype=dtype, requires_grad=True)
+        labels = torch.randint(0, vocab, (r,), device=device)
+        forward = lambda: F.cross_entropy(logits.float(), labels)  # noqa: E731
+        return forward, lambda: torch.autograd.grad(forward(), [logits])
+
+    return Kernel(f"loss vocab={vocab}", tokens, build)
+
+
+def trial_gemms(model: ModelConfig, tokens: int) -> list[tuple[tuple[int, int, bool, bool], int]]:
+    """((n, k, conv1d, bias), how many per layer) of one layer's GEMMs: GPT-2's are Conv1D
+    with a bias, Llama's nn.Linear without."""
+    gpt2 = model.arch == "gpt2"
+    counts: dict[tuple[int, int, bool, bool], int] = {}
+    for _, n, k in layer_gemms(model, tokens):
+        key = (n, k, gpt2, gpt2)
+        counts[key] = counts.get(key, 0) + 1
+    return list(counts.items())
+
+
+def launch(device: str) -> Kernel:
+    """An add on one element: what any kernel costs before it does work."""
+
+    def build(r: int):
+        import torch
+
+        x = torch.zeros(1, device=device)
+        return (lambda: x.add_(1)), (lambda: x.add_(1))
+
+    return Kernel("launch", 1, build, min_rows=1)
+
+
+def adamw(tensors: list[int], device: str) -> Kernel:
+    """torch's AdamW step over fp32 tensors of these sizes (the rank's share of each
+    parameter), torch's default implementation for the device (foreach on CUDA). The
+    forward call is the step; there is no backward. Rows are elements: timed on the
+    leading tensors up to a few million and scaled."""
+    total = sum(tensors)
+
+    def build(r: int):
+        import torch
+
+        taken, sizes = 0, []
+        for n in tensors:  # the leading tensors, the last one cut: r elements in all
+            if taken >= r:
+                break
+            sizes.append(min(n, r - taken))
+            taken += sizes[-1]
+        params = [torch.zeros(n, device=device, requires_grad=True) for n in sizes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
+        step = lambda: optimizer.step()  # noqa: E731
+        return step, step
+
+    return Kernel(f"adamw tensors={len(tensors)} elements={total}", total, build, min_rows=2**22)

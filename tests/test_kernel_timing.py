@@ -1,0 +1,117 @@
+"""Measured kernels (kernel_timing.py, kernels.py): which of a trial's kernels are timed, the
+cache, the composition into a step (plan/compute.py), the fallback to the preset, and the
+clock each device gets. Timed for real on this CPU; a GPU's CUDA events cannot run here,
+so only the choice of clock is checked for it."""
+
+import dataclasses
+import json
+
+import pytest
+
+from orchestrator import kernel_timing
+from orchestrator.calibrate import with_params
+from orchestrator.kernel_timing import Cache, KernelTimingError, clock, measure, time_kernel
+from orchestrator.kernels import Kernel, trial_gemms
+from orchestrator.plan.compute import KernelTimes, micro_batch_time
+from orchestrator.plan.params import parameter_tensors
+from orchestrator.plan.planner import make_plan
+from orchestrator.spec import build_spec
+
+SMALL = ["model.n_layers=2", "model.hidden=64", "model.heads=2", "model.ffn_hidden=128",
+         "model.vocab=256", "model.seq_len=32", "model.max_positions=32", "batch.micro_batch_size=2"]
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(Cache, "_known", None)
+    yield tmp_path / "orchestrator" / "kernels.json"
+    Cache._known = None
+
+
+def small_spec(*extra: str, arch: str = "llama"):
+    kv = 1 if arch == "llama" else 2  # Llama's grouped-query attention; GPT-2 has none
+    return build_spec(["hardware=cpu", *SMALL, f"model.arch={arch}", f"model.kv_heads={kv}", *extra])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_every_kernel_of_a_micro_batch_is_timed_once_and_cached(fresh_cache, monkeypatch, arch):
+    spec = small_spec(arch=arch)
+    model, tensors = spec.cfg.model, [p.numel for p in parameter_tensors(spec.cfg.model)]
+    m = measure(model, 2, "bf16", "cpu", 1, tensors)
+    keys = json.loads(fresh_cache.read_text())
+    gemms = [k for k in keys if "|gemm " in k]
+    assert len(gemms) == len(trial_gemms(model, 64)) + 1  # each distinct layer GEMM, and the head
+    assert any("n=256 k=64" in k and "linear" in k for k in gemms)  # the lm_head, nn.Linear's layout
+    layout = "conv1d" if arch == "gpt2" else "linear"
+    assert all(layout in k for k in gemms if "n=256" not in k)
+    for part in ("attention sdpa causal s=32", f"memory-bound {arch}", "loss vocab=256", "launch", "adamw"):
+        assert sum(part in k for k in keys) == 1, part
+    assert all(k.startswith(f"{m.device}|torch ") and "|1 threads|bf16|" in k for k in keys)
+    assert all(x > 0 for x in (*m.kernels.layer_gemms, *m.kernels.head, m.kernels.attention[0], m.optimizer_s))
+
+    # Again, in this process and in a new one (the file): nothing is timed a second time.
+    monkeypatch.setattr(kernel_timing, "time_kernel", lambda *a: pytest.fail("timed again"))
+    assert measure(model, 2, "bf16", "cpu", 1, tensors) == m
+    Cache._known = None
+    assert measure(model, 2, "bf16", "cpu", 1, tensors).kernels == m.kernels
+    with pytest.raises(pytest.fail.Exception):  # another shape is a new kernel
+        measure(dataclasses.replace(model, seq_len=16, max_positions=16), 2, "bf16", "cpu", 1, tensors)
+
+
+def test_a_kernel_too_long_for_the_budget_is_timed_on_fewer_rows_and_scaled():
+    built = []
+
+    def build(rows):
+        built.append(rows)
+        return ("fwd", rows), ("both", rows)
+
+    def tick(op, reps, rounds):  # a clock where a call costs 1 ms a row forward, 3 ms forward and backward
+        kind, rows = op
+        return rows * (1e-3 if kind == "fwd" else 3e-3)
+
+    fwd, bwd = time_kernel(Kernel("k", 100_000, build, min_rows=4, scale=2.0), tick)
+    assert built[0] == 4 and max(built) < 100_000  # probed small, timed below the full size
+    assert fwd == pytest.approx(200.0) and bwd == pytest.approx(400.0)  # scaled to the full 100k rows, x2 wide
+    small = []
+    time_kernel(Kernel("k", 8, lambda r: small.append(r) or (("fwd", r), ("both", r)), min_rows=4), tick)
+    assert small[-1] == 8  # within the budget: timed whole
+
+
+def test_the_composition_adds_what_recompute_runs_again_and_no_launch_to_timed_kernels():
+    k = KernelTimes(layer_gemms=(1.0, 2.0), head=(0.5, 1.0), attention=(0.25, 0.5), memory_bound=(0.125, 0.25),
+                    loss=(0.0625, 0.125), launch_s=0.01)
+    model = small_spec().cfg.model  # 2 layers
+    none, sel, full = (micro_batch_time(model, 2, mode, k, timed=True) for mode in ("none", "selective", "full"))
+    assert none.total_s == pytest.approx(2 * (3 + 0.75 + 0.375) + 1.5 + 0.1875) and none.overhead_s == 0
+    assert none.forward_s == pytest.approx(2 * (1 + 0.25 + 0.125) + 0.5 + 0.0625)
+    assert sel.total_s - none.total_s == pytest.approx(2 * 0.125)  # the memory-bound forward again
+    assert full.total_s - none.total_s == pytest.approx(2 * (1 + 0.25 + 0.125))  # the layers' forward again
+    estimated = micro_batch_time(model, 2, "none", k, timed=False)
+    assert estimated.overhead_s == pytest.approx(estimated.kernels * 0.01)  # the roofline pays each launch
+
+
+def test_where_timing_fails_the_plan_uses_the_preset_and_says_so(monkeypatch):
+    def broken(*args, **kwargs):
+        raise KernelTimingError("RuntimeError: no kernel")
+
+    monkeypatch.setattr(kernel_timing, "measure", broken)
+    plan, preset = make_plan(small_spec()), make_plan(small_spec("hardware.kernels=preset"))
+    assert plan.sources["compute"].startswith("measured kernels failed (RuntimeError: no kernel), so compute (the cpu")
+    assert plan.time.step_s == preset.time.step_s and not plan.time.micro_batch.timed
+
+
+def test_which_plans_time_kernels(fresh_cache):
+    assert build_spec([]).cfg.hardware.kernels == "measured"  # hardware=auto, here a CPU
+    assert small_spec().cfg.hardware.kernels == "measured"  # this machine's CPU
+    assert build_spec(["hardware=h100-sxm", "cluster=slurm"]).cfg.hardware.kernels == "preset"  # not here
+    assert with_params(small_spec(), {"compute_efficiency": 0.5}).cfg.hardware.kernels == "preset"  # a fit's
+    plan = make_plan(small_spec())
+    assert plan.time.micro_batch.timed and "timed on" in plan.sources["compute"]
+    gpu = make_plan(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b"]))
+    assert gpu.sources["compute"].startswith("compute (the h100-sxm preset's parameters)")
+
+
+def test_a_cpu_is_timed_by_the_wall_clock_and_a_gpu_by_cuda_events():
+    assert clock("cpu").__name__ == "wall"
+    assert clock("cuda").__name__ == clock("cuda:1").__name__ == "events"  # the host returns before the GPU ends
