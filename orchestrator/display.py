@@ -32,6 +32,11 @@ def gib(x: float) -> str:
     return f"{x / GIB:,.2f}"
 
 
+def percent(x: float | None) -> str:
+    """MFU and the like; None where there is no published peak to divide by."""
+    return "unknown" if x is None else f"{x:.1%}"
+
+
 def human_bytes(x: float) -> str:
     for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(x) >= size:
@@ -107,7 +112,7 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     tt.add_row("optimizer step", f"{t.optimizer_s:.4g} s", "AdamW, " + how if how and not m.offloaded else "memory-bound")
     tt.add_row("step", f"{t.step_s:.4g} s", "")
     tt.add_row("tokens/s/GPU", f"{t.tokens_per_sec_per_gpu:,.0f}", "")
-    tt.add_row("MFU / HFU", f"{t.mfu:.1%} / {t.hfu:.1%}", "")
+    tt.add_row("MFU / HFU", f"{percent(t.mfu)} / {percent(t.hfu)}", "" if t.mfu is not None else "no published peak")
     tt.add_row("model FLOPs/token", f"{plan.flops.model_per_token:.4g}", f"attention: {plan.flops.attention_flops}")
     out.print(tt)
     if any(c.calls for c in plan.comm.collectives):
@@ -158,7 +163,7 @@ def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
         t = plan.time
         table.add_row(*[values.get(k, " ".join(spec.overrides)) for k in keys], gib(plan.memory.total),
                       "yes" if plan.fits else "[red]no[/red]", f"{t.step_s:.4g}", f"{t.exposed_comm_s:.3g}",
-                      f"{t.tokens_per_sec_per_gpu:,.0f}", f"{t.mfu:.1%}", f"{eff:.0%}" if eff else "")
+                      f"{t.tokens_per_sec_per_gpu:,.0f}", percent(t.mfu), f"{eff:.0%}" if eff else "")
     out.print(table)
     for (spec, plan), values in zip(points, swept):
         if not plan.fits:  # the point's own way out, as a single plan would print it
@@ -197,7 +202,8 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     pt, pm = plan.get("time", {}), plan.get("memory", {})
     table.add_row("tokens/s/GPU", f"{m['tokens_per_sec_per_gpu']:,.0f}", f"{pt.get('tokens_per_sec_per_gpu', 0):,.0f}")
     table.add_row("step time", f"{m['step_time_s']:.4g} s", f"{pt.get('step_s', 0):.4g} s")
-    table.add_row("MFU / HFU", f"{m['mfu']:.1%} / {m['hfu']:.1%}", f"{pt.get('mfu', 0):.1%} / {pt.get('hfu', 0):.1%}")
+    table.add_row("MFU / HFU", f"{percent(m['mfu'])} / {percent(m['hfu'])}",
+                  f"{percent(pt.get('mfu'))} / {percent(pt.get('hfu'))}")
     mem = m["memory"]
     table.add_row("activations", human_bytes(mem["activation_bytes"] or 0), human_bytes(pm.get("activations", 0)))
     table.add_row("static (between steps)", human_bytes(mem["static_bytes"] or 0), human_bytes(pm.get("static", 0)))

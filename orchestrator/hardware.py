@@ -66,6 +66,13 @@ def preset_for_gpu(device_name: str) -> str | None:
     return None
 
 
+def local_gpu_memory_gib() -> float:
+    """The first CUDA device's memory in GiB."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
 @functools.cache
 def local_gpu_name() -> str | None:
     """The name of this machine's first CUDA device, or None without one."""
@@ -82,13 +89,16 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def peak_tflops(hw, precision: str, threads: int) -> tuple[float, str]:
+def peak_tflops(hw, precision: str, threads: int) -> tuple[float | None, str]:
     """(TFLOPS per rank, where the figure comes from) for a HardwareConfig: the preset's
-    published dense figure, or this CPU's measured matmul rate on `threads` threads.
+    published dense figure, or this CPU's measured matmul rate on `threads` threads; None
+    for a GPU that has neither (hardware=auto on a GPU without a preset): MFU unknown.
     The plan's predicted MFU and a run's measured MFU both divide by this one figure."""
     given = getattr(hw.peak_tflops, precision)
     if given:
         return float(given), f"{hw.name} dense {precision}, published"
+    if hw.device.is_gpu:
+        return None, f"no published dense {precision} peak for this GPU, so MFU is unknown"
     return (measured_cpu_peak_tflops(precision, threads),
             f"measured {precision} matmul on this CPU, {threads} thread(s) per rank")
 

@@ -49,11 +49,14 @@ def scaling_plot(ok: list[dict], path: Path) -> Path:
         dp, tps, mfu, p_tps, p_mfu = zip(*points)
         colour, label = f"C{i % 10}", f"reduce bucket {bucket:.0e} elements"
         a.plot(dp, tps, marker="o", color=colour, label=f"{label}, measured")
-        b.plot(dp, [100 * x for x in mfu], marker="o", color=colour, label=f"{label}, measured")
+        if all(x is not None for x in mfu):  # None: no published peak for this GPU
+            b.plot(dp, [100 * x for x in mfu], marker="o", color=colour, label=f"{label}, measured")
         c.plot(dp, [100 * t / tps[0] for t in tps], marker="o", color=colour, label=f"{label}, measured")
         if all(p_tps):
             a.plot(dp, p_tps, linestyle="--", marker="x", color=colour, label=f"{label}, predicted")
-            b.plot(dp, [100 * x for x in p_mfu], linestyle="--", marker="x", color=colour, label=f"{label}, predicted")
+            if all(x is not None for x in p_mfu):
+                b.plot(dp, [100 * x for x in p_mfu], linestyle="--", marker="x", color=colour,
+                       label=f"{label}, predicted")
             c.plot(dp, [100 * t / p_tps[0] for t in p_tps], linestyle="--", marker="x", color=colour,
                    label=f"{label}, predicted")
     for ax, title, ylabel in ((a, "Throughput per GPU", "tokens/s/GPU"), (b, "Model FLOPs utilisation", "MFU (%)"),

@@ -115,7 +115,9 @@ def _plottable(result: dict) -> bool:
     foreign result.json is in the table, but not drawn)."""
     try:
         m, c, plan = result["metrics"], result["config"], result.get("plan") or {}
-        figures = [m["tokens_per_sec_per_gpu"], m["mfu"], m["step_time_s"], c["parallel"]["dp"],
+        if m["mfu"] is not None and _num(m["mfu"]) is None:  # None: no published peak; the MFU plot leaves it out
+            return False
+        figures = [m["tokens_per_sec_per_gpu"], m["step_time_s"], c["parallel"]["dp"],
                    c["zero"]["reduce_bucket_size"], c["model"]["seq_len"], *m["global_batch_sizes"]]
         figures += [m["memory"][k] for k in ("peak_bytes", "activation_bytes") if m["memory"].get(k) is not None]
         if plan:

@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import hardware
 from orchestrator.compose import Composed, compose_trial, composing, presets, user_conf_dir
-from orchestrator.config import TrialConfig
+from orchestrator.config import KernelSource, TrialConfig
 from orchestrator.checks import (above_zero, at_most, check_choice, positive, reject_unknown_keys,
                                   time_limit_s, typed_config, whole_number)
 from orchestrator.errors import ConfigError, one_of
@@ -316,7 +316,11 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
             raise ConfigError("run.fp16", True, "DeepSpeed's CPU accelerator has no fp16; use run.bf16=true or fp32")
     else:
         peak = getattr(hw.peak_tflops, precision)
-        if peak is None or peak <= 0:
+        if peak is None and hw.kernels == KernelSource.measured:  # timed kernels: MFU unknown, time predicted
+            if cfg.run.objective.endswith("mfu"):
+                raise ConfigError("run.objective", cfg.run.objective, "tokens_per_sec_per_gpu or step_time_s: this GPU "
+                                  f"has no published {precision} peak (hardware.peak_tflops.{precision}), so no MFU")
+        elif peak is None or peak <= 0:
             known = hw.name in presets("hardware")
             raise ConfigError(f"hardware.peak_tflops.{precision}", peak,
                               f"{'preset' if known else 'unknown hardware'} '{hw.name}' needs its dense {precision} peak in TFLOPS; "
@@ -411,16 +415,19 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
                           f"seen from here; choose one of {one_of(presets_known)}")
     gpu = hardware.local_gpu_name()
     preset = "cpu" if gpu is None else hardware.preset_for_gpu(gpu)
-    if preset is None:
-        raise ConfigError("hardware", f"auto (found '{gpu}')", "no preset for this GPU: describe it with hardware.name=NAME "
-                          "hardware.device=cuda hardware.peak_tflops.bf16=TFLOPS hardware.memory_gib=GIB")
+    # A GPU without a preset is planned from its timed kernels and its own memory size;
+    # with no published peak its MFU is unknown (conf/hardware/gpu.yaml).
+    given = {o.split("=", 1)[0].lstrip("+~") for o in composed.overrides}
+    unknown = [] if preset or "hardware.memory_gib" in given else [
+        f"hardware.memory_gib={hardware.local_gpu_memory_gib():.2f}"]
+    preset = preset or "gpu"
     if hardware.calibrated_preset(preset, user_conf_dir()) is not None:  # written by `orchestrator calibrate`
         preset = hardware.calibrated_name(preset)
     kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
     # On the machine the trial runs on, its kernels are timed here (kernel_timing.py);
     # a calibrated preset is the user's choice of fitted values, and keeps them.
     timed = [] if preset.endswith(hardware.CALIBRATED) else ["hardware.kernels=measured"]
-    resolved = compose_trial(kept + [f"hardware={preset}", *timed])
+    resolved = compose_trial(kept + [f"hardware={preset}", *timed, *unknown])
     return dataclasses.replace(resolved, overrides=composed.overrides)  # what the user typed
 
 

@@ -47,7 +47,7 @@ def test_every_kernel_of_a_micro_batch_is_timed_once_and_cached(fresh_cache, mon
     assert all(layout in k for k in gemms if "n=256" not in k)
     for part in ("attention sdpa causal s=32", f"memory-bound {arch}", "loss vocab=256", "launch", "adamw"):
         assert sum(part in k for k in keys) == 1, part
-    assert all(k.startswith(f"{m.device}|torch ") and "|1 threads|bf16|" in k for k in keys)
+    assert all(k.startswith(f"{m.device}|torch ") and "|1 threads, 0 alongside|bf16|" in k for k in keys)
     assert all(x > 0 for x in (*m.kernels.layer_gemms, *m.kernels.head, m.kernels.attention[0], m.optimizer_s))
 
     # Again, in this process and in a new one (the file): nothing is timed a second time.
@@ -115,3 +115,54 @@ def test_which_plans_time_kernels(fresh_cache):
 def test_a_cpu_is_timed_by_the_wall_clock_and_a_gpu_by_cuda_events():
     assert clock("cpu").__name__ == "wall"
     assert clock("cuda").__name__ == clock("cuda:1").__name__ == "events"  # the host returns before the GPU ends
+
+
+def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(monkeypatch, fresh_cache):
+    # No GPU here: the device's name and memory, and its timed kernels, are stood in for.
+    # What is tested is everything around them: the resolution, the plan, MFU unknown.
+    from orchestrator import hardware
+    from orchestrator.display import console, show_plan
+    from orchestrator.errors import ConfigError
+
+    monkeypatch.setattr(hardware, "local_gpu_name", lambda: "NVIDIA L40S")
+    monkeypatch.setattr(hardware, "local_gpu_memory_gib", lambda: 44.52)
+    timed = KernelTimes(layer_gemms=(1e-3, 2e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
+                        memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=5e-6)
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a: kernel_timing.Measured(
+        timed, 1e-3, "NVIDIA L40S", "torch 2.13.0", "2026-11-24T00:00:00Z"))
+    spec = build_spec(["model=gpt2-125m"])
+    hw = spec.cfg.hardware
+    assert (hw.name, hw.device, hw.kernels, hw.memory_gib) == ("gpu", "cuda", "measured", 44.52)
+    plan = make_plan(spec)
+    assert plan.time.mfu is None and plan.time.hfu is None and plan.time.step_s > 0
+    assert plan.time.tokens_per_sec_per_gpu == pytest.approx(spec.tokens_per_step / plan.time.step_s / spec.world_size)
+    assert "timed on NVIDIA L40S" in plan.sources["compute"] and "MFU is unknown" in plan.sources["peak"]
+    out = console()
+    with out.capture() as shown:
+        show_plan(spec, plan, out)
+    assert "unknown" in shown.get()
+    with pytest.raises(ConfigError, match="run.objective"):  # nothing to rank by
+        build_spec(["model=gpt2-125m", "run.objective=mfu"])
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a: (_ for _ in ()).throw(KernelTimingError("OOM")))
+    with pytest.raises(ConfigError, match="hardware.peak_tflops.bf16"):  # no kernels and no peak: no plan
+        make_plan(spec)
+
+
+def test_a_cpu_nodes_other_ranks_run_the_same_kernel_while_it_is_timed():
+    import threading
+    import time
+
+    callers, running = set(), []
+
+    def build(rows):
+        def op():
+            callers.add(threading.get_ident())
+            time.sleep(1e-3)
+        return op, op
+
+    def tick(op, reps, rounds):
+        running.append(threading.active_count())
+        return clock("cpu")(op, reps, rounds)
+
+    time_kernel(Kernel("k", 8, build, min_rows=8), tick, neighbours=2)
+    assert len(callers) == 3 and min(running) == threading.active_count() + 2  # two copies ran alongside, then stopped

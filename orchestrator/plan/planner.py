@@ -16,6 +16,7 @@ from orchestrator.plan import advice
 from orchestrator.plan.collectives import Network, network
 from orchestrator.plan.comm import Schedule, bytes_per_rank_per_step, step_time
 from orchestrator.config import KernelSource
+from orchestrator.errors import ConfigError
 from orchestrator.kernel_timing import KernelTimingError, Measured
 from orchestrator.plan.compute import Rates, estimated_kernels, micro_batch_time
 from orchestrator.plan.flops import flops
@@ -45,6 +46,9 @@ def make_plan(spec: TrialSpec) -> Plan:
     peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, hardware.threads_per_rank(spec.gpus_per_node))
     bandwidth, bandwidth_note = memory_bandwidth(spec)
     measured, compute_source = measured_kernels(spec)
+    if not measured and peak_tflops is None:
+        raise ConfigError("hardware.peak_tflops." + spec.precision, None, f"the dense peak of this GPU: its kernels could "
+                          f"not be timed ({compute_source}), and without them the plan estimates from the peak")
     kernels = measured.kernels if measured else estimated_kernels(cfg.model, micro, rates(spec, peak_tflops, bandwidth),
                                                                   element_bytes(spec.precision))
     micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None)
@@ -56,7 +60,7 @@ def make_plan(spec: TrialSpec) -> Plan:
     offloaded = bool((sharded.offload if sharded else layout.offload_optimizer and cfg.zero.stage) and hw.device.is_gpu)
     optimizer_s = measured.optimizer_s if measured and not offloaded else optimizer_step_s(spec, n, offloaded, bandwidth)
     step_s = t.step_s + optimizer_s
-    denominator = step_s * spec.world_size * peak_tflops * 1e12
+    denominator = step_s * spec.world_size * peak_tflops * 1e12 if peak_tflops else None  # None: MFU unknown
     max_micro = max_micro_batch(states, runtime, capacity, sample_bytes(cfg.model, mode, spec.precision))
 
     plan = Plan(
@@ -70,7 +74,8 @@ def make_plan(spec: TrialSpec) -> Plan:
                   time_s=t.comm_s, exposed_s=t.exposed_s),
         time=Time(compute_s=t.compute_s, comm_s=t.comm_s, exposed_comm_s=t.exposed_s, optimizer_s=optimizer_s,
                   step_s=step_s, tokens_per_sec_per_gpu=spec.tokens_per_step / step_s / spec.world_size,
-                  mfu=f.model_per_token * spec.tokens_per_step / denominator, hfu=f.per_step / denominator,
+                  mfu=f.model_per_token * spec.tokens_per_step / denominator if denominator else None,
+                  hfu=f.per_step / denominator if denominator else None,
                   peak_tflops=peak_tflops, micro_batch=micro_time),
         max_micro_batch=max_micro,
         assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source),
@@ -102,23 +107,25 @@ def measured_kernels(spec: TrialSpec) -> tuple[Measured | None, str]:
         return None, compute_assumption(hw)
     device = hw.device.value
     threads = hardware.threads_per_rank(spec.gpus_per_node) if not hw.device.is_gpu else 1
+    neighbours = spec.gpus_per_node - 1 if not hw.device.is_gpu else 0  # a CPU node's ranks share it
     shares = [p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)]
     try:
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
-        m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares)
+        m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
+                                  neighbours)
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
-    on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
+    on = f", {threads} thread(s) per rank, {neighbours} other rank(s) alongside" if not hw.device.is_gpu else ""
     return m, f"compute: {m.source()}{on}"
 
 
-def assumptions(spec: TrialSpec, peak_tflops: float, peak_note: str, bandwidth_note: str, offloaded: bool,
+def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, bandwidth_note: str, offloaded: bool,
                 compute_source: str) -> list[str]:
     """What the plan's figures rest on, said with their sources (the plan prints them)."""
     hw = spec.cfg.hardware
     return [
-        f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})",
+        f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})" if peak_tflops else peak_note,
         compute_source,
         f"network: {_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}; "
         f"{hw.device.collective_backend}'s " + ("ring or tree, the faster per call" if hw.device.is_gpu else "ring")

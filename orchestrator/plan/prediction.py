@@ -37,9 +37,9 @@ class Time:
     optimizer_s: float
     step_s: float
     tokens_per_sec_per_gpu: float
-    mfu: float
-    hfu: float
-    peak_tflops: float
+    mfu: float | None  # None: no published peak for this GPU (hardware=auto on one without a preset)
+    hfu: float | None
+    peak_tflops: float | None
     micro_batch: ComputeTime
 
     def as_dict(self) -> dict:
