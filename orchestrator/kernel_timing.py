@@ -12,15 +12,14 @@ Timed, each in the dtype and layout the model really uses (transformers' modules
 - the optimizer step: torch's AdamW over the rank's share of the parameters;
 - an empty kernel: the fixed cost of one launch.
 
-On a CPU the clock is the wall clock on the rank's threads, and the node's other ranks
-run the same kernels at the same time, sharing its caches and memory bandwidth: each
-kernel is timed with that many copies of it running alongside. On a GPU, CUDA events
-around the calls. A kernel too large to time in `BUDGET_S` is timed on fewer rows
+On a CPU the clock is the wall clock on the rank's threads (each kernel timed alone: the
+other ranks of a node are not run beside it; bench/RESULTS.md says why); on a GPU, CUDA
+events around the calls. A kernel too large to time in `BUDGET_S` is timed on fewer rows
 (tokens, sequences x heads, elements) and scaled, its time being linear in them once they
 are a few dozen; a GEMM's output width is cut to `kernels.GEMM_MAX_N` the same way.
 
-Times are cached by device name, torch and transformers versions, threads and ranks
-alongside, dtype and shape (~/.cache/orchestrator/kernels.json), so a sweep times each
+Times are cached by device name, torch and transformers versions, threads, dtype and
+shape (~/.cache/orchestrator/kernels.json), so a sweep times each
 distinct shape once. The method is vTrain's (Bang et al., MICRO 2024): profile each
 operator on the target device, compose the step from those times.
 """
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,47 +147,23 @@ def threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-@contextmanager
-def built(kernel: Kernel, rows: int, neighbours: int) -> Iterator[tuple[Callable, Callable]]:
-    """The kernel's (forward, forward and backward) calls on `rows` rows, with `neighbours`
-    copies of it running meanwhile on threads of their own: the other ranks of a CPU node
-    run the same kernels at the same time, and share its caches and memory bandwidth."""
-    fwd, both = kernel.build(rows)
-    others = [kernel.build(rows)[1] for _ in range(neighbours)]
-    stop = threading.Event()
-
-    def loop(op) -> None:
-        while not stop.is_set():
-            op()
-
-    workers = [threading.Thread(target=loop, args=(op,), daemon=True) for op in others]
-    for w in workers:
-        w.start()
-    try:
-        yield fwd, both
-    finally:
-        stop.set()
-        for w in workers:
-            w.join()
-
-
-def time_kernel(kernel: Kernel, tick: Callable, neighbours: int = 0) -> tuple[float, float]:
+def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
     """(forward s, backward s) of the kernel at its full size. A call on `min_rows` rows
     says what a call costs; a kernel that would take more than BUDGET_S a call whole is
     timed on fewer rows (never under min_rows) and scaled; one that takes longer even on
     min_rows keeps that first timing (a slow device pays once, not best of three)."""
     rows = min(kernel.rows, kernel.min_rows)
-    with built(kernel, rows, neighbours) as (fwd, both):
-        total = probe = tick(both, 1, 1)
-        slow = probe >= BUDGET_S
-        forward = tick(fwd, 1, 1) if slow else 0.0
-    if not slow:
+    fwd, both = kernel.build(rows)
+    total = probe = tick(both, 1, 1)
+    if probe >= BUDGET_S:
+        forward = tick(fwd, 1, 1)
+    else:
         if rows < kernel.rows:
             rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
-        with built(kernel, rows, neighbours) as (fwd, both):
+            fwd, both = kernel.build(rows)
             probe = tick(both, 1, 1)
-            reps = max(1, min(20, int(BUDGET_S / max(probe, 1e-9))))
-            forward, total = tick(fwd, reps, 3), tick(both, reps, 3)
+        reps = max(1, min(20, int(BUDGET_S / max(probe, 1e-9))))
+        forward, total = tick(fwd, reps, 3), tick(both, reps, 3)
     scale = kernel.scale * kernel.rows / rows
     return forward * scale, max(total - forward, 0.0) * scale
 
@@ -211,18 +185,17 @@ def software() -> str:
 
 
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
-            optimizer_tensors: list[int], neighbours: int = 0) -> Measured:
+            optimizer_tensors: list[int]) -> Measured:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
-    optimizer step over `optimizer_tensors` (elements of each of the rank's shares), with
-    `neighbours` other ranks running the same on this device (a CPU node's).
+    optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     KernelTimingError where the device cannot run one."""
     name, sw = device_name(device), software()
-    prefix = f"{name}|{sw}|{threads_per_rank} threads, {neighbours} alongside|{precision}|"
+    prefix = f"{name}|{sw}|{threads_per_rank} threads|{precision}|"
     tick = clock(device)
     whens: list[str] = []
 
     def timed(kernel: Kernel) -> tuple[float, float]:
-        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: time_kernel(kernel, tick, neighbours))
+        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: time_kernel(kernel, tick))
         whens.append(when)
         return fwd, bwd
 

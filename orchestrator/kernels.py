@@ -13,7 +13,10 @@ from orchestrator.plan.compute import layer_gemms
 
 MIN_ROWS = 256  # never timed on fewer rows: below this a kernel's time is not linear in them
 GEMM_MIN_ROWS = 32  # a GEMM's: its time per row holds from a few dozen rows
-GEMM_MAX_N = 1024  # wider outputs are timed on this many columns and scaled (linear in them too)
+# Wider outputs (a large vocabulary's lm_head) are timed on this many columns and scaled.
+# Not fewer: the head's dX sums over them, and on a CPU its speed changes as its operand
+# leaves the caches (the lm_head of an 8192 vocabulary timed on 1,024 columns came out 2x fast).
+GEMM_MAX_N = 8192
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, de
         return (lambda: module(x)), _grads(lambda: module(x), [x, *module.parameters()], dy)
 
     layout = "conv1d [k, n]" if conv1d else "linear [n, k]"
-    return Kernel(f"gemm {layout}{' + bias' if conv1d or bias else ''} n={n} k={k}", rows, build,
+    cut = f" (timed on {cols})" if cols < n else ""
+    return Kernel(f"gemm {layout}{' + bias' if conv1d or bias else ''} n={n}{cut} k={k}", rows, build,
                   min_rows=GEMM_MIN_ROWS, scale=n / cols)
 
 

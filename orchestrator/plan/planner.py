@@ -107,16 +107,14 @@ def measured_kernels(spec: TrialSpec) -> tuple[Measured | None, str]:
         return None, compute_assumption(hw)
     device = hw.device.value
     threads = hardware.threads_per_rank(spec.gpus_per_node) if not hw.device.is_gpu else 1
-    neighbours = spec.gpus_per_node - 1 if not hw.device.is_gpu else 0  # a CPU node's ranks share it
     shares = [p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)]
     try:
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
-        m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
-                                  neighbours)
+        m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares)
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
-    on = f", {threads} thread(s) per rank, {neighbours} other rank(s) alongside" if not hw.device.is_gpu else ""
+    on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
     return m, f"compute: {m.source()}{on}"
 
 
