@@ -426,7 +426,7 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
     kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
     # On the machine the trial runs on, its kernels are timed here (kernel_timing.py);
     # a calibrated preset is the user's choice of fitted values, and keeps them.
-    timed = [] if preset.endswith(hardware.CALIBRATED) else ["hardware.kernels=measured"]
+    timed = [] if preset.endswith(hardware.CALIBRATED) or "hardware.kernels" in given else ["hardware.kernels=measured"]
     resolved = compose_trial(kept + [f"hardware={preset}", *timed, *unknown])
     return dataclasses.replace(resolved, overrides=composed.overrides)  # what the user typed
 

@@ -103,6 +103,7 @@ def test_where_timing_fails_the_plan_uses_the_preset_and_says_so(monkeypatch):
 
 def test_which_plans_time_kernels(fresh_cache):
     assert build_spec([]).cfg.hardware.kernels == "measured"  # hardware=auto, here a CPU
+    assert build_spec(["hardware.kernels=preset"]).cfg.hardware.kernels == "preset"  # the user's word wins
     assert small_spec().cfg.hardware.kernels == "measured"  # this machine's CPU
     assert build_spec(["hardware=h100-sxm", "cluster=slurm"]).cfg.hardware.kernels == "preset"  # not here
     assert with_params(small_spec(), {"compute_efficiency": 0.5}).cfg.hardware.kernels == "preset"  # a fit's
