@@ -16,7 +16,8 @@ On a CPU the clock is the wall clock on the rank's threads (each kernel timed al
 other ranks of a node are not run beside it; bench/RESULTS.md says why); on a GPU, CUDA
 events around the calls. A kernel too large to time in `BUDGET_S` is timed on fewer rows
 (tokens, sequences x heads, elements) and scaled, its time being linear in them once they
-are a few dozen; a GEMM's output width is cut to `kernels.GEMM_MAX_N` the same way.
+are a few dozen; a GEMM's weight is cut to `kernels.GEMM_MAX_N` x `GEMM_MAX_K` the same
+way, and further (`affordable`) where one call on its fewest rows would pass `PROBE_S`.
 
 Times are cached by device name, torch and transformers versions, threads, dtype and
 shape (~/.cache/orchestrator/kernels.json), so a sweep times each
@@ -41,6 +42,7 @@ from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
+PROBE_S = 0.25  # the longest one call on the fewest rows may take: larger are timed on a smaller shape
 
 
 class KernelTimingError(RuntimeError):
@@ -102,14 +104,16 @@ class Cache:
         cls._dirty = False
 
 
-def clock(device) -> Callable[[Callable[[], object], int, int], float]:
-    """tick(op, reps, rounds): seconds per call of op over `reps` calls, the best of `rounds`
-    rounds after a warm-up call: the wall clock on a CPU, CUDA events on a GPU (the host
+def clock(device) -> Callable[..., float]:
+    """tick(op, reps, rounds, warm=True): seconds per call of op over `reps` calls, the best
+    of `rounds` rounds after a warm-up call (its first call costs up to 6x: allocation, the
+    library picking its kernel): the wall clock on a CPU, CUDA events on a GPU (the host
     returns before the GPU is done)."""
     import torch
 
-    def wall(op, reps, rounds):
-        op()
+    def wall(op, reps, rounds, warm=True):
+        if warm:
+            op()
         best = float("inf")
         for _ in range(rounds):
             start = time.perf_counter()
@@ -118,8 +122,9 @@ def clock(device) -> Callable[[Callable[[], object], int, int], float]:
             best = min(best, (time.perf_counter() - start) / reps)
         return best
 
-    def events(op, reps, rounds):
-        op()
+    def events(op, reps, rounds, warm=True):
+        if warm:
+            op()
         torch.cuda.synchronize(device)
         best = float("inf")
         for _ in range(rounds):
@@ -152,11 +157,10 @@ def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
     says what a call costs; a kernel that would take more than BUDGET_S a call whole is
     timed on fewer rows (never under min_rows) and scaled; one that takes longer even on
     min_rows keeps that first timing (a slow device pays once, not best of three)."""
-    rows = min(kernel.rows, kernel.min_rows)
-    fwd, both = kernel.build(rows)
-    total = probe = tick(both, 1, 1)
+    kernel, (rows, fwd, both, probe) = affordable(kernel, tick)
+    total = probe
     if probe >= BUDGET_S:
-        forward = tick(fwd, 1, 1)
+        forward = tick(fwd, 1, 1, warm=False)  # the probe ran it
     else:
         if rows < kernel.rows:
             rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
@@ -166,6 +170,29 @@ def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
         forward, total = tick(fwd, reps, 3), tick(both, reps, 3)
     scale = kernel.scale * kernel.rows / rows
     return forward * scale, max(total - forward, 0.0) * scale
+
+
+Probe = tuple[int, Callable[[], object], Callable[[], object], float]  # rows, forward, both, s a call
+
+
+def probe(kernel: Kernel, tick: Callable) -> Probe:
+    """One call of the kernel's forward and backward on its fewest rows, after a warm-up."""
+    rows = min(kernel.rows, kernel.min_rows)
+    fwd, both = kernel.build(rows)
+    return rows, fwd, both, tick(both, 1, 1)
+
+
+def affordable(kernel: Kernel, tick: Callable) -> tuple[Kernel, Probe]:
+    """The largest of the kernel's shapes (itself, then each `smaller`) whose call on its
+    fewest rows should take at most PROBE_S, judged from one call of the smallest, and its
+    probe: what bounds the time a plan spends timing a huge model on a slow device."""
+    shapes = [kernel]
+    while shapes[-1].smaller is not None:
+        shapes.append(shapes[-1].smaller)
+    smallest = shapes[-1]
+    probed = probe(smallest, tick)
+    chosen = next((s for s in shapes if probed[3] * smallest.scale / s.scale <= PROBE_S), smallest)
+    return chosen, probed if chosen is smallest else probe(chosen, tick)
 
 
 def device_name(device: str) -> str:

@@ -13,10 +13,21 @@ from orchestrator.plan.compute import layer_gemms
 
 MIN_ROWS = 256  # never timed on fewer rows: below this a kernel's time is not linear in them
 GEMM_MIN_ROWS = 32  # a GEMM's: its time per row holds from a few dozen rows
+# Memory-bound kernels' time is linear in the elements they stream, once past this many of
+# the widest (256 rows of GPT-2 small's 3,072-wide FFN); wider layers need fewer rows.
+MIN_ELEMENTS = 256 * 3072
 # Wider outputs (a large vocabulary's lm_head) are timed on this many columns and scaled.
 # Not fewer: the head's dX sums over them, and on a CPU its speed changes as its operand
 # leaves the caches (the lm_head of an 8192 vocabulary timed on 1,024 columns came out 2x fast).
 GEMM_MAX_N = 8192
+# Deeper ones (a 175B model's 49,152-wide FFN) likewise on this many: past it a call's time
+# grows in proportion to k (every output sums over it), and the whole weight would cost
+# seconds to build and time for each plan of a model no CPU runs.
+GEMM_MAX_K = 8192
+# A device too slow to time a GEMM at those sizes within PROBE_S (bf16 through a CPU without
+# bf16 instructions: 0.2 GFLOPS in GPT-2's [k, n] layout on one of ours) times it on fewer,
+# halving the larger side down to this.
+GEMM_MIN_SIDE = 1024
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,7 @@ class Kernel:
     build: Callable[[int], tuple[Callable[[], object], Callable[[], object]]]
     min_rows: int = MIN_ROWS
     scale: float = 1.0  # the real kernel over the one built, in a dimension other than rows
+    smaller: Kernel | None = None  # the same on a smaller shape (a larger scale), or None
 
 GPT2_ACTIVATION = "gelu_pytorch_tanh"  # what workload/model.py gives GPT2Config
 
@@ -46,25 +58,35 @@ def _grads(outputs, inputs, grads):
     return lambda: torch.autograd.grad(outputs(), inputs, grads)
 
 
-def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, device: str) -> Kernel:
+def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, device: str,
+         cols: int = GEMM_MAX_N, depth: int = GEMM_MAX_K) -> Kernel:
     """y = x W (+ b) for x of [rows, k]: nn.Linear(k, n) ([n, k] weight) or transformers'
-    Conv1D(n, k) (GPT-2's, [k, n]); its backward is autograd's dX and dW."""
-    cols = min(n, GEMM_MAX_N)
+    Conv1D(n, k) (GPT-2's, [k, n]); its backward is autograd's dX and dW. Built on at most
+    `cols` x `depth` of the weight and scaled; `smaller` halves the larger of the two (down
+    to GEMM_MIN_SIDE), for a device too slow to time this one."""
+    cols, depth = min(n, cols), min(k, depth)
 
     def build(r: int):
         import torch
         from transformers.pytorch_utils import Conv1D
 
         dtype = _dtype(precision)
-        module = (Conv1D(cols, k) if conv1d else torch.nn.Linear(k, cols, bias=bias)).to(device=device, dtype=dtype)
-        x = torch.randn(r, k, device=device, dtype=dtype, requires_grad=True)
+        module = (Conv1D(cols, depth) if conv1d else torch.nn.Linear(depth, cols, bias=bias)).to(device=device, dtype=dtype)
+        x = torch.randn(r, depth, device=device, dtype=dtype, requires_grad=True)
         dy = torch.randn(r, cols, device=device, dtype=dtype)
         return (lambda: module(x)), _grads(lambda: module(x), [x, *module.parameters()], dy)
 
+    smaller = None
+    if max(cols, depth) > GEMM_MIN_SIDE:
+        wider = cols >= depth
+        half = max(GEMM_MIN_SIDE, (cols if wider else depth) // 2)
+        smaller = gemm(rows, n, k, conv1d, bias, precision, device,
+                       cols=half if wider else cols, depth=depth if wider else half)
     layout = "conv1d [k, n]" if conv1d else "linear [n, k]"
-    cut = f" (timed on {cols})" if cols < n else ""
-    return Kernel(f"gemm {layout}{' + bias' if conv1d or bias else ''} n={n}{cut} k={k}", rows, build,
-                  min_rows=GEMM_MIN_ROWS, scale=n / cols)
+    cut_n = f" (timed on {cols})" if cols < n else ""
+    cut_k = f" (timed on {depth})" if depth < k else ""
+    return Kernel(f"gemm {layout}{' + bias' if conv1d or bias else ''} n={n}{cut_n} k={k}{cut_k}", rows, build,
+                  min_rows=GEMM_MIN_ROWS, scale=n / cols * k / depth, smaller=smaller)
 
 
 def attention(model: ModelConfig, micro: int, precision: str, device: str) -> Kernel:
@@ -124,7 +146,8 @@ def memory_bound(model: ModelConfig, tokens: int, precision: str, device: str) -
         grads = [torch.randn_like(o) for o in outs]
         return forward, _grads(forward, inputs, grads)
 
-    return Kernel(f"memory-bound {model.arch} layer h={h} f={f}", tokens, build)
+    return Kernel(f"memory-bound {model.arch} layer h={h} f={f}", tokens, build,
+                  min_rows=max(1, min(MIN_ROWS, -(-MIN_ELEMENTS // f))))
 
 
 def loss(vocab: int, tokens: int, precision: str, device: str) -> Kernel:

@@ -11,6 +11,7 @@ import pytest
 from orchestrator import kernel_timing
 from orchestrator.calibrate import with_params
 from orchestrator.kernel_timing import Cache, KernelTimingError, clock, measure, time_kernel
+from orchestrator import kernels
 from orchestrator.kernels import Kernel, trial_gemms
 from orchestrator.plan.compute import KernelTimes, micro_batch_time
 from orchestrator.plan.params import parameter_tensors
@@ -66,7 +67,7 @@ def test_a_kernel_too_long_for_the_budget_is_timed_on_fewer_rows_and_scaled():
         built.append(rows)
         return ("fwd", rows), ("both", rows)
 
-    def tick(op, reps, rounds):  # a clock where a call costs 1 ms a row forward, 3 ms forward and backward
+    def tick(op, reps, rounds, warm=True):  # a clock where a call costs 1 ms a row forward, 3 ms both
         kind, rows = op
         return rows * (1e-3 if kind == "fwd" else 3e-3)
 
@@ -76,6 +77,42 @@ def test_a_kernel_too_long_for_the_budget_is_timed_on_fewer_rows_and_scaled():
     small = []
     time_kernel(Kernel("k", 8, lambda r: small.append(r) or (("fwd", r), ("both", r)), min_rows=4), tick)
     assert small[-1] == 8  # within the budget: timed whole
+
+
+def test_a_gemm_too_slow_to_time_whole_is_timed_on_the_largest_shape_the_probe_allows():
+    # GPT-3 175B's FFN GEMM: capped at 8192 x 8192, then halved side by side down to 1024.
+    shapes = [kernels.gemm(8192, 49152, 12288, True, True, "bf16", "cpu")]
+    while shapes[-1].smaller is not None:
+        shapes.append(shapes[-1].smaller)
+    assert shapes[0].scale == pytest.approx(49152 * 12288 / 8192**2)
+    assert shapes[-1].scale == pytest.approx(49152 * 12288 / 1024**2) and len(shapes) == 7
+    assert all(b.scale == pytest.approx(2 * a.scale) for a, b in zip(shapes, shapes[1:]))
+
+    # A device where a call on 32 rows costs 1 s per `per_second` weight elements, forward
+    # and backward (the scale says how large each shape was built): no real call needed.
+    def stand_in(kernel):
+        size = 49152 * 12288 / kernel.scale
+        return dataclasses.replace(kernel, build=lambda r: (("fwd", size), ("both", size)),
+                                   smaller=stand_in(kernel.smaller) if kernel.smaller else None)
+
+    def chosen_and_probed(per_second: float):
+        probed = []
+
+        def tick(op, reps, rounds, warm=True):
+            probed.append(op[1])
+            return op[1] / per_second * (1 / 3 if op[0] == "fwd" else 1)
+
+        chosen, (_, _, _, seconds) = kernel_timing.affordable(stand_in(shapes[0]), tick)
+        return 49152 * 12288 / chosen.scale, probed, seconds
+
+    # 2^24 a second: the 1024^2 probe takes 1/16 s, so 2048^2 (1/4 s) is the largest affordable.
+    size, probed, seconds = chosen_and_probed(2**24)
+    assert probed == [1024**2, 2048**2] and size == 2048**2 and seconds == pytest.approx(0.25)
+    # 2^20 a second: even the smallest takes 1 s; it is kept, and not probed twice.
+    size, probed, _ = chosen_and_probed(2**20)
+    assert probed == [1024**2] and size == 1024**2
+    # 2^30 a second: the capped shape itself.
+    assert chosen_and_probed(2**30)[0] == 8192**2
 
 
 def test_the_composition_adds_what_recompute_runs_again_and_no_launch_to_timed_kernels():
