@@ -20,9 +20,14 @@ from pathlib import Path
 
 import submitit
 
-from orchestrator.files import atomic_write_json
+from orchestrator.config import KernelSource
+from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.local import WORKLOAD_MODULE, clear_stale_build_locks
+from orchestrator.plan.planner import make_plan
+from orchestrator.spec import load_spec
 from orchestrator.trial_dir import TrialPaths
+
+NODE_PLAN_WAIT_S = 600  # the longest the other ranks wait for rank 0 to time the kernels
 
 
 def task_environment() -> dict[str, str]:
@@ -58,6 +63,7 @@ class SlurmTask(submitit.helpers.Checkpointable):
             error.replace(paths.earlier_rank_error(rank, time.time()))
         started = self._attempt_started = time.time()
         clear_stale_build_locks()  # a requeue that killed an op build mid-way left its lock
+        plan_on_the_node(paths, rank)
         # submitit ignores SIGTERM ("bypass"), so a requeue or scancel waited for SLURM's
         # SIGKILL (KillWait later, 30 s by default) after the warning's checkpoint: end now.
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -107,6 +113,27 @@ class SlurmTask(submitit.helpers.Checkpointable):
 
     def __getstate__(self) -> dict:  # the running child does not travel with the requeued job
         return {**self.__dict__, "_proc": None}
+
+
+def plan_on_the_node(paths: TrialPaths, rank: int) -> None:
+    """hardware.kernels=measured: the submitting host could not time the node's kernels, so
+    before the ranks start rank 0 times them here and re-plans into plan.json (the result
+    compares the measured step with this plan), keeping the submitted one beside it. The
+    other ranks wait for it, so nothing runs on the node beside the timing. Once per
+    trial: a requeued job finds it done."""
+    spec = load_spec(paths.root)
+    if spec.cfg.hardware.kernels != KernelSource.measured or paths.plan_at_submit.exists():
+        return
+    if rank != 0:
+        deadline = time.monotonic() + NODE_PLAN_WAIT_S
+        while not paths.plan_at_submit.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return
+    submitted = read_json(paths.plan)
+    try:
+        atomic_write_json(paths.plan, make_plan(spec, on_the_node=True).as_dict())
+    finally:  # the other ranks go on either way; a plan that failed leaves the submitted one
+        atomic_write_json(paths.plan_at_submit, submitted)
 
 
 def _block_warning() -> None:

@@ -412,7 +412,8 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
     presets_known = [p for p in presets("hardware") if p != "auto"]
     if composed.cfg.cluster.name != "local":
         raise ConfigError("hardware", "auto", f"on cluster={composed.cfg.cluster.name} the compute nodes cannot be "
-                          f"seen from here; choose one of {one_of(presets_known)}")
+                          f"seen from here; choose one of {one_of(presets_known)} (with hardware.kernels=measured "
+                          "its kernels are timed on the allocated node before the ranks start)")
     gpu = hardware.local_gpu_name()
     preset = "cpu" if gpu is None else hardware.preset_for_gpu(gpu)
     # A GPU without a preset is planned from its timed kernels and its own memory size;

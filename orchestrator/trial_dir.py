@@ -41,7 +41,7 @@ class TrialPaths:
 
     Written before launch (translate): config.yaml, trial.json, plan.json, ds_config.json,
     accelerate_config.yaml, launch.json, launch.sh, EXPLAIN.md, and .hydra/ (Hydra's names,
-    masked); while it runs: claim.json, result.reserve, logs/, errors/, checkpoint/,
+    masked); while it runs: plan-at-submit.json (SLURM), claim.json, result.reserve, logs/, errors/, checkpoint/,
     metrics.json (rank 0), slurm.json, wandb_run.json, wandb/, profile/; at its end: result.json."""
 
     root: Path
@@ -49,6 +49,9 @@ class TrialPaths:
     config = property(lambda self: self.root / "config.yaml")  # the resolved trial
     meta = property(lambda self: self.root / "trial.json")  # overrides, choices, sweep point
     plan = property(lambda self: self.root / "plan.json")
+    # SLURM with measured kernels: the submitting host's plan, kept when the allocated node
+    # re-plans into plan.json; written last, so it also says the node's plan is there.
+    plan_at_submit = property(lambda self: self.root / "plan-at-submit.json")
     ds_config = property(lambda self: self.root / "ds_config.json")
     accelerate_config = property(lambda self: self.root / "accelerate_config.yaml")
     launch_json = property(lambda self: self.root / "launch.json")

@@ -148,6 +148,13 @@ def test_which_plans_time_kernels(fresh_cache):
     assert plan.time.micro_batch.timed and "timed on" in plan.sources["compute"]
     gpu = make_plan(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b"]))
     assert gpu.sources["compute"].startswith("compute (the h100-sxm preset's parameters)")
+    # On SLURM the submitting host is not the node: it plans from the preset, and the
+    # allocated node times the kernels before the ranks start (tests/test_slurm.py runs it).
+    slurm = small_spec("cluster=slurm")
+    submitted, on_the_node = make_plan(slurm), make_plan(slurm, on_the_node=True)
+    assert not submitted.time.micro_batch.timed and submitted.sources["compute"].endswith(
+        "until the kernels are timed on the allocated node before the ranks start")
+    assert on_the_node.time.micro_batch.timed and "in SLURM job" in on_the_node.sources["compute"]
 
 
 def test_a_cpu_is_timed_by_the_wall_clock_and_a_gpu_by_cuda_events():

@@ -50,13 +50,19 @@ def test_a_sweep_submits_returns_at_once_and_wait_collects_it(slurm_cluster, tmp
         assert len(cores) == 2 and len(set(cores)) == 2 and all(len(c) == 1 for c in cores)  # a core of its own
 
 
-def test_a_dp_sweep_submits_jobs_with_their_own_task_counts(slurm_cluster, tmp_path):
+def test_a_dp_sweep_submits_jobs_with_their_own_task_counts_and_each_node_times_its_kernels(slurm_cluster, tmp_path):
     proc = run_cli("run", "-m", "--out", str(tmp_path), *SMALL, "parallel.dp=1,2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jobs = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("slurm.json"))]
     assert len(jobs) == 2 and not any(j["array"] for j in jobs)  # different resources: separate jobs
     assert wait(tmp_path).returncode == 0
     assert sorted(r["env"]["world_size"] for r in results(tmp_path)) == [1, 2]
+    for result in sorted(tmp_path.rglob("result.json")):
+        r, submitted = json.loads(result.read_text()), json.loads((result.parent / "plan-at-submit.json").read_text())
+        # hardware=cpu times its kernels: not on the submitting host but on the node, before the ranks
+        assert "until the kernels are timed on the allocated node" in submitted["sources"]["compute"]
+        assert f"in SLURM job {r['slurm']['job_id']}" in r["plan"]["sources"]["compute"]
+        assert r["plan"]["time"]["micro_batch"]["timed"] and not submitted["time"]["micro_batch"]["timed"]
     for job in jobs:
         tasks = subprocess.run(["sacct", "-j", f"{job['job_id']}.0", "-n", "-P", "-o", "NTasks"], capture_output=True,
                                text=True, timeout=60).stdout.split()

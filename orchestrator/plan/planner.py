@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 
 from orchestrator import hardware, kernel_timing
 from orchestrator.plan import advice
@@ -29,7 +30,10 @@ from orchestrator.plan.prediction import Comm, Plan, Time
 from orchestrator.spec import TrialSpec
 
 
-def make_plan(spec: TrialSpec) -> Plan:
+def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
+    """The plan of one trial. Measured kernels (hardware.kernels=measured) are timed here
+    where the trial runs here (cluster=local), or where `on_the_node` says this is the
+    SLURM allocation it was submitted to (launchers/slurm_task.py re-plans there)."""
     cfg, hw = spec.cfg, spec.cfg.hardware
     n = count_parameters(cfg.model)
     layout = zero_layout(spec)
@@ -45,7 +49,7 @@ def make_plan(spec: TrialSpec) -> Plan:
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
     peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, hardware.threads_per_rank(spec.gpus_per_node))
     bandwidth, bandwidth_note = memory_bandwidth(spec)
-    measured, compute_source = measured_kernels(spec)
+    measured, compute_source = measured_kernels(spec, here=on_the_node or cfg.cluster.name == "local")
     if not measured and peak_tflops is None:
         raise ConfigError("hardware.peak_tflops." + spec.precision, None, f"the dense peak of this GPU: its kernels could "
                           f"not be timed ({compute_source}), and without them the plan estimates from the peak")
@@ -99,12 +103,15 @@ def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: f
     return optimizer_traffic_bytes(updated, spec.precision) / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
 
 
-def measured_kernels(spec: TrialSpec) -> tuple[Measured | None, str]:
+def measured_kernels(spec: TrialSpec, here: bool) -> tuple[Measured | None, str]:
     """The trial's kernels timed on this machine's device where hardware.kernels=measured
-    (None otherwise, or where timing failed), and where the compute times come from."""
+    and the trial runs `here` (None otherwise, or where timing failed), and where the
+    compute times come from."""
     hw = spec.cfg.hardware
     if hw.kernels != KernelSource.measured:
         return None, compute_assumption(hw)
+    if not here:  # a login node times nothing of a compute node's
+        return None, f"{compute_assumption(hw)}, until the kernels are timed on the allocated node before the ranks start"
     device = hw.device.value
     threads = hardware.threads_per_rank(spec.gpus_per_node) if not hw.device.is_gpu else 1
     shares = [p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)]
@@ -115,6 +122,8 @@ def measured_kernels(spec: TrialSpec) -> tuple[Measured | None, str]:
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
+    if spec.cfg.cluster.name != "local":
+        on += f", on {socket.gethostname()} in SLURM job {os.environ.get('SLURM_JOB_ID', '?')} before the ranks started"
     return m, f"compute: {m.source()}{on}"
 
 
