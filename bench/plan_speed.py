@@ -34,7 +34,9 @@ def cpu_sweep(points: int) -> None:
         for state in ("fresh", "warm"):
             Cache._known = None  # read from the file again, as a new process would
             start = time.perf_counter()
-            plans = [make_plan(build_spec(o)) for o in overrides]
+            # as each allocated node plans its trial (on the submitting host a SLURM trial's
+            # plan takes the preset's values: the node is not this machine)
+            plans = [make_plan(build_spec(o), on_the_node=True) for o in overrides]
             kernels = sum(1 for _ in Cache.known())
             print(f"this CPU, measured kernels, {state} cache: {len(plans)} points in "
                   f"{time.perf_counter() - start:6.2f} s ({kernels} kernels timed and cached)")
