@@ -42,7 +42,9 @@ from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
-PROBE_S = 0.25  # the longest one call on the fewest rows may take: larger are timed on a smaller shape
+# How kernels are timed, in the cache key: times taken another way are timed again.
+METHOD = "timing 2 (weights up to 8192 x 8192 elements, probe 1 s)"
+PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
 
 
 class KernelTimingError(RuntimeError):
@@ -217,7 +219,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     KernelTimingError where the device cannot run one."""
     name, sw = device_name(device), software()
-    prefix = f"{name}|{sw}|{threads_per_rank} threads|{precision}|"
+    prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads|{precision}|"
     tick = clock(device)
     whens: list[str] = []
 

@@ -24,6 +24,10 @@ GEMM_MAX_N = 8192
 # grows in proportion to k (every output sums over it), and the whole weight would cost
 # seconds to build and time for each plan of a model no CPU runs.
 GEMM_MAX_K = 8192
+# A narrow weight is timed on all its columns up to this many elements (a 128k vocabulary's
+# lm_head on a 64-wide model: on 8,192 of its 128,256 columns its backward came out 3.9x
+# fast, its 16 MB no longer fitting an 8 MB L3 whole).
+GEMM_MAX_WEIGHT = GEMM_MAX_N * GEMM_MAX_K
 # A device too slow to time a GEMM at those sizes within PROBE_S (bf16 through a CPU without
 # bf16 instructions: 0.2 GFLOPS in GPT-2's [k, n] layout on one of ours) times it on fewer,
 # halving the larger side down to this.
@@ -59,12 +63,13 @@ def _grads(outputs, inputs, grads):
 
 
 def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, device: str,
-         cols: int = GEMM_MAX_N, depth: int = GEMM_MAX_K) -> Kernel:
+         cols: int | None = None, depth: int = GEMM_MAX_K) -> Kernel:
     """y = x W (+ b) for x of [rows, k]: nn.Linear(k, n) ([n, k] weight) or transformers'
     Conv1D(n, k) (GPT-2's, [k, n]); its backward is autograd's dX and dW. Built on at most
     `cols` x `depth` of the weight and scaled; `smaller` halves the larger of the two (down
     to GEMM_MIN_SIDE), for a device too slow to time this one."""
-    cols, depth = min(n, cols), min(k, depth)
+    depth = min(k, depth)
+    cols = min(n, cols if cols is not None else max(GEMM_MAX_N, GEMM_MAX_WEIGHT // depth))
 
     def build(r: int):
         import torch

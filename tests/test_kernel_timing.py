@@ -105,11 +105,11 @@ def test_a_gemm_too_slow_to_time_whole_is_timed_on_the_largest_shape_the_probe_a
         chosen, (_, _, _, seconds) = kernel_timing.affordable(stand_in(shapes[0]), tick)
         return 49152 * 12288 / chosen.scale, probed, seconds
 
-    # 2^24 a second: the 1024^2 probe takes 1/16 s, so 2048^2 (1/4 s) is the largest affordable.
-    size, probed, seconds = chosen_and_probed(2**24)
-    assert probed == [1024**2, 2048**2] and size == 2048**2 and seconds == pytest.approx(0.25)
-    # 2^20 a second: even the smallest takes 1 s; it is kept, and not probed twice.
-    size, probed, _ = chosen_and_probed(2**20)
+    # The 1024^2 probe takes a quarter of PROBE_S: 2048^2 (4x its work) is the largest affordable.
+    size, probed, seconds = chosen_and_probed(4 * 2**20 / kernel_timing.PROBE_S)
+    assert probed == [1024**2, 2048**2] and size == 2048**2 and seconds == pytest.approx(kernel_timing.PROBE_S)
+    # Even the smallest takes twice PROBE_S: it is kept, and not probed twice.
+    size, probed, _ = chosen_and_probed(2**20 / (2 * kernel_timing.PROBE_S))
     assert probed == [1024**2] and size == 1024**2
     # 2^30 a second: the capped shape itself.
     assert chosen_and_probed(2**30)[0] == 8192**2
