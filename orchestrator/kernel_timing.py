@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 from orchestrator import kernels
 from orchestrator.config import ModelConfig
@@ -174,14 +174,20 @@ def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
     return forward * scale, max(total - forward, 0.0) * scale
 
 
-Probe = tuple[int, Callable[[], object], Callable[[], object], float]  # rows, forward, both, s a call
+class Probe(NamedTuple):
+    """One call of a kernel's forward and backward on its fewest rows."""
+
+    rows: int
+    forward: Callable[[], object]
+    both: Callable[[], object]  # forward and backward
+    seconds: float  # of one call of both
 
 
 def probe(kernel: Kernel, tick: Callable) -> Probe:
     """One call of the kernel's forward and backward on its fewest rows, after a warm-up."""
     rows = min(kernel.rows, kernel.min_rows)
     fwd, both = kernel.build(rows)
-    return rows, fwd, both, tick(both, 1, 1)
+    return Probe(rows, fwd, both, tick(both, 1, 1))
 
 
 def affordable(kernel: Kernel, tick: Callable) -> tuple[Kernel, Probe]:
@@ -193,7 +199,7 @@ def affordable(kernel: Kernel, tick: Callable) -> tuple[Kernel, Probe]:
         shapes.append(shapes[-1].smaller)
     smallest = shapes[-1]
     probed = probe(smallest, tick)
-    chosen = next((s for s in shapes if probed[3] * smallest.scale / s.scale <= PROBE_S), smallest)
+    chosen = next((s for s in shapes if probed.seconds * smallest.scale / s.scale <= PROBE_S), smallest)
     return chosen, probed if chosen is smallest else probe(chosen, tick)
 
 
