@@ -3,18 +3,21 @@ the field, the value and what is allowed. spec.py applies them field by field.""
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Collection
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.errors import ConfigError, did_you_mean, one_of
 
 
-def reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
-    """`+model.foo=1` slips past Hydra's struct mode; the dataclass schema has the last word."""
+def reject_unknown_keys(node: DictConfig, prefix: str = "", skip: Collection[str] = ()) -> None:
+    """`+model.foo=1` slips past Hydra's struct mode; the dataclass schema has the last word.
+    Children named in `skip` are known to be checked already (a group converted earlier)."""
     kind = OmegaConf.get_type(node)
     allowed = [f.name for f in fields(kind)] if is_dataclass(kind) else None
     for key, value in node.items_ex(resolve=False):
@@ -22,34 +25,64 @@ def reject_unknown_keys(node: DictConfig, prefix: str = "") -> None:
         if allowed is not None and key not in allowed:
             raise ConfigError(path, value, f"'{prefix or 'the config'}' has no such field; its fields are "
                               f"{one_of(allowed)}{did_you_mean(key, allowed)}")
-        if isinstance(value, DictConfig) and not value._is_none():
+        if isinstance(value, DictConfig) and not value._is_none() and key not in skip:
             reject_unknown_keys(value, path)
 
 
-def typed_config(cfg: DictConfig) -> Any:
-    """The composed tree as its dataclasses, interpolations resolved; an interpolation
-    that cannot resolve (`${oc.env:NOPE}`, `${model.nope}`, a value that refers to itself)
-    and NaN or infinity anywhere are refused: no field of a trial means either."""
+def typed_config(cfg: DictConfig, reuse: dict[str, Any] | None = None, changed: Collection[str] = ()) -> Any:
+    """The composed tree as its dataclasses, interpolations resolved; a key the schema does
+    not have, an interpolation that cannot resolve (`${oc.env:NOPE}`, `${model.nope}`, a
+    value that refers to itself) and NaN or infinity anywhere are refused: no field of a
+    trial means either.
+
+    OmegaConf's conversion is most of the time a sweep point takes to validate, and in a
+    sweep over values most groups are the same at every point. `reuse` keeps each group's
+    typed value across the points composed on one base (compose.Composed.typed_groups): a
+    group is converted again only where a value change of this point touched it (`changed`)
+    or it holds an interpolation (which may read a group that changed)."""
+    reuse = {} if reuse is None else reuse
+    kept = {k: v for k, v in reuse.items() if k not in changed}
+    reject_unknown_keys(cfg, skip=kept)
+    groups: dict[str, Any] = {}
+    for f in fields(OmegaConf.get_type(cfg)):
+        if f.name in kept:
+            groups[f.name] = copy.deepcopy(kept[f.name])  # the caller's own: spec.py sets aliases on it
+            continue
+        groups[f.name] = _converted(cfg, f.name)
+        _reject_nonfinite(groups[f.name], f.name)
+        if f.name not in changed and not _interpolates(cfg, f.name):
+            reuse[f.name] = copy.deepcopy(groups[f.name])
+    return OmegaConf.get_type(cfg)(**groups)
+
+
+def _converted(cfg: DictConfig, key: str) -> Any:
     try:
-        typed = OmegaConf.to_object(cfg)
+        node = cfg[key]
+        return OmegaConf.to_object(node) if isinstance(node, DictConfig) else node
     except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "config"
-        raise ConfigError(key, _raw(cfg, key), f"its interpolation cannot be resolved "
+        where = getattr(exc, "full_key", None) or key
+        raise ConfigError(where, _raw(cfg, where), f"its interpolation cannot be resolved "
                           f"({str(exc).splitlines()[0]})") from None
 
-    def walk(node: Any, path: str) -> None:
-        items = ([(f.name, getattr(node, f.name)) for f in fields(node)] if is_dataclass(node)
-                 else node.items() if isinstance(node, dict) else [])
-        for k, v in items:
-            walk(v, f"{path}.{k}" if path else str(k))
-        if isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{path}[{i}]")
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise ConfigError(path, node, "a finite number (NaN and infinity mean nothing here)")
 
-    walk(typed, "")
-    return typed
+def _reject_nonfinite(node: Any, path: str) -> None:
+    items = ([(f.name, getattr(node, f.name)) for f in fields(node)] if is_dataclass(node)
+             else node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else [])
+    for k, v in items:
+        _reject_nonfinite(v, f"{path}[{k}]" if isinstance(node, list) else f"{path}.{k}")
+    if isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(path, node, "a finite number (NaN and infinity mean nothing here)")
+
+
+def _interpolates(node: DictConfig | ListConfig, key: str | int) -> bool:
+    """Whether `node[key]` is, or holds anywhere below it, an interpolation."""
+    if OmegaConf.is_interpolation(node, key):
+        return True
+    child = node._get_node(key)
+    if not isinstance(child, (DictConfig, ListConfig)) or child._is_none():
+        return False
+    keys = child.keys() if isinstance(child, DictConfig) else range(len(child))
+    return any(_interpolates(child, k) for k in keys)
 
 
 def _raw(cfg: DictConfig, key: str) -> Any:

@@ -114,6 +114,11 @@ class Composed:
     sweep_params: dict[str, str]
     hydra_choices: dict[str, str] = field(default_factory=dict)
     hydra_dirs: dict = field(default_factory=dict)  # run, sweep: hydra.run.dir / sweep.dir resolved; output_subdir
+    # The groups this point's value changes set (zero for zero.stage=2): the rest are the
+    # cached base's, whose typed values `typed_groups` keeps for every point composed on it
+    # (checks.typed_config fills and reads it).
+    changed: frozenset[str] = frozenset()
+    typed_groups: dict = field(default_factory=dict, compare=False)
 
 
 def compose_trial(overrides: list[str]) -> Composed:
@@ -122,7 +127,7 @@ def compose_trial(overrides: list[str]) -> Composed:
     The config returned is the caller's own copy. Where it is only read, `composing` saves
     the copy (a third of the time of planning a point)."""
     with composing(overrides) as composed:
-        return dataclasses.replace(composed, cfg=copy.deepcopy(composed.cfg))
+        return dataclasses.replace(composed, cfg=copy.deepcopy(composed.cfg), typed_groups={})
 
 
 @contextlib.contextmanager
@@ -151,7 +156,8 @@ def composing(overrides: list[str] | tuple[str, ...]) -> Iterator[Composed]:
             apply_value_changes(changes, base.cfg)
         except (HydraException, OmegaConfBaseException) as exc:
             raise config_error(exc, overrides) from None
-        yield dataclasses.replace(base, overrides=tuple(overrides))
+        yield dataclasses.replace(base, overrides=tuple(overrides),
+                                  changed=frozenset(o.key_or_group.split(".")[0] for o in changes))
     finally:
         for key, node in reversed(saved):
             _restore(base.cfg, key, node)

@@ -25,8 +25,8 @@ from omegaconf.errors import OmegaConfBaseException
 from orchestrator import hardware
 from orchestrator.compose import Composed, compose_trial, composing, presets, user_conf_dir
 from orchestrator.config import KernelSource, TrialConfig
-from orchestrator.checks import (above_zero, at_most, check_choice, positive, reject_unknown_keys,
-                                  time_limit_s, typed_config, whole_number)
+from orchestrator.checks import (above_zero, at_most, check_choice, positive, time_limit_s, typed_config,
+                                  whole_number)
 from orchestrator.errors import ConfigError, one_of
 from orchestrator.files import read_text
 from orchestrator.redact import redact, redact_export, redact_text
@@ -96,8 +96,7 @@ def load_spec(trial_dir: Path) -> TrialSpec:
 
 
 def spec_from(composed: Composed) -> TrialSpec:
-    reject_unknown_keys(composed.cfg)
-    cfg: TrialConfig = typed_config(composed.cfg)
+    cfg: TrialConfig = typed_config(composed.cfg, composed.typed_groups, composed.changed)
     _check_model(cfg)
     _check_zero(cfg)
     _check_choices(cfg)

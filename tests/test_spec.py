@@ -143,6 +143,23 @@ def test_a_users_own_preset_directory_joins_the_search_path(tmp_path):
     assert spec.choices["model"] == "mine" and spec.cfg.model.n_layers == 3
 
 
+def test_sweep_points_on_one_base_keep_their_own_values_and_interpolations(tmp_path):
+    """Points that differ only in values reuse the unchanged groups' typed values
+    (checks.typed_config); a group that interpolates another is converted at each point,
+    and no point sees what another point's caller changed in its spec."""
+    (tmp_path / "logger").mkdir()
+    (tmp_path / "logger" / "per-dp.yaml").write_text("mode: disabled\nproject: dp-${parallel.dp}\n")
+    base = [f"hydra.searchpath=[file://{tmp_path}]", "logger=per-dp", "model=gpt2-125m", *GPU]
+    specs = []
+    for dp in (1, 2, 2):
+        specs.append(build_spec([*base, f"parallel.dp={dp}"]))
+        assert specs[-1].cfg.model.hidden == 768 and specs[-1].cfg.run.lr == 3e-4
+        specs[-1].cfg.model.hidden, specs[-1].cfg.run.lr = 1, 1.0  # a caller's own change, seen by no other point
+    assert [s.cfg.logger.project for s in specs] == ["dp-1", "dp-2", "dp-2"]
+    assert build_spec([*base, "parallel.dp=2", "run.lr=0.5"]).cfg.run.lr == 0.5
+    assert build_spec([*base, "parallel.dp=2"]).cfg.run.lr == 3e-4
+
+
 
 CHOICE_FIELDS = ["model.arch", "model.attention", "recompute.mode", "zero.offload_optimizer", "zero.offload_param",
                  "numa.mode", "engine.name", "engine.backend", "cluster.name", "hardware.device", "logger.mode",

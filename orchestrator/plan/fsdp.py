@@ -35,6 +35,7 @@ collectives.py (NCCL's ring, or gloo's).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.plan.collectives import Network
@@ -64,7 +65,7 @@ class FsdpLayout:
         return sum(self.blocks) + self.root
 
 
-def layout_of(tensors: list[ParamTensor], dp: int, param_bytes: int, wire_bytes: int, reshard: bool,
+def layout_of(tensors: Sequence[ParamTensor], dp: int, param_bytes: int, wire_bytes: int, reshard: bool,
               grad_accum: int, offload: bool, adam_foreach: bool, overlap: bool = True) -> FsdpLayout:
     blocks: dict[str, int] = {}
     root = 0
