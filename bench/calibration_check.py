@@ -32,6 +32,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("matrix", type=Path)
     parser.add_argument("--fit-on", default=FIT_ON)
+    parser.add_argument("--cache-mb", type=float, default=None,
+                        help="hardware.gemm_cache_mb as bench/gemm_layouts.py measures it on this machine (default: none)")
     args = parser.parse_args()
     for run in DEFAULT_RUNS:  # its steps vary 0.11-0.45 s here: three runs, judged by their median
         if not (args.matrix / run / "result.json").is_file():
@@ -42,12 +44,12 @@ def main() -> None:
     label = {id(t): Path(t.source).name for t in trials}
     fitted_on = [t for t in trials if label[id(t)] in names]
     own = current_params(trials[0].spec.cfg.hardware)  # what the trials ran with
-    # The cache size is measured (bench/gemm_layouts.py), not fitted: the cpu preset's.
-    preset_hw = build_spec(["hardware=cpu"]).cfg.hardware
-    preset = {**current_params(preset_hw), "gemm_cache_mb": preset_hw.gemm_cache_mb}
-    params = fit(lambda p: log_error(fitted_on, p), {**own, "gemm_cache_mb": preset_hw.gemm_cache_mb})
+    # The cache size is measured (bench/gemm_layouts.py), not fitted, and not the preset's.
+    cache = {"gemm_cache_mb": args.cache_mb}
+    preset = {**current_params(build_spec(["hardware=cpu"]).cfg.hardware), **cache}
+    params = fit(lambda p: log_error(fitted_on, p), {**own, **cache})
     print("fitted on " + ", ".join(sorted(names)) + ":")
-    print("  " + ", ".join(f"{k}={v:.3g}" for k, v in params.items()))
+    print("  " + ", ".join(f"{k}={v:.3g}" for k, v in params.items() if v is not None))
     print(f"{'trial':28} {'measured s':>10} {'ran with':>8} {'preset':>7} {'fitted':>7}")
     held_out, default = [], []  # (the preset's, the fit's) predicted / measured
     for t in sorted(trials, key=lambda t: label[id(t)]):
