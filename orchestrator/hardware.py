@@ -189,6 +189,7 @@ def _best_time(op, reps: int = 5) -> float:
     return best
 
 
+@functools.cache  # one process, one CPU; a sweep's plans each ask
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

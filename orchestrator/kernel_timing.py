@@ -27,6 +27,7 @@ operator on the target device, compose the step from those times.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -213,6 +214,7 @@ def device_name(device: str) -> str:
     return cpu_model()
 
 
+@functools.cache  # reading a package's metadata takes milliseconds, and a sweep plans many points
 def software() -> str:
     from importlib.metadata import version
 
