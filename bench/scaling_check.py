@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from orchestrator.compose import Source, use_source
+from orchestrator.conf_tree import Source, use_source
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from omegaconf import OmegaConf
 
-from orchestrator.compose import user_conf_dir
+from orchestrator.conf_tree import user_conf_dir
 from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_json

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import commands
-from orchestrator.compose import presets
+from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
 from orchestrator.display import console, show_calibration, show_links, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, PlanRefused, did_you_mean, one_of

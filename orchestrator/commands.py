@@ -40,13 +40,14 @@ from omegaconf import DictConfig
 
 from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
-from orchestrator.compose import (CONFIG_NAME, MAX_POINTS, Source, compose_trial, current_source, expand_sweep, fixed_part, foreign_launcher,
-                                  use_source)
+from orchestrator.compose import MAX_POINTS, compose_trial, expand_sweep, fixed_part
+from orchestrator.conf_tree import CONFIG_NAME, Source, current_source, use_source
 from orchestrator.config import OBJECTIVES
 from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.files import read_json
 from orchestrator.hydra_compat import hydra_arguments
+from orchestrator.hydra_errors import foreign_launcher
 from orchestrator.plan.planner import make_plan
 from orchestrator.report import collect
 from orchestrator.spec import TrialSpec, build_spec

@@ -1,11 +1,11 @@
 """From command-line overrides to composed configs, through Hydra.
 
-This module owns the meeting point with Hydra's config machinery: where the config tree
-lives (conf/, or what -cp / -cn / -cd name), composing it with a trial's overrides
-(Hydra's Compose API), expanding a multirun sweep into its points (Hydra's own
-BasicSweeper, so `a=1,2 b=x,y`, `range(...)`, `glob(...)` and a sweep file's
-`hydra.sweeper.params` mean exactly what they mean to Hydra), and turning Hydra's and
-OmegaConf's exceptions into one-paragraph ConfigErrors.
+This module owns the meeting point with Hydra's config machinery: composing the tree
+(conf_tree.py says where it lives) with a trial's overrides (Hydra's Compose API), and
+expanding a multirun sweep into its points (Hydra's own BasicSweeper, so `a=1,2 b=x,y`,
+`range(...)`, `glob(...)` and a sweep file's `hydra.sweeper.params` mean exactly what
+they mean to Hydra). Hydra's and OmegaConf's exceptions become one-paragraph
+ConfigErrors in hydra_errors.py.
 
 Two steps have no public Hydra API (applying value overrides to a composed config, and
 splitting a sweep into its points): they go through hydra_compat.py, as every private
@@ -18,10 +18,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import os
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 import yaml
@@ -29,79 +26,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import config, hydra_registry
-from orchestrator.errors import ConfigError, did_you_mean, one_of
+from orchestrator.conf_tree import Source, current_source, presets
+from orchestrator.errors import ConfigError, one_of
+from orchestrator.hydra_errors import config_error
 from orchestrator.hydra_compat import apply_value_changes, hydra_config_as, split_sweep
-
-_REPO = Path(__file__).resolve().parent.parent
-CONFIG_NAME = "config"  # the tree's primary config (Hydra's --config-name)
-
-
-def conf_dir() -> Path:
-    """The config tree: $ORCHESTRATOR_CONF, the installed copy, or the checkout's conf/.
-
-    conf/sweep is a link to the top-level sweeps/, so `+sweep=NAME` is a plain Hydra group.
-    The wheel ships conf/ as orchestrator/conf (setup.py).
-    """
-    if env := os.environ.get("ORCHESTRATOR_CONF"):
-        return Path(env).resolve()
-    installed = Path(__file__).resolve().parent / "conf"
-    return installed if (installed / f"{CONFIG_NAME}.yaml").is_file() else _REPO / "conf"
-
-
-def user_conf_dir() -> Path:
-    """The user's own presets ($ORCHESTRATOR_USER_CONF, or ~/.config/orchestrator/conf):
-    searched before the shipped ones, and where `orchestrator calibrate` writes."""
-    if env := os.environ.get("ORCHESTRATOR_USER_CONF"):
-        return Path(env).resolve()
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return base / "orchestrator" / "conf"
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where the config tree is read from: Hydra's --config-path, --config-name and
-    --config-dir (more preset folders, searched first)."""
-
-    config_dir: str = ""  # absolute; "" = conf_dir()
-    config_name: str = CONFIG_NAME
-    extra_dirs: tuple[str, ...] = ()  # -cd's, then the user's own (user_conf_dir) where it exists
-
-    @property
-    def primary(self) -> str:
-        return self.config_dir or str(conf_dir())
-
-
-def with_user_presets(source: Source) -> Source:
-    user = user_conf_dir()
-    if not user.is_dir() or str(user) in source.extra_dirs:
-        return source
-    return dataclasses.replace(source, extra_dirs=(*source.extra_dirs, str(user)))
-
-
-_source = with_user_presets(Source())
-
-
-def current_source() -> Source:
-    """The tree the command line chose (what `use_source` was last given)."""
-    return _source
-
-
-def use_source(source: Source) -> None:
-    """The tree every later composition reads (the command line's -cp / -cn / -cd)."""
-    global _source
-    _source = with_user_presets(source)
-
-
-def presets(group: str) -> list[str]:
-    """The preset names of a config group, as `orchestrator --help` lists them."""
-    dirs = [Path(_source.primary), *map(Path, _source.extra_dirs)]
-    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
-
 
 @dataclass(frozen=True)
 class Composed:
@@ -148,7 +81,7 @@ def composing(overrides: list[str] | tuple[str, ...]) -> Iterator[Composed]:
     _reject_null_groups(parsed)
     _reject_paths(parsed)
     structural = tuple(o.input_line for o in parsed if not _is_value_change(o))
-    base = _compose_with_hydra(_source, structural)
+    base = _compose_with_hydra(current_source(), structural)
     changes = [o for o in parsed if _is_value_change(o)]
     saved = [_saved(base.cfg, o.key_or_group) for o in changes]
     try:
@@ -297,7 +230,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     # the product of both and then let the last win, running duplicate points).
     named = {o.partition("=")[0].lstrip("+~") for o in overrides}
     from_file = [f"{k}={v}" for k, v in compose_trial(fixed).sweep_params.items() if k not in named]
-    with _session(_source):  # glob() lists a group's presets through the config loader
+    with _session(current_source()):  # glob() lists a group's presets through the config loader
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         try:
             everything = parser.parse_overrides(from_file + list(overrides))
@@ -324,97 +257,3 @@ def swept_values(points: list[tuple[str, ...]]) -> list[dict[str, str]]:
             seen.setdefault(key, set()).add(value)
     swept = [k for k, values in seen.items() if len(values) > 1]
     return [{k: v for k, _, v in (o.partition("=") for o in point) if k in swept} for point in points]
-
-
-# --- Hydra's exceptions, said in one paragraph ------------------------------------------
-
-
-def config_error(exc: Exception, overrides: list[str]) -> ConfigError:
-    """Hydra's or OmegaConf's exception, said as one ConfigError paragraph (exit 2)."""
-    cause = exc.__cause__ or exc
-    text = str(exc)
-    if isinstance(exc, MissingConfigException) and (m := re.search(r"Could not find '(.+)/([^/']+)'", text)):
-        group, option = m.groups()
-        if group == "hydra/launcher":
-            return foreign_launcher(option)
-        options = exc.options or presets(group)
-        return ConfigError(group, option, f"config group '{group}' has the presets {one_of(options)}"
-                           f"{did_you_mean(option, options)} (or add conf/{group}/{option}.yaml)")
-    if "Config group override must be a string" in text:
-        return ConfigError("config group", "null", "every config group needs a preset")
-    if m := re.search(r"Key '([^']+)' not in '(\w+)'", str(cause)):
-        key = _full_key(cause) or m.group(1)
-        value = _value_of(key, overrides)
-        return _unknown_key_error(key, value)
-    if m := re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", str(cause)):
-        allowed = m.group(2).split(", ")  # a StrEnum field of config.py
-        return ConfigError(_full_key(cause) or "?", m.group(1), f"one of {one_of(allowed)}{did_you_mean(m.group(1), allowed)}")
-    if "could not be converted to" in str(cause) or "is not Optional" in str(cause):
-        key = _full_key(cause) or "?"
-        kind = re.search(r"converted to (\w+)", str(cause))
-        wanted = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}.get(
-            kind.group(1) if kind else "", "a value of the field's type")
-        if "is not Optional" in str(cause):
-            wanted = "a value (this field cannot be null)"
-        return ConfigError(key, _value_of(key, overrides), f"expected {wanted}")
-    if "Ambiguous value" in text:
-        line = re.search(r"argument '([^']+)'", text)
-        key, _, value = (line.group(1) if line else "?=?").partition("=")
-        return ConfigError(key, value, "a comma sweeps over values; add -m to run a sweep, "
-                           "or quote the value for a string, or write [a,b] for a list")
-    if isinstance(exc, OverrideParseException):
-        bad = next((o for o in overrides if not _parses(o)), " ".join(overrides))
-        return ConfigError("override", bad, f"not Hydra override syntax ({text.splitlines()[0]}); quote values "
-                           "with special characters: key='a b', key=[\"--flag=x\"]")
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return ConfigError("config", " ".join(overrides) or "(defaults)", first)
-
-
-def foreign_launcher(name: str) -> ConfigError:
-    return ConfigError("hydra/launcher", name, "trials are launched by the orchestrator's own launcher, which knows "
-                       "their ranks, engines and results; say where they run with cluster=local (torchrun here) or "
-                       "cluster=slurm (submitit, job arrays, requeue)")
-
-
-def _parses(override: str) -> bool:
-    try:
-        OverridesParser.create().parse_overrides([override])
-        return True
-    except OverrideParseException:
-        return False
-
-
-def _full_key(cause: BaseException) -> str | None:
-    m = re.search(r"full_key: (\S+)", str(cause))
-    return m.group(1) if m else None
-
-
-def _value_of(key: str, overrides: list[str]) -> str:
-    for o in overrides:
-        k, _, v = o.lstrip("+~").partition("=")
-        if k == key:
-            return v
-    return "?"
-
-
-def _unknown_key_help(parent: str) -> str:
-    if not parent:
-        return (f"not a config group or field; the groups are {one_of(config.GROUPS + config.FIELD_GROUPS)}")
-    fields = fields_of(parent)
-    return f"'{parent}' has no such field; its fields are {one_of(fields)}" if fields else "no such field"
-
-
-def _unknown_key_error(key: str, value: str) -> ConfigError:
-    parent, _, name = key.rpartition(".")
-    known = fields_of(parent) if parent else list(config.GROUPS + config.FIELD_GROUPS)
-    return ConfigError(key, value, _unknown_key_help(parent) + did_you_mean(name, known))
-
-
-def fields_of(path: str) -> list[str]:
-    """Field names of the schema node at a dotted path ('zero', 'hardware.intra_node')."""
-    node = OmegaConf.structured(config.TrialConfig)
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, DictConfig) else None
-        if node is None:
-            return []
-    return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []

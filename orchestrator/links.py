@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import OmegaConf
 
-from orchestrator.compose import presets, user_conf_dir
+from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.errors import ConfigError, one_of
 from orchestrator.files import atomic_write_text
 from orchestrator.hardware import calibrated_name

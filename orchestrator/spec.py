@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import hardware
-from orchestrator.compose import Composed, compose_trial, composing, presets, user_conf_dir
+from orchestrator.compose import Composed, compose_trial, composing
+from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.config import KernelSource, TrialConfig
 from orchestrator.checks import (above_zero, at_most, check_choice, positive, time_limit_s, typed_config,
                                   whole_number)

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.compose import presets
+from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
 from tests.conftest import run_cli
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from orchestrator.compose import presets
+from orchestrator.conf_tree import presets
 from orchestrator.plan.params import count_parameters
 from orchestrator.spec import build_spec
 from orchestrator.workload.model import build_model

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.compose import presets
+from orchestrator.conf_tree import presets
 from orchestrator.trial_dir import SweepPaths, TrialPaths
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from orchestrator import hardware
-from orchestrator.compose import conf_dir, expand_sweep, presets
+from orchestrator.compose import expand_sweep
+from orchestrator.conf_tree import conf_dir, presets
 from orchestrator.errors import ConfigError
 from orchestrator.spec import build_spec
 

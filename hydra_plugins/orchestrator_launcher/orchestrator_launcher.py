@@ -26,7 +26,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 from orchestrator import hydra_registry
-from orchestrator.compose import config_error
+from orchestrator.hydra_errors import config_error
 from orchestrator.errors import ConfigError
 from orchestrator.sweep_batch import SweepBatch, redact_sweep_record
 

@@ -26,6 +26,7 @@ from hydra.core.override_parser.types import ValueType
 
 from orchestrator.compose import MAX_POINTS
 from orchestrator.errors import ConfigError, PlanRefused
+from orchestrator.hydra_errors import config_error
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import Plan
@@ -83,8 +84,6 @@ def axes_of(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception as exc:  # Hydra's parse error, said our way
-        from orchestrator.compose import config_error
-
         raise config_error(exc, overrides) from None
     axes = dict(DEFAULT_AXES)
     fixed = []
