@@ -1,17 +1,16 @@
 """TrialSpec: a composed config, validated, with the numbers every later stage needs.
 
 `build_spec(overrides)` is the one entry point: Hydra composes (compose.py), this module
-resolves hardware=auto, checks every value and every cross-field rule, and derives world
-size, nodes, grad-accum steps, tokens per step and the global-batch schedule. Anything
-wrong raises ConfigError naming the field, the value and what is allowed, before any
-process is started.
+resolves hardware=auto, checks every value and every cross-field rule (the cluster
+group's in cluster_checks.py), and derives world size, nodes, grad-accum steps, tokens
+per step and the global-batch schedule. Anything wrong raises ConfigError naming the
+field, the value and what is allowed, before any process is started.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -23,14 +22,15 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import hardware
+from orchestrator.cluster_checks import check_cluster, placement
 from orchestrator.compose import Composed, compose_trial, composing
 from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.config import KernelSource, TrialConfig
-from orchestrator.checks import (above_zero, at_most, check_choice, positive, time_limit_s, typed_config,
+from orchestrator.checks import (above_zero, at_most, check_choice, positive, typed_config,
                                   whole_number)
 from orchestrator.errors import ConfigError, one_of
 from orchestrator.files import read_text
-from orchestrator.redact import redact, redact_export, redact_text
+from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.trial_dir import TrialPaths
@@ -100,14 +100,15 @@ def spec_from(composed: Composed) -> TrialSpec:
     cfg: TrialConfig = typed_config(composed.cfg, composed.typed_groups, composed.changed)
     _check_model(cfg)
     _check_zero(cfg)
-    _check_choices(cfg)
+    _check_engine(cfg)
+    check_cluster(cfg)
     _check_zero_only_knobs(cfg, composed.overrides)
     precision = _check_run(cfg)
     _check_grad_accum(cfg, precision)
     _check_hardware(cfg, precision, composed.choices.get("hardware", ""))
     _check_logger(cfg)
     dp = at_most(positive(cfg.parallel.dp, "parallel.dp"), "parallel.dp", MAX_DP)
-    gpus_per_node, nodes = _placement(cfg, dp)
+    gpus_per_node, nodes = placement(cfg, dp)
     mbs, gbs = _check_batch(cfg, dp)
     return TrialSpec(
         cfg=cfg, choices=composed.choices, overrides=tuple(redact_text(o) for o in composed.overrides),
@@ -204,7 +205,7 @@ def _check_grad_accum(cfg: TrialConfig, precision: str) -> None:
                           "(DeepSpeed's BF16_Optimizer)")
 
 
-def _check_choices(cfg: TrialConfig) -> None:
+def _check_engine(cfg: TrialConfig) -> None:
     if cfg.engine.backend == "fsdp" and cfg.engine.name == "deepspeed":
         raise ConfigError("engine.backend", "fsdp", "deepspeed with engine=deepspeed; FSDP runs as engine=fsdp "
                           "(FSDP2 under torchrun) or engine=accelerate")
@@ -214,66 +215,6 @@ def _check_choices(cfg: TrialConfig) -> None:
         raise ConfigError("zero.stage", 1, "FSDP shards nothing, grads and optimizer, or everything: zero.stage 0, 2 or 3")
     if cfg.engine.backend == "fsdp":
         _check_fsdp(cfg)
-    _apply_submitit_aliases(cfg)
-    positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
-    positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
-    positive(cfg.cluster.sockets_per_node, "cluster.sockets_per_node")
-    if cfg.cluster.max_requeues < 0:
-        raise ConfigError("cluster.max_requeues", cfg.cluster.max_requeues, "a whole number >= 0")
-    if cfg.cluster.signal_delay_s < 0:
-        raise ConfigError("cluster.signal_delay_s", cfg.cluster.signal_delay_s, "seconds >= 0")
-    for name in ("partition", "account", "qos"):
-        value = getattr(cfg.cluster, name)
-        if value is not None and not re.fullmatch(r"[\w.\-,]+", value):
-            raise ConfigError(f"cluster.{name}", value, "a SLURM name: letters, digits, _ . - and commas")
-    if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", cfg.cluster.time) or not time_limit_s(cfg.cluster.time):
-        raise ConfigError("cluster.time", cfg.cluster.time, "a SLURM time limit above 0: MM, HH:MM:SS or D-HH:MM:SS")
-    limit = time_limit_s(cfg.cluster.time)
-    if cfg.cluster.name == "slurm" and cfg.cluster.signal_delay_s > limit // 2:
-        # SLURM warns this long before the end: past half the limit an allocation would
-        # spend more time warned (checkpointing, waiting for the requeue) than training.
-        raise ConfigError("cluster.signal_delay_s", cfg.cluster.signal_delay_s,
-                          f"at most half of cluster.time={cfg.cluster.time} ({limit} s), so that every allocation "
-                          f"trains before SLURM warns of its end; the nearest valid value is {limit // 2}")
-
-
-def _apply_submitit_aliases(cfg: TrialConfig) -> None:
-    """cluster.timeout_min and cluster.max_num_timeout (hydra-submitit-launcher's names)
-    set cluster.time and cluster.max_requeues, which everything else reads."""
-    c = cfg.cluster
-    if c.timeout_min is not None:
-        c.time = str(positive(c.timeout_min, "cluster.timeout_min"))  # SLURM's MM
-    if c.max_num_timeout is not None:
-        if c.max_num_timeout < 0:
-            raise ConfigError("cluster.max_num_timeout", c.max_num_timeout, "a whole number >= 0")
-        c.max_requeues = c.max_num_timeout
-    if c.mem_gb is not None:
-        above_zero(c.mem_gb, "cluster.mem_gb")
-    if c.mem_gb is not None and c.mem_per_gpu is not None:
-        raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "unset (null) when cluster.mem_gb is set: SLURM "
-                          "takes one of --mem and --mem-per-gpu")
-    if c.mem_per_gpu is not None and not re.fullmatch(r"\d+[KMGT]?", str(c.mem_per_gpu)):
-        raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "a SLURM size: a number with K, M, G or T (40G)")
-    _check_no_secret_in_job_script(c)
-    for key in c.additional_parameters:
-        if not re.fullmatch(r"[a-z][a-z0-9_\-]*", str(key)):
-            raise ConfigError(f"cluster.additional_parameters.{key}", c.additional_parameters[key],
-                              "an sbatch long option name (reservation, mail_type, ...)")
-
-
-def _check_no_secret_in_job_script(c: Any) -> None:
-    """The sbatch script, launch.sh and launch.json are written in clear (and squeue shows
-    --comment to every user): a secret may reach the job only as a setup line
-    `export NAME=VALUE`, which goes through sbatch's environment, never a file."""
-    fix = "a secret reaches the job only as cluster.setup=['export NAME=VALUE'] (passed through sbatch's environment)"
-    exports = {line for line in c.setup if redact_export(line)}
-    fields = {"cluster.comment": [c.comment or ""], "cluster.srun_args": list(c.srun_args),
-              "cluster.setup": [line for line in c.setup if line not in exports],
-              **{f"cluster.additional_parameters.{k}": [f"{k}={v}"] for k, v in c.additional_parameters.items()}}
-    for name, values in fields.items():
-        if redact(values) != values:
-            raise ConfigError(name, redact(values if len(values) > 1 else values[0]),
-                              f"a value free of secrets, as the job script is written in clear; {fix}")
 
 
 def _check_run(cfg: TrialConfig) -> str:
@@ -388,16 +329,6 @@ def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
 
 
 # --- derivations -------------------------------------------------------------------
-
-
-def _placement(cfg: TrialConfig, dp: int) -> tuple[int, int]:
-    """(ranks per node, nodes): local runs every rank here; SLURM fills whole nodes."""
-    if cfg.cluster.name == "local":
-        return dp, 1
-    per_node = min(dp, cfg.cluster.gpus_per_node)
-    if dp % per_node:
-        raise ConfigError("parallel.dp", dp, f"on SLURM, at most cluster.gpus_per_node={per_node} or a multiple of it (whole nodes)")
-    return per_node, math.ceil(dp / per_node)
 
 
 def _schedule(cfg: TrialConfig, unit: int) -> Schedule:

@@ -1,0 +1,87 @@
+"""The cluster group's checks: SLURM's names, sizes and time limits, hydra-submitit-
+launcher's aliases, no secret in the job script (written in clear), and how many nodes a
+data-parallel size fills. spec.py calls them with the other checks."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from orchestrator.checks import above_zero, positive, time_limit_s
+from orchestrator.config import TrialConfig
+from orchestrator.errors import ConfigError
+from orchestrator.redact import redact, redact_export
+
+
+def check_cluster(cfg: TrialConfig) -> None:
+    _apply_submitit_aliases(cfg)
+    positive(cfg.cluster.gpus_per_node, "cluster.gpus_per_node")
+    positive(cfg.cluster.cpus_per_task, "cluster.cpus_per_task")
+    positive(cfg.cluster.sockets_per_node, "cluster.sockets_per_node")
+    if cfg.cluster.max_requeues < 0:
+        raise ConfigError("cluster.max_requeues", cfg.cluster.max_requeues, "a whole number >= 0")
+    if cfg.cluster.signal_delay_s < 0:
+        raise ConfigError("cluster.signal_delay_s", cfg.cluster.signal_delay_s, "seconds >= 0")
+    for name in ("partition", "account", "qos"):
+        value = getattr(cfg.cluster, name)
+        if value is not None and not re.fullmatch(r"[\w.\-,]+", value):
+            raise ConfigError(f"cluster.{name}", value, "a SLURM name: letters, digits, _ . - and commas")
+    if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", cfg.cluster.time) or not time_limit_s(cfg.cluster.time):
+        raise ConfigError("cluster.time", cfg.cluster.time, "a SLURM time limit above 0: MM, HH:MM:SS or D-HH:MM:SS")
+    limit = time_limit_s(cfg.cluster.time)
+    if cfg.cluster.name == "slurm" and cfg.cluster.signal_delay_s > limit // 2:
+        # SLURM warns this long before the end: past half the limit an allocation would
+        # spend more time warned (checkpointing, waiting for the requeue) than training.
+        raise ConfigError("cluster.signal_delay_s", cfg.cluster.signal_delay_s,
+                          f"at most half of cluster.time={cfg.cluster.time} ({limit} s), so that every allocation "
+                          f"trains before SLURM warns of its end; the nearest valid value is {limit // 2}")
+
+
+def _apply_submitit_aliases(cfg: TrialConfig) -> None:
+    """cluster.timeout_min and cluster.max_num_timeout (hydra-submitit-launcher's names)
+    set cluster.time and cluster.max_requeues, which everything else reads."""
+    c = cfg.cluster
+    if c.timeout_min is not None:
+        c.time = str(positive(c.timeout_min, "cluster.timeout_min"))  # SLURM's MM
+    if c.max_num_timeout is not None:
+        if c.max_num_timeout < 0:
+            raise ConfigError("cluster.max_num_timeout", c.max_num_timeout, "a whole number >= 0")
+        c.max_requeues = c.max_num_timeout
+    if c.mem_gb is not None:
+        above_zero(c.mem_gb, "cluster.mem_gb")
+    if c.mem_gb is not None and c.mem_per_gpu is not None:
+        raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "unset (null) when cluster.mem_gb is set: SLURM "
+                          "takes one of --mem and --mem-per-gpu")
+    if c.mem_per_gpu is not None and not re.fullmatch(r"\d+[KMGT]?", str(c.mem_per_gpu)):
+        raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "a SLURM size: a number with K, M, G or T (40G)")
+    _check_no_secret_in_job_script(c)
+    for key in c.additional_parameters:
+        if not re.fullmatch(r"[a-z][a-z0-9_\-]*", str(key)):
+            raise ConfigError(f"cluster.additional_parameters.{key}", c.additional_parameters[key],
+                              "an sbatch long option name (reservation, mail_type, ...)")
+
+
+def _check_no_secret_in_job_script(c: Any) -> None:
+    """The sbatch script, launch.sh and launch.json are written in clear (and squeue shows
+    --comment to every user): a secret may reach the job only as a setup line
+    `export NAME=VALUE`, which goes through sbatch's environment, never a file."""
+    fix = "a secret reaches the job only as cluster.setup=['export NAME=VALUE'] (passed through sbatch's environment)"
+    exports = {line for line in c.setup if redact_export(line)}
+    fields = {"cluster.comment": [c.comment or ""], "cluster.srun_args": list(c.srun_args),
+              "cluster.setup": [line for line in c.setup if line not in exports],
+              **{f"cluster.additional_parameters.{k}": [f"{k}={v}"] for k, v in c.additional_parameters.items()}}
+    for name, values in fields.items():
+        if redact(values) != values:
+            raise ConfigError(name, redact(values if len(values) > 1 else values[0]),
+                              f"a value free of secrets, as the job script is written in clear; {fix}")
+
+
+def placement(cfg: TrialConfig, dp: int) -> tuple[int, int]:
+    """(ranks per node, nodes): local runs every rank here; SLURM fills whole nodes."""
+    if cfg.cluster.name == "local":
+        return dp, 1
+    per_node = min(dp, cfg.cluster.gpus_per_node)
+    if dp % per_node:
+        raise ConfigError("parallel.dp", dp, f"on SLURM, at most cluster.gpus_per_node={per_node} or a multiple of it (whole nodes)")
+    return per_node, math.ceil(dp / per_node)
