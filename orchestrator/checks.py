@@ -78,8 +78,10 @@ def _interpolates(node: DictConfig | ListConfig, key: str | int) -> bool:
     """Whether `node[key]` is, or holds anywhere below it, an interpolation."""
     if OmegaConf.is_interpolation(node, key):
         return True
-    child = node._get_node(key)
-    if not isinstance(child, (DictConfig, ListConfig)) or child._is_none():
+    if OmegaConf.is_missing(node, key):
+        return False
+    child = node[key]  # not an interpolation: read as written
+    if not isinstance(child, (DictConfig, ListConfig)):
         return False
     keys = child.keys() if isinstance(child, DictConfig) else range(len(child))
     return any(_interpolates(child, k) for k in keys)
