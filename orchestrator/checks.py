@@ -29,7 +29,7 @@ def reject_unknown_keys(node: DictConfig, prefix: str = "", skip: Collection[str
             reject_unknown_keys(value, path)
 
 
-def typed_config(cfg: DictConfig, reuse: dict[str, Any] | None = None, changed: Collection[str] = ()) -> Any:
+def typed_config(cfg: DictConfig, reuse: dict[str, Any], changed: Collection[str]) -> Any:
     """The composed tree as its dataclasses, interpolations resolved; a key the schema does
     not have, an interpolation that cannot resolve (`${oc.env:NOPE}`, `${model.nope}`, a
     value that refers to itself) and NaN or infinity anywhere are refused: no field of a
@@ -40,7 +40,6 @@ def typed_config(cfg: DictConfig, reuse: dict[str, Any] | None = None, changed: 
     typed value across the points composed on one base (compose.Composed.typed_groups): a
     group is converted again only where a value change of this point touched it (`changed`)
     or it holds an interpolation (which may read a group that changed)."""
-    reuse = {} if reuse is None else reuse
     kept = {k: v for k, v in reuse.items() if k not in changed}
     reject_unknown_keys(cfg, skip=kept)
     groups: dict[str, Any] = {}
