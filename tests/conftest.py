@@ -1,14 +1,16 @@
 """Shared test helpers. Tests run against the checkout's conf/ and the installed package."""
 
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
-from contextlib import contextmanager
+import uuid
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"
 
@@ -44,30 +46,117 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, cwd=None)
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
-@contextmanager
-def running_cluster(*shape: str):
-    """A real SLURM cluster of this shape (tests/slurm/cluster.sh start SHAPE) for the
-    duration; stopped afterwards if this call started it (or changed its shape)."""
-    if not (os.geteuid() == 0 and shutil.which("apt-get")):
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must run the SLURM tests, but this machine cannot host the cluster (root + apt needed)")
-        pytest.skip("a local SLURM cluster needs root and apt-get (Debian); run tests/slurm/cluster.sh start")
-    proc = subprocess.run(["bash", str(CLUSTER), "start", *shape], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    started = "already up" not in proc.stdout
-    try:
-        yield
-    finally:
-        if started:
-            subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, timeout=120)
+# Every SLURM test shares one cluster: four nodes in network namespaces, two CPUs each, links
+# shaped to 400 Mbit/s (50 MB/s each way). A single-node test runs on any one node; the
+# multi-node ones span them; calibrate --links finds the shaped rate; and four two-rank
+# jobs run at once, so tests that wait on SLURM overlap.
+NODES, LINK_MBIT = 4, 400
+CLUSTER_SHAPE = ("--nodes", str(NODES), "--cpus-per-node", "2", "--link-mbit", str(LINK_MBIT))
+# A two-rank trial on one node of it, a few steps.
+SLURM_SMALL = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=2", "cluster.cpus_per_task=1", "run.steps=3",
+               "run.warmup_steps=1", "logger.mode=disabled"]
+_STATE = Path(os.environ.get("ORCH_SLURM_STATE", "/var/lib/orchestrator-slurm"))
+_OWNER = "ORCH_TEST_RUN"  # set by the controller; the worker that starts the cluster records it
+_OWNS_CLUSTER = pytest.StashKey[bool]()
+
+
+def pytest_configure(config):
+    """The controller (or a run without xdist) names this run before any worker starts. A
+    pytest run inside a test (tests/test_hydra_compat.py) inherits the name and owns nothing."""
+    if not hasattr(config, "workerinput") and _OWNER not in os.environ:
+        os.environ[_OWNER] = uuid.uuid4().hex
+        config.stash[_OWNS_CLUSTER] = True
+
+
+def pytest_collection_modifyitems(items):
+    """Files whose tests wait on SLURM first, then those that run real engines, then the
+    rest: xdist hands files out in this order, so the long waits start at once and the
+    quick tests fill the gaps at the end. Within a file the order is kept."""
+    def weight(item) -> int:
+        if "slurm_cluster" in item.fixturenames:
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+    first = {}
+    for item in items:
+        first[item.path] = min(first.get(item.path, 2), weight(item))
+    items.sort(key=lambda item: first[item.path])
+
+
+def pytest_sessionfinish(session):
+    """The controller stops the cluster once every worker is done, if this run started it."""
+    if not session.config.stash.get(_OWNS_CLUSTER, False):
+        return
+    marker = _STATE / "started-by"
+    if marker.is_file() and marker.read_text().strip() == os.environ.get(_OWNER):
+        subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, timeout=120)
+        marker.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def default_trial(tmp_path_factory, worker_id) -> Path:
+    """`orchestrator run` with nothing changed (the tiny model, 2 ranks, DeepSpeed, W&B
+    offline), run once for the whole test run and shared by every worker (a file lock, as
+    pytest-xdist's docs do it): tests read it, or copy it before changing anything. What
+    it printed is kept beside it (default_trial_stdout)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if worker_id != "master" else base  # the workers' temp dirs share a parent
+    out = root / "default-trial"
+    with FileLock(str(root / "default-trial.lock")):
+        if not (out / "result.json").is_file():
+            proc = run_cli("run", "--out", str(out), timeout=600)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            default_trial_stdout(out).write_text(proc.stdout)
+    return out
+
+
+def default_trial_stdout(trial: Path) -> Path:
+    return trial.with_name(trial.name + ".stdout.txt")
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """The single-node cluster on localhost, for the session. Every test on it is in
-    tests/test_slurm.py, and --dist loadfile runs a file on one worker, so one worker owns it."""
-    with running_cluster():
-        yield
+    """The test cluster (CLUSTER_SHAPE), started by the first worker that needs it (cluster.sh
+    takes a lock) and left up for the others; a cluster already up is used as it is."""
+    if not (os.geteuid() == 0 and shutil.which("apt-get")):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must run the SLURM tests, but this machine cannot host the cluster (root + apt needed)")
+        pytest.skip("a local SLURM cluster needs root and apt-get (Debian); run tests/slurm/cluster.sh start")
+    proc = subprocess.run(["bash", str(CLUSTER), "start", *CLUSTER_SHAPE], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if "already up" not in proc.stdout and os.environ.get(_OWNER):
+        (_STATE / "started-by").write_text(os.environ[_OWNER])
+
+
+def results_below(base: Path) -> list[dict]:
+    """Every result.json below BASE, in path order."""
+    return [json.loads(p.read_text()) for p in sorted(base.rglob("result.json"))]
+
+
+def wait_cli(base: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`orchestrator wait BASE`: until every trial below BASE has its result.json."""
+    return run_cli("wait", str(base), "--timeout", str(timeout), timeout=timeout + 60)
+
+
+def submit(out: Path, *overrides: str, multirun: bool = False) -> subprocess.CompletedProcess:
+    """`orchestrator run [-m] --out OUT OVERRIDES` on SLURM: returns once submitted; asserts it was."""
+    proc = run_cli("run", *(["-m"] if multirun else []), "--out", str(out), *overrides, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def wandb_summary(trial_dir: Path) -> dict:
+    """The trial's offline W&B run as wandb's own reader sees it: summary, history, run and metric records."""
+    (run_dir,) = (trial_dir / "wandb").glob("offline-run-*")
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(run_dir)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    records = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(run_dir)], capture_output=True,
+                             text=True, timeout=60, check=True).stdout.splitlines()
+    summary = json.loads(out)
+    summary["history_records"] = sum('"type":"history"' in r for r in records)
+    summary["run_record"] = next(json.loads(r)["run"] for r in records if '"type":"run"' in r)
+    summary["metric_records"] = [json.loads(r)["metric"] for r in records if '"type":"metric"' in r]
+    return summary
 
 
 def sacct(job_id: str, *fields: str) -> list[list[str]]:

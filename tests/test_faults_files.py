@@ -21,14 +21,10 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ok_trial(tmp_path_factory) -> Path:
-    """One real trial that ran: the cases below copy and spoil it."""
-    out = tmp_path_factory.mktemp("made") / "trial"
-    proc = run_cli("run", "model=tiny", "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled", "--out", str(out),
-                   timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+@pytest.fixture
+def ok_trial(default_trial) -> Path:
+    """One real trial that ran (shared by the test run): the cases below copy and spoil it."""
+    return default_trial
 
 
 def sweep_of(ok_trial: Path, root: Path, n: int = 2) -> list[Path]:

@@ -2,6 +2,7 @@
 (plan/fsdp.py, not as ZeRO-3), and what FSDP2 cannot do refused before launch."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -111,23 +112,41 @@ def test_what_fsdp2_cannot_do_exits_2_naming_the_field(overrides, field):
     assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.slow
-def test_one_sweep_puts_zero3_and_fsdp2_side_by_side(tmp_path):
-    proc = run_cli("run", "-m", "engine=deepspeed,fsdp", "zero=stage3", "model=tiny", "run.steps=3",
-                   "run.warmup_steps=1", "logger.mode=disabled", "--out", str(tmp_path), timeout=600)
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory) -> Path:
+    """DeepSpeed ZeRO-3 and FSDP2 in one sweep, two micro batches a step."""
+    out = tmp_path_factory.mktemp("zero3-fsdp2") / "sweep"
+    proc = run_cli("run", "-m", "engine=deepspeed,fsdp", "zero=stage3", "model=tiny", "run.steps=4",
+                   "run.warmup_steps=1", "batch.global_batch_size=8", "batch.micro_batch_size=2",
+                   "logger.mode=disabled", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = run_cli("report", str(tmp_path), "--json")
+    return out
+
+
+@pytest.mark.slow
+def test_one_sweep_puts_zero3_and_fsdp2_side_by_side(side_by_side):
+    proc = run_cli("report", str(side_by_side), "--json")
     rows = json.loads(proc.stdout)
     assert sorted(r["engine"] for r in rows) == ["deepspeed", "fsdp"] and all(r["status"] == "ok" for r in rows)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage,extra", [(3, ["batch.global_batch_size=8", "batch.micro_batch_size=2"]),
-                                         (2, ["zero.communication_dtype=fp32"])])
-def test_fsdp2_trains_here_with_sharded_parameters(tmp_path, stage, extra):
-    proc = run_cli("run", "engine=fsdp", f"zero=stage{stage}", "model=tiny", "run.steps=4", "run.warmup_steps=1",
-                   "logger.mode=disabled", *extra, "--out", str(tmp_path), timeout=600)
+@pytest.fixture
+def fsdp2_trial(request, side_by_side, tmp_path) -> tuple[int, Path]:
+    """Stage 3 is the sweep's FSDP2 point; stage 2 (fp32 reduction) runs here."""
+    stage = request.param
+    if stage == 3:
+        (point,) = [p.parent for p in side_by_side.rglob("result.json") if "engine=fsdp" in p.parent.name]
+        return stage, point
+    proc = run_cli("run", "engine=fsdp", "zero=stage2", "model=tiny", "run.steps=4", "run.warmup_steps=1",
+                   "logger.mode=disabled", "zero.communication_dtype=fp32", "--out", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return stage, tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fsdp2_trial", [3, 2], indirect=True)
+def test_fsdp2_trains_here_with_sharded_parameters(fsdp2_trial):
+    stage, tmp_path = fsdp2_trial
     r = json.loads((tmp_path / "result.json").read_text())
     engine = r["metrics"]["engine"]
     assert r["status"] == "ok" and engine["engine"] == "fsdp2" and engine["parameters_sharded"]

@@ -119,10 +119,22 @@ def test_run_dir_and_sweep_dir_follow_hydra_with_hydra_subdirs(tmp_path):
     assert (sweep / "multirun.yaml").is_file()
 
 
-@pytest.mark.slow
-def test_default_layout_is_outputs_date_time_and_multirun_date_time_n(tmp_path):
-    proc = run_cli("run", "-m", *FAST[:3], "parallel.dp=1,2", cwd=tmp_path, timeout=600)
+SECRET = "s3cr3t-hydra"
+
+
+@pytest.fixture(scope="module")
+def default_layout_sweep(tmp_path_factory):
+    """`run -m` with no --out, from a fresh directory, with a secret in a setup line."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    proc = run_cli("run", "-m", *FAST[:3], "parallel.dp=1,2", f"cluster.setup=['export HF_TOKEN={SECRET}']", cwd=cwd,
+                   timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return cwd, proc
+
+
+@pytest.mark.slow
+def test_default_layout_is_outputs_date_time_and_multirun_date_time_n(default_layout_sweep):
+    tmp_path, _ = default_layout_sweep
     (day,) = (tmp_path / "multirun").iterdir()
     (time_dir,) = day.iterdir()
     points = sorted(p.name for p in time_dir.iterdir() if p.is_dir())
@@ -160,13 +172,11 @@ def test_an_optuna_study_maximises_measured_tokens_per_second(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_secret_in_a_sweep_reaches_no_file_and_no_directory_name(tmp_path):
-    secret = "s3cr3t-hydra"
-    proc = run_cli("run", "-m", *FAST[:3], "parallel.dp=1,2", f"cluster.setup=['export HF_TOKEN={secret}']",
-                   "--out", str(tmp_path), timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert secret not in proc.stdout + proc.stderr
+def test_a_secret_in_a_sweep_reaches_no_file_and_no_directory_name(default_layout_sweep):
+    tmp_path, proc = default_layout_sweep
+    assert SECRET not in proc.stdout + proc.stderr
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert (tmp_path / "multirun.yaml") in files and len([p for p in files if p.name == "overrides.yaml"]) == 2
-    assert [p for p in files if secret.encode() in p.read_bytes()] == []
-    assert not any(secret in str(p) or "HF_TOKEN" in str(p) for p in tmp_path.rglob("*"))
+    assert len([p for p in files if p.name == "multirun.yaml"]) == 1
+    assert len([p for p in files if p.name == "overrides.yaml"]) == 2
+    assert [p for p in files if SECRET.encode() in p.read_bytes()] == []
+    assert not any(SECRET in str(p) or "HF_TOKEN" in str(p) for p in tmp_path.rglob("*"))

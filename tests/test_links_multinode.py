@@ -6,19 +6,12 @@ nothing. Part of the multinode group (`pytest -m multinode`)."""
 import pytest
 import yaml
 
-from tests.conftest import run_cli, running_cluster
+from tests.conftest import LINK_MBIT, run_cli
 
 pytestmark = pytest.mark.multinode
-LINK_MBIT = 400  # 50 MB/s each way between nodes
 
 
-@pytest.fixture(scope="module")
-def shaped_cluster():
-    with running_cluster("--nodes", "4", "--cpus-per-node", "2", "--link-mbit", str(LINK_MBIT)):
-        yield
-
-
-def test_calibrate_links_recovers_the_shaped_rate_between_nodes(shaped_cluster, tmp_path):
+def test_calibrate_links_recovers_the_shaped_rate_between_nodes(slurm_cluster, tmp_path):
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
     proc = run_cli("calibrate", "--links", "--hardware", "cpu", "--nodes", "2,4", "--ranks-per-node", "1",
                    "--max-mb", "8", "--reps", "3", env=env, timeout=900)

@@ -1,9 +1,9 @@
 """`cluster=slurm` across several nodes: a real 4-node SLURM cluster on this machine.
 
-tests/slurm/cluster.sh start --nodes 4 gives each node its own network namespace,
-hostname, address and slurmd; torch.distributed's gloo traffic between nodes crosses
-the bridge between them. On CPU, cluster.gpus_per_node means ranks per node. Mocked:
-nothing. Run as their own group: `pytest -m multinode` (.ci/run does).
+The test cluster (tests/conftest.py: CLUSTER_SHAPE) gives each node its own network
+namespace, hostname, address and slurmd; torch.distributed's gloo traffic between nodes
+crosses the shaped links of the bridge between them. On CPU, cluster.gpus_per_node means
+ranks per node. Mocked: nothing. `pytest -m multinode` runs this group alone.
 """
 
 import json
@@ -13,41 +13,34 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, running_cluster, sacct
+from tests.conftest import run_cli, sacct
+from tests.conftest import results_below as results
+from tests.conftest import wait_cli as wait
 
 pytestmark = pytest.mark.multinode
-NODES = 4
 ONE_PER_NODE = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", "run.steps=3",
                 "run.warmup_steps=1", "logger.mode=disabled"]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with running_cluster("--nodes", str(NODES), "--cpus-per-node", "2"):
-        yield
+def allocated(job_id: str) -> list[str]:
+    """The job's nodes in SLURM's order (the cluster is shared with other tests' jobs, so
+    which nodes they are is SLURM's choice)."""
+    (nodelist,) = sacct(job_id, "NodeList")[0]
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30,
+                          check=True).stdout.split()
 
 
-def results(base: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(base.rglob("result.json"))]
-
-
-def wait(base: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return run_cli("wait", str(base), "--timeout", str(timeout), timeout=timeout + 60)
-
-
-def nodes(n: int) -> list[str]:
-    return [f"orch-node{i}" for i in range(1, n + 1)]
-
-
-def test_a_dp_sweep_spans_one_two_and_four_nodes(cluster, tmp_path):
+def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
     proc = run_cli("run", "-m", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=1,2,4", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert wait(tmp_path).returncode == 0
     by_dp = {r["env"]["world_size"]: r for r in results(tmp_path)}
     assert sorted(by_dp) == [1, 2, 4]
     for dp, r in by_dp.items():
-        assert r["status"] == "ok" and r["env"]["hosts"] == nodes(dp)  # every node named
-        assert sorted(x["host"] for x in r["env"]["ranks"]) == nodes(dp)  # one rank on each
+        nodes = allocated(r["slurm"]["job_id"])
+        assert len(set(nodes)) == dp and all(n.startswith("orch-node") for n in nodes)
+        assert r["status"] == "ok" and r["env"]["hosts"] == sorted(nodes)  # every node named
+        assert sorted(x["host"] for x in r["env"]["ranks"]) == sorted(nodes)  # one rank on each
         assert int(sacct(r["slurm"]["job_id"], "AllocNodes")[0][0]) == dp
         trial = next(p.parent for p in tmp_path.rglob("result.json") if json.loads(p.read_text()) == r)
         for rank in range(dp):  # every rank's log, from every node
@@ -55,26 +48,27 @@ def test_a_dp_sweep_spans_one_two_and_four_nodes(cluster, tmp_path):
             assert (trial / "logs" / f"rank{rank}.log").stat().st_size > 0
 
 
-def test_two_ranks_per_node_on_two_nodes(cluster, tmp_path):
+def test_two_ranks_per_node_on_two_nodes(slurm_cluster, tmp_path):
     proc = run_cli("run", "--out", str(tmp_path), *ONE_PER_NODE, "cluster.gpus_per_node=2", "parallel.dp=4",
                    "zero=stage2", "cluster.wait=true", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results(tmp_path)
     hosts = {x["rank"]: x["host"] for x in r["env"]["ranks"]}
-    assert hosts == {0: "orch-node1", 1: "orch-node1", 2: "orch-node2", 3: "orch-node2"}  # block placement
+    first, second = allocated(r["slurm"]["job_id"])
+    assert first != second and hosts == {0: first, 1: first, 2: second, 3: second}  # block placement
 
 
-def test_a_failure_on_the_second_node_names_rank_host_cause_and_log(cluster, tmp_path):
+def test_a_failure_on_the_second_node_names_rank_host_cause_and_log(slurm_cluster, tmp_path):
     assert run_cli("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.fail_at_step=1",
                    "run.fail_rank=1").returncode == 0
     assert wait(tmp_path).returncode == 1
     (r,) = results(tmp_path)
     e = r["error"]
-    assert r["status"] == "failed" and e["rank"] == 1 and e["host"] == "orch-node2"
+    assert r["status"] == "failed" and e["rank"] == 1 and e["host"] == allocated(r["slurm"]["job_id"])[1]
     assert "injected failure" in e["message"] and "injected failure" in e["log_tail"]
 
 
-def test_the_pre_check_knows_the_partition_has_four_nodes(cluster, tmp_path):
+def test_the_pre_check_knows_the_partition_has_four_nodes(slurm_cluster, tmp_path):
     proc = run_cli("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=8")
     said = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 3 and "parallel.dp=8" in said and "the largest that fits is parallel.dp=4" in said
@@ -89,7 +83,7 @@ def _started(trial: Path, at_step: int = 0, timeout: float = 300) -> None:
         time.sleep(0.5)
 
 
-def test_scancel_of_a_two_node_job_is_recorded(cluster, tmp_path):
+def test_scancel_of_a_two_node_job_is_recorded(slurm_cluster, tmp_path):
     assert run_cli("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.steps=100000",
                    "run.checkpoint_every=1").returncode == 0
     _started(tmp_path, 1)
@@ -99,7 +93,7 @@ def test_scancel_of_a_two_node_job_is_recorded(cluster, tmp_path):
     assert r["status"] == "failed" and "cancelled" in r["error"]["message"] and r["slurm"]["state"] == "CANCELLED"
 
 
-def test_a_requeued_two_node_job_resumes_its_steps_and_its_wandb_run(cluster, tmp_path):
+def test_a_requeued_two_node_job_resumes_its_steps_and_its_wandb_run(slurm_cluster, tmp_path):
     steps = 30
     overrides = [o for o in ONE_PER_NODE if not o.startswith("logger.")]
     assert run_cli("run", "--out", str(tmp_path), *overrides, "parallel.dp=2", f"run.steps={steps}",
@@ -113,7 +107,7 @@ def test_a_requeued_two_node_job_resumes_its_steps_and_its_wandb_run(cluster, tm
     m = r["metrics"]
     assert r["status"] == "ok" and m["restarts"] >= 1 and m["resumed_at_steps"][0] >= 4
     assert [h["step"] for h in m["history"]] == list(range(steps))  # no step lost, none repeated
-    assert r["env"]["hosts"] == nodes(2)
+    assert r["env"]["hosts"] == sorted(allocated(r["slurm"]["job_id"])) and len(r["env"]["hosts"]) == 2
     attempts = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(attempts) == m["restarts"] + 1  # one offline segment per allocation ...
     assert len({p.name.rsplit("-", 1)[-1] for p in attempts}) == 1  # ... all of one W&B run

@@ -2,32 +2,15 @@
 
 import csv
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wandb_summary
 
 pytestmark = pytest.mark.slow
 SECRET = "sentinel-api-key-0123456789abcdef0123456789"
 CONFIG_GROUPS = {"model", "batch", "recompute", "zero", "numa", "engine", "cluster", "hardware", "logger", "parallel", "run",
                  "choices", "derived"}
-
-
-def wandb_summary(trial_dir: Path) -> dict:
-    (run_dir,) = (trial_dir / "wandb").glob("offline-run-*")
-    wandb_cli = Path(sys.executable).parent / "wandb"
-    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(run_dir)],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    records = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(run_dir)], capture_output=True,
-                             text=True, timeout=60, check=True).stdout.splitlines()
-    summary = json.loads(out)
-    summary["history_records"] = sum('"type":"history"' in r for r in records)
-    summary["run_record"] = next(json.loads(r)["run"] for r in records if '"type":"run"' in r)
-    summary["metric_records"] = [json.loads(r)["metric"] for r in records if '"type":"metric"' in r]
-    return summary
 
 
 @pytest.fixture(scope="module")
@@ -94,21 +77,6 @@ def test_report_of_the_sweep(local_sweep):
         assert pixels.std() > 0.05, f"{name} is blank"  # axes, labels, lines drawn
     as_json = json.loads(run_cli("report", "--json", str(local_sweep)).stdout)
     assert len(as_json) == 4 and all(r["status"] == "ok" for r in as_json)
-
-
-def test_a_failed_trial_ends_its_wandb_run_with_a_nonzero_exit_code(tmp_path):
-    proc = run_cli("run", "--out", str(tmp_path), "run.fail_at_step=1", "run.fail_rank=0", "run.steps=3",
-                   "run.warmup_steps=1", timeout=300)
-    assert proc.returncode == 1
-    w = wandb_summary(tmp_path)
-    assert w["exit_code"] == 1 and w["summary"]["status"] == "failed"
-
-
-def test_logger_disabled_writes_no_wandb_run(tmp_path):
-    proc = run_cli("run", "--out", str(tmp_path), "logger.mode=disabled", "run.steps=2", "run.warmup_steps=1",
-                   timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert not (tmp_path / "wandb").exists() and "wandb sync" not in proc.stdout
 
 
 def test_report_of_a_directory_without_results_says_so(tmp_path):

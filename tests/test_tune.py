@@ -90,11 +90,15 @@ def test_a_space_where_nothing_fits_says_so_before_anything_runs(tmp_path):
 @pytest.mark.slow
 def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_rerunning(tmp_path):
     out = tmp_path / "tune"
-    space = ["logger.mode=disabled", "run.steps=3", "run.warmup_steps=1", "parallel.dp=1", "zero=stage0,stage1",
+    # W&B offline and a secret in a setup line: it reaches no file of the search and no output.
+    space = ["logger.mode=offline", "run.steps=3", "run.warmup_steps=1", "parallel.dp=1", "zero=stage0,stage1",
              "batch.micro_batch_size=1,2", "recompute=none", "zero.reduce_bucket_size=1e6",
-             "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none"]
+             "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none",
+             "cluster.setup=['export WANDB_API_KEY=s3crettune']"]
     proc = run_cli("tune", "--out", str(out), "--trials", "2", *space, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "s3crettune" not in proc.stdout + proc.stderr
+    assert not [p for p in out.rglob("*") if p.is_file() and b"s3crettune" in p.read_bytes()]
     state = json.loads((out / "tune.json").read_text())
     assert state["ran"] == 2 and state["winner"] and (out / "tune.png").is_file()
     first = {r["trial_dir"] for r in state["rows"] if r["trial_dir"]}

@@ -22,6 +22,13 @@
 # hostname is SlurmctldHost.
 set -euo pipefail
 STATE=${ORCH_SLURM_STATE:-/var/lib/orchestrator-slurm}
+# One start or stop at a time: pytest's workers each ask for the cluster when their first
+# SLURM test begins, and only the first may build it. -o: the daemons started below must
+# not inherit the lock.
+if [ -z "${ORCH_CLUSTER_LOCKED:-}" ]; then
+  mkdir -p "$STATE"
+  ORCH_CLUSTER_LOCKED=1 exec flock -o "$STATE/lock" bash "$0" "$@"
+fi
 PACKAGES="munge slurm-client slurmctld slurmd slurmdbd mariadb-server iproute2"
 SUBNET=10.213.0  # .1 the controller on the bridge, .1N node N
 BRIDGE=orchbr0
@@ -154,13 +161,11 @@ nodes_idle() {  # every configured node is idle
   [ "$(sinfo -h -N -o '%N %T' | awk '$2 == "idle"' | sort -u | wc -l)" -eq "$want" ]
 }
 
-nodes_up() {  # every configured node answers (idle, or running jobs that must not be disturbed)
-  local want=$(( NODES > 0 ? NODES : 1 ))
-  [ "$(sinfo -h -N -o '%N %T' | awk '$2 ~ /^(idle|mixed|allocated|completing)$/' | sort -u | wc -l)" -eq "$want" ]
-}
-
 start() {
-  if [ "$(cat "$STATE/shape" 2>/dev/null)" = "$(shape)" ] && scontrol ping >/dev/null 2>&1 && nodes_up; then
+  # The same shape with its daemons alive is up, however busy: a controller slow to answer
+  # a ping under load must not be restarted under other tests' running jobs.
+  if [ "$(cat "$STATE/shape" 2>/dev/null)" = "$(shape)" ] && alive slurmctld && alive slurmd; then
+    wait_for 120 slurmctld scontrol ping
     echo "cluster.sh: already up ($(shape))"; return
   fi
   stop  # whatever else runs (another shape, or a crashed start): start from nothing

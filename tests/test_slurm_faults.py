@@ -1,0 +1,89 @@
+"""Trials that end badly on the real SLURM test cluster: a rank that raises, a job cancelled,
+a rank killed outright, and a secret that must reach the job but no file. The four are
+submitted together (`submitted`), so their jobs run side by side; the two that run until
+the test ends them come first. Mocked: nothing."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SLURM_SMALL as SMALL
+from tests.conftest import results_below, run_cli, submit, wait_cli
+
+pytestmark = pytest.mark.slow
+SECRET = "abc123secret"
+
+
+@pytest.fixture(scope="module")
+def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("slurm-faults")
+    runs = {"cancel": ["run.steps=100000"],
+            "sigkill": ["run.steps=100000", "run.checkpoint_every=5"],
+            "rank1": ["run.fail_at_step=1", "run.fail_rank=1"],
+            "secret": [f"cluster.setup=['export TOKEN={SECRET}','echo token-md5=$(echo $TOKEN | md5sum)']"]}
+    for name, extra in runs.items():
+        submit(base / name, *SMALL, *extra)
+    return {name: base / name for name in runs}
+
+
+def test_a_cancelled_job_is_recorded_as_failed_with_the_reason(submitted):
+    out = submitted["cancel"]
+    job = json.loads((out / "slurm.json").read_text())["job_id"]
+    deadline = time.monotonic() + 300
+    while "running" not in run_cli("status", str(out)).stdout:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(1)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    assert wait_cli(out).returncode == 1
+    (r,) = results_below(out)
+    assert r["status"] == "failed" and "cancelled" in r["error"]["message"] and r["slurm"]["state"] == "CANCELLED"
+
+
+def rank_pid(trial_dir: Path, rank: int, timeout: float = 300) -> int:
+    """The pid of the workload process of `rank` of this trial, once it trains."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                cmdline = (environ.parent / "cmdline").read_bytes()
+                if b"orchestrator.workload.train" in cmdline and str(trial_dir).encode() in cmdline:
+                    training = (trial_dir / "checkpoint" / "latest.json").is_file()  # a few steps in
+                    if training and f"RANK={rank}".encode() in environ.read_bytes().split(b"\0"):
+                        return int(environ.parent.name)
+            except OSError:
+                continue
+        time.sleep(0.5)
+    raise AssertionError(f"rank {rank} of {trial_dir} never started")
+
+
+def test_a_rank_killed_by_sigkill_is_named_with_its_host(submitted):
+    # As the kernel's OOM killer does it: SIGKILL to one rank, no SIGTERM before.
+    out = submitted["sigkill"]
+    os.kill(rank_pid(out, 1), signal.SIGKILL)
+    assert wait_cli(out).returncode == 1
+    (r,) = results_below(out)
+    assert r["status"] == "failed" and r["error"]["rank"] == 1, r["error"]
+    assert "SIGKILL" in r["error"]["message"] and r["error"]["host"]
+
+
+def test_a_failure_on_rank_1_only_is_reported(submitted):
+    out = submitted["rank1"]
+    assert wait_cli(out).returncode == 1
+    (r,) = results_below(out)
+    assert r["status"] == "failed" and r["error"]["rank"] == 1 and "injected failure" in r["error"]["message"]
+    assert r["slurm"]["state"] != "COMPLETED"
+
+
+def test_a_secret_export_reaches_the_job_but_no_file(submitted):
+    out = submitted["secret"]
+    assert wait_cli(out).returncode == 0
+    leaks = [p for p in out.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert not leaks  # trial files, sbatch script, submitit's pickles and logs
+    logs = " ".join(p.read_text(errors="replace") for p in (out / "slurm-logs").rglob("*.out"))
+    assert "token-md5=" + hashlib.md5(f"{SECRET}\n".encode()).hexdigest() in logs  # the job had it, from sbatch's environment
