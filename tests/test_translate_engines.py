@@ -43,17 +43,22 @@ class DataParallelOf:
 
 @pytest.fixture(scope="module")
 def one_rank_process_group():
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    """A one-rank gloo group in this process. Its variables are taken back afterwards: the
+    worker goes on to other files, whose commands would otherwise start as rank 0 of 1."""
     import deepspeed
     import torch.distributed as dist
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    yield
-    dist.destroy_process_group()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
+        for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                                LOCAL_RANK="0").items():
+            env.setenv(name, value)
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        yield
+        dist.destroy_process_group()
 
 
 def test_the_grid_is_the_whole_matrix():
