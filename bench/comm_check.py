@@ -1,6 +1,7 @@
 """The communication model (orchestrator/plan/comm.py) against a real multi-node cluster.
 
     .venv/bin/python bench/comm_check.py collectives [--link-mbit 400] [--reps 3]
+    .venv/bin/python bench/comm_check.py calibrate [--link-mbit 400]
     .venv/bin/python bench/comm_check.py trials OUT_DIR [--link-mbit 100] [--engines deepspeed,fsdp]
 
 Starts the test cluster shaped (tests/slurm/cluster.sh start --nodes 4 --cpus-per-node 4
@@ -12,6 +13,11 @@ collectives: all-reduce, reduce-scatter and all-gather over gloo at 1-16 MB, wor
 a hardware description of these links: inter-node bandwidth = the tbf rate, intra-node
 bandwidth and latency fitted on the one-node rows, inter-node latency from a 4-byte
 all-reduce across two nodes. Those rows are marked "fit"; the others are checked (15 %).
+
+calibrate: `orchestrator calibrate --links` on 2 and 4 nodes, one rank each (as
+tests/test_links_multinode.py runs it), and the fitted inter-node bus bandwidth against the
+tbf rate (15 %). The test asserts only what load cannot move (the fit never above the
+link); how close it comes is this benchmark's, run alone.
 
 trials: whole `orchestrator run cluster=slurm` trials that are communication-bound (a
 small model on a slow link), DeepSpeed's ZeRO 0-3 across reduce bucket sizes and FSDP2
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -124,6 +131,25 @@ TRIAL_RUN = ["cluster=slurm", "hardware=cpu", "cluster.cpus_per_task=1", "run.st
 STAGES_AT = 1e6  # the reduce bucket of the ZeRO 0-3 step-time points
 BUCKETS = (3e3, 1e5, 1e6, 1e7)  # the dp x bucket sweep, at ZeRO-2
 FIT_BUCKETS = (3e3, 1e7)  # one node, two ranks: the fixed cost per collective, from the most and fewest calls
+
+
+def calibrate_links(args) -> None:
+    import tempfile
+
+    import yaml
+
+    start_cluster(args.link_mbit, cpus_per_node=2)
+    with tempfile.TemporaryDirectory() as conf:
+        proc = subprocess.run([sys.executable, "-m", "orchestrator", "calibrate", "--links", "--hardware", "cpu",
+                               "--nodes", "2,4", "--ranks-per-node", "1", "--max-mb", "8", "--reps", "3"],
+                              capture_output=True, text=True, timeout=900, env={**os.environ,
+                                                                                 "ORCHESTRATOR_USER_CONF": conf})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        preset = yaml.safe_load((Path(conf) / "hardware" / "cpu-calibrated.yaml").read_text())
+    fitted, shaped = preset["inter_node"]["busbw_gbps"], args.link_mbit / 8000
+    ratio = fitted / shaped
+    print(f"inter-node busbw fitted {fitted:.4f} GB/s, links shaped to {shaped:.4f} GB/s: {ratio:.2f} "
+          + ("(within 15 %)" if abs(ratio - 1) <= COLLECTIVE_TOLERANCE else "(MISS)"))
 
 
 def trial_points(engines: list[str]) -> list[tuple[str, int, float, int, int]]:
@@ -255,6 +281,9 @@ def main() -> None:
     c.add_argument("--link-mbit", type=int, default=400)
     c.add_argument("--reps", type=int, default=3)
     c.set_defaults(handler=collectives)
+    k = sub.add_parser("calibrate")
+    k.add_argument("--link-mbit", type=int, default=400)
+    k.set_defaults(handler=calibrate_links)
     t = sub.add_parser("trials")
     t.add_argument("out", metavar="OUT_DIR", help="trial directories (trials already there are not run again)")
     t.add_argument("--link-mbit", type=int, default=100)
