@@ -7,7 +7,6 @@ run on a fresh machine does once).
 
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +23,7 @@ METRIC_KEYS = {"tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mf
 
 
 def run(out: Path, *overrides: str, multirun: bool = False):
-    start = time.monotonic()
-    result = run_cli("run", *(["-m"] if multirun else []), "--out", str(out), *overrides, timeout=600)
-    return result, time.monotonic() - start
+    return run_cli("run", *(["-m"] if multirun else []), "--out", str(out), *overrides, timeout=600)
 
 
 def test_the_default_trial_succeeds_and_is_measured(default_trial):
@@ -68,7 +65,7 @@ def counting_tokens(tmp_path) -> Path:
 
 def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counting_tokens):
     # fp32: the engines must agree to rounding, and bf16 matmuls crawl on a CPU without AVX512-BF16.
-    proc, _ = run(tmp_path / "runs", "zero=stage0,stage1,stage2,stage3", "run.lr=1e-2", f"run.data={counting_tokens}",
+    proc = run(tmp_path / "runs", "zero=stage0,stage1,stage2,stage3", "run.lr=1e-2", f"run.data={counting_tokens}",
                   "run.steps=6", "run.warmup_steps=1", "run.bf16=false", multirun=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = results_below(tmp_path / "runs")
@@ -79,7 +76,7 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
                                                "optimizer": "DeepSpeedZeroOptimizer_Stage3", "built_partitioned": True}
     # Accelerate's DeepSpeed ZeRO-3 as well: the model is built partitioned there too
     # (zero3_init_flag), from the same weights.
-    accel, _ = run(tmp_path / "accelerate", "engine=accelerate", "engine.backend=deepspeed", "zero=stage3",
+    accel = run(tmp_path / "accelerate", "engine=accelerate", "engine.backend=deepspeed", "zero=stage3",
                    "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1", "run.bf16=false")
     assert accel.returncode == 0, accel.stdout + accel.stderr
     (accelerated,) = results_below(tmp_path / "accelerate")
@@ -102,7 +99,7 @@ KNOBS = ["run.profile=true", "run.gc_collect_every=2", "run.dataloader_workers=1
 def knobs_trial(tmp_path_factory) -> Path:
     """One trial with a batch warm-up and every tuning knob on: neither touches what the other checks."""
     out = tmp_path_factory.mktemp("knobs") / "trial"
-    proc, _ = run(out, *WARMUP, *KNOBS)
+    proc = run(out, *WARMUP, *KNOBS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (out.parent / "stdout.txt").write_text(proc.stdout)
     return out
@@ -131,7 +128,7 @@ def failing_sweep(tmp_path_factory) -> list[Path]:
     out = tmp_path_factory.mktemp("failing") / "sweep"
     # Rank 0, blocked in a collective, is ended rather than left hanging: gloo would wait 30
     # minutes, so a hang fails run()'s timeout (a guard far above any trial's time, not a speed).
-    proc, _ = run(out, "run.fail_mode=oom,raise,exit", "run.fail_at_step=2", "run.fail_rank=1", *QUICK, multirun=True)
+    proc = run(out, "run.fail_mode=oom,raise,exit", "run.fail_at_step=2", "run.fail_rank=1", *QUICK, multirun=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     return sorted(p.parent for p in out.rglob("result.json"))
 
@@ -165,7 +162,7 @@ def test_a_rank_that_exits_without_a_python_error_is_named(failing_sweep):
 
 def test_accelerate_runs_ddp_on_cpu_with_the_plans_buckets(tmp_path):
     # (Accelerate's DeepSpeed engine on CPU: test_every_zero_stage_and_engine_trains_the_same_loss_curve.)
-    proc, _ = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage0",
+    proc = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage0",
                   "zero.reduce_bucket_size=1000000", *QUICK)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results_below(tmp_path)
@@ -176,7 +173,7 @@ def test_accelerate_runs_ddp_on_cpu_with_the_plans_buckets(tmp_path):
 
 
 def test_accelerate_fsdp_says_clearly_that_the_cpu_cannot_run_it(tmp_path):
-    proc, _ = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage3")
+    proc = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage3")
     assert proc.returncode == 2 and "FSDP only on GPUs" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "logs").exists()
 
@@ -203,7 +200,7 @@ def test_expandable_segments_reach_the_ranks_environment_on_gpus(tmp_path):
 
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
     # 100,000 steps would take hours: ending within run()'s timeout is the limit at work.
-    proc, _ = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1")
+    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1")
     assert proc.returncode == 1
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["status"] == "timeout" and r["error"]["type"] == "Timeout" and r["metrics"] is None
