@@ -21,4 +21,4 @@ for name, folder in MAPPED.items():
     package_dir.update({name: folder, **{f"{name}.{sub}": f"{folder}/{sub.replace('.', '/')}" for sub in subpackages}})
 
 setup(packages=[*packages, "orchestrator.conf"], package_dir=package_dir,
-      package_data={"orchestrator.conf": ["*.yaml", "*/*.yaml"]})
+      package_data={"orchestrator.conf": ["*.yaml", "*/*.yaml", "hardware/*.csv"]})

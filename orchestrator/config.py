@@ -288,6 +288,11 @@ class HardwareConfig:
     host_link_gbps: float = 25.0  # PCIe 4.0 x16, one direction, per GPU
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
+    # The network as it measured itself (plan/bus_table.py): a CSV of nccl-tests' bus bandwidth
+    # by collective, node count, ranks per node and message size, which replaces the two
+    # levels above wherever it has a curve. A path, or a file name beside the preset in
+    # conf/hardware/; null: the levels alone.
+    network: Optional[str] = None
     # Fixed cost of each collective the engine issues, whatever its size (bucket copies,
     # launch): what makes many small buckets slower than a few large ones.
     collective_overhead_us: float = 0.0

@@ -117,6 +117,9 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     out.print(tt)
     if any(c.calls for c in plan.comm.collectives):
         out.print(comm_table(plan))
+        for c in plan.comm.collectives:
+            if c.busbw_note:
+                out.print(f"[dim]{c.op}, {c.phase}: busbw {c.busbw_note}[/dim]")
     for w in plan.warnings:
         out.print(f"[yellow]warning:[/yellow] {w}")
     out.print("[dim]assumptions: " + "; ".join(plan.assumptions) + "[/dim]")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.conf_tree import current_source
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_text
 
@@ -56,6 +57,20 @@ def calibrated_preset(name: str, conf_dir: Path) -> dict | None:
         raise ConfigError("hardware", calibrated_name(name), f"a calibrated preset that can be used, but {path} "
                           f"{problem}; run `orchestrator calibrate` again, or delete that file")
     return data
+
+
+def network_table_path(value: str) -> Path:
+    """hardware.network as an absolute path: a path as given (relative to the working
+    directory), else a file of that name beside the presets (a hardware/ folder of the tree)."""
+    given = Path(value).expanduser()
+    source = current_source()
+    beside = [Path(d) / "hardware" / given for d in (source.primary, *source.extra_dirs)]
+    for path in [given] if given.is_absolute() else [Path.cwd() / given, *beside]:
+        if path.exists():
+            return path.resolve()
+    raise ConfigError("hardware.network", value, "a network table (a CSV of collective,nodes,ranks_per_node,bytes,"
+                      "busbw_gbps): a path to one, or the name of one beside the presets in conf/hardware/; none "
+                      "is there")
 
 
 def preset_for_gpu(device_name: str) -> str | None:

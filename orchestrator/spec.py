@@ -32,6 +32,7 @@ from orchestrator.errors import ConfigError, one_of
 from orchestrator.files import read_text
 from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
+from orchestrator.plan import bus_table
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.trial_dir import TrialPaths
 
@@ -106,6 +107,7 @@ def spec_from(composed: Composed) -> TrialSpec:
     precision = _check_run(cfg)
     _check_grad_accum(cfg, precision)
     _check_hardware(cfg, precision, composed.choices.get("hardware", ""))
+    cfg = _with_network_table(cfg)
     _check_logger(cfg)
     dp = at_most(positive(cfg.parallel.dp, "parallel.dp"), "parallel.dp", MAX_DP)
     gpus_per_node, nodes = placement(cfg, dp)
@@ -289,6 +291,16 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
             raise ConfigError(f"hardware.{link}.latency_us", getattr(hw, link).latency_us, "a latency >= 0")
     if hw.collective_overhead_us < 0:
         raise ConfigError("hardware.collective_overhead_us", hw.collective_overhead_us, "a time >= 0")
+
+
+def _with_network_table(cfg: TrialConfig) -> TrialConfig:
+    """hardware.network read and checked now (a bad table exits 2 before anything runs), and
+    kept as an absolute path: the trial is planned again on its SLURM node, from elsewhere."""
+    if not cfg.hardware.network:
+        return cfg
+    path = hardware.network_table_path(cfg.hardware.network)
+    bus_table.load(path)
+    return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, network=str(path)))
 
 
 def _check_logger(cfg: TrialConfig) -> None:

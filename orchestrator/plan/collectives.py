@@ -24,13 +24,21 @@ It is the hardware preset's, with its source, or `orchestrator calibrate --links
 
 gloo (the CPU backend) has rings only, advances them in lock step (each step waits for the
 slowest link) and reduce-scatters with an all-reduce's traffic (bench/RESULTS.md).
+
+A network described by what it measured (plan/bus_table.py: busbw by collective, node count
+and size) replaces all of this where it has a curve: a call takes its bytes x the ring factor
+over the table's busbw at that size. Beyond the node counts it measured, the edge's curve is
+carried by this model: the inter-node level fitted to the edge node count's curve (least
+squares on log time), then busbw(N, S) = busbw(edge, S) x model(N, S) / model(edge, S).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from orchestrator.plan.bus_table import BusTable, Reading
 
 ALGORITHMS = ("ring", "tree")
 RING_BASE_US = 8.4  # NCCL's base latency of a ring call (Simple protocol)
@@ -56,6 +64,7 @@ class Network:
     inter: Level
     backend: str = "nccl"  # nccl | gloo
     call: float = 0.0  # seconds of fixed cost per call the engine issues (flatten, launch, copy back)
+    table: BusTable | None = None  # the network's measured curves, where it has them (plan/bus_table.py)
 
     @property
     def ranks_per_node(self) -> int:
@@ -74,8 +83,9 @@ class Network:
 @dataclass(frozen=True)
 class CallTime:
     seconds: float
-    algorithm: str  # ring | tree | none (a single rank: nothing to do)
+    algorithm: str  # ring | tree | measured (a table's curve) | none (a single rank: nothing to do)
     busbw: float  # bytes/s the bandwidth term used
+    note: str = ""  # where a table's figure is not a measured point: what it rests on
 
 
 def ring_steps(op: str, ranks: int, backend: str = "nccl") -> int:
@@ -117,18 +127,89 @@ def algorithms(op: str, net: Network) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=65536)
 def call_time(op: str, nbytes: float, net: Network) -> CallTime:
-    """The time of one call of `op` on an `nbytes` buffer, by the fastest algorithm there
-    (cached: a step's buckets repeat a few sizes, and a sweep or a fit repeats networks)."""
+    """The time of one call of `op` on an `nbytes` buffer: from the network's measured curve
+    where it has one, else by the fastest algorithm there (cached: a step's buckets repeat a
+    few sizes, and a sweep or a fit repeats networks)."""
     if net.ranks <= 1 or nbytes <= 0:
         return CallTime(0.0, "none", 0.0)
+    if net.table is not None and (measured := table_time(op, nbytes, net)) is not None:
+        return measured
+    return modelled_time(op, nbytes, net)
+
+
+def modelled_time(op: str, nbytes: float, net: Network) -> CallTime:
+    """NCCL's (gloo's) algorithms on the parametric levels: the faster one."""
     times = {a: ring_time(op, nbytes, net) if a == "ring" else tree_time(nbytes, net) for a in algorithms(op, net)}
     best = min(times, key=times.get)
     busbw = net.ring_busbw * (TREE_BANDWIDTH_SHARE if best == "tree" else 1.0)
     return CallTime(times[best], best, busbw)
 
 
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' busbw / algbw: the share of the buffer each rank's links carry."""
+    return (2 if op == "all_reduce" else 1) * (ranks - 1) / ranks
+
+
+def table_time(op: str, nbytes: float, net: Network) -> CallTime | None:
+    """One call timed from the network's measured curves; None where they cannot say (one
+    node and no one-node curve, or a table measured on one node only for a call across nodes)."""
+    reading = net.table.busbw(op, net.nodes, net.ranks_per_node, nbytes)
+    if reading is None:
+        reading = beyond_the_table(op, nbytes, net)
+    if reading is None:
+        return None
+    return CallTime(net.call + nbytes * bus_factor(op, net.ranks) / reading.busbw, "measured", reading.busbw,
+                    reading.note)
+
+
+def beyond_the_table(op: str, nbytes: float, net: Network) -> Reading | None:
+    """busbw at a node count the table did not measure: its edge's curve, carried by the model."""
+    table, rpn = net.table, net.ranks_per_node
+    read_op, read_rpn, _ = table.resolve(op, rpn)
+    counts = table.node_counts(read_op, read_rpn)
+    if not counts or net.nodes == 1:  # one node is another level (NVLink): not extrapolated from the network
+        return None
+    edge = counts[0] if net.nodes < counts[0] else counts[-1]
+    if edge == 1:
+        return None
+    at_edge = table.busbw(op, edge, rpn, nbytes)
+    inter = edge_level(table, read_op, edge, read_rpn, net.intra, net.backend)
+    def model(nodes: int) -> float:
+        at = replace(net, ranks=nodes * rpn, nodes=nodes, inter=inter, call=0.0, table=None)
+        return nbytes * bus_factor(op, at.ranks) / modelled_time(op, nbytes, at).seconds
+
+    side = "beyond the largest" if net.nodes > edge else "below the smallest"
+    return Reading(at_edge.busbw * model(net.nodes) / model(edge),
+                   f"extrapolated {side} node count measured ({edge}) by NCCL's ring and tree terms fitted to it"
+                   + (f"; {at_edge.note}" if at_edge.note else ""))
+
+
+@functools.lru_cache(maxsize=256)
+def edge_level(table: BusTable, op: str, nodes: int, rpn: int, intra: Level, backend: str) -> Level:
+    """The inter-node level whose ring-or-tree times best match one measured curve (least
+    squares on log time: a grid in log space, then a finer one around its best point)."""
+    curve = table.curves[(op, nodes, rpn)]
+    ranks = nodes * rpn
+    measured = [(s, math.log(s * bus_factor(op, ranks) / b)) for s, b in curve]
+
+    def error(busbw: float, latency: float) -> float:
+        net = Network(ranks=ranks, nodes=nodes, intra=intra, inter=Level(busbw, latency), backend=backend)
+        return sum((math.log(modelled_time(op, float(s), net).seconds) - t) ** 2 for s, t in measured)
+
+    best_bw, best_lat = max(b for _, b in curve), 10e-6
+    span = (math.log(1e3), math.log(1e3))  # x1000 each way of the curve's peak busbw and 10 us
+    for _ in range(3):
+        grid = [(best_bw * math.exp(i / 8 * span[0]), best_lat * math.exp(j / 8 * span[1]))
+                for i in range(-8, 9) for j in range(-8, 9)]
+        best_bw, best_lat = min(grid, key=lambda p: error(*p))
+        span = (span[0] / 6, span[1] / 6)
+    return Level(best_bw, best_lat)
+
+
 def network(ranks: int, nodes: int, intra_busbw_gbps: float, intra_latency_us: float, inter_busbw_gbps: float,
-            inter_latency_us: float, backend: str = "nccl", call_us: float = 0.0) -> Network:
+            inter_latency_us: float, backend: str = "nccl", call_us: float = 0.0,
+            table: BusTable | None = None) -> Network:
     """A Network from a hardware preset's units (GB/s, microseconds)."""
     return Network(ranks=ranks, nodes=nodes, intra=Level(intra_busbw_gbps * 1e9, intra_latency_us * 1e-6),
-                   inter=Level(inter_busbw_gbps * 1e9, inter_latency_us * 1e-6), backend=backend, call=call_us * 1e-6)
+                   inter=Level(inter_busbw_gbps * 1e9, inter_latency_us * 1e-6), backend=backend, call=call_us * 1e-6,
+                   table=table)

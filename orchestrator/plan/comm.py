@@ -49,9 +49,10 @@ class Collective:
     bytes_per_rank: float  # sent by one rank per step, as a ring sends it
     algorithm: str  # the one NCCL (gloo) runs at that size: ring | tree (the larger share of the calls)
     level: str  # intra | inter: the slowest level the calls cross
-    busbw_gbps: float  # the bus bandwidth the bandwidth term used
+    busbw_gbps: float  # the bus bandwidth the calls' bandwidth terms add up to (their bytes / their byte-times)
     time_s: float  # all calls, run back to back
     exposed_s: float = 0.0  # of time_s, what compute did not hide
+    busbw_note: str = ""  # where a measured table's figure was not measured itself: what it rests on
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -99,13 +100,16 @@ def collective(phase: str, c: Calls, net: Network, per_step: int = 1, exposed_s:
     """What `c`, made `per_step` times a step, costs and puts on the wire."""
     total = sum(c.sizes) * c.dtype_bytes
     steps = (2 if c.op == "all_reduce" else 1) * (net.ranks - 1) / net.ranks
-    algorithm = max(("ring", "tree", "none"), key=lambda a: sum(1 for t in c.times if t.algorithm == a))
+    algorithm = max(("ring", "tree", "measured", "none"), key=lambda a: sum(1 for t in c.times if t.algorithm == a))
     time_s = per_step * sum(c.seconds)
+    moved = [(e, t.busbw) for e, t in zip(c.sizes, c.times) if t.busbw > 0]
+    busbw = sum(e for e, _ in moved) / sum(e / b for e, b in moved) if moved else 0.0
     return Collective(op=c.op, phase=phase, dtype_bytes=c.dtype_bytes,
                       bytes_per_call=total / len(c.times) if c.times else 0.0, calls=per_step * len(c.times),
                       bytes_per_rank=per_step * steps * total, algorithm=algorithm, level=net.level,
-                      busbw_gbps=max((t.busbw for t in c.times), default=0.0) / 1e9, time_s=time_s,
-                      exposed_s=min(exposed_s, time_s))
+                      busbw_gbps=busbw / 1e9, time_s=time_s,
+                      exposed_s=min(exposed_s, time_s), busbw_note="; ".join(dict.fromkeys(t.note for t in c.times
+                                                                                             if t.note)))
 
 
 def overlapped(compute_s: float, comm_bucket_s: list[float]) -> float:

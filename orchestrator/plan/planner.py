@@ -13,7 +13,7 @@ import os
 import socket
 
 from orchestrator import hardware, kernel_timing
-from orchestrator.plan import advice
+from orchestrator.plan import advice, bus_table
 from orchestrator.plan.collectives import Network, network
 from orchestrator.plan.comm import Schedule, bytes_per_rank_per_step, step_time
 from orchestrator.config import KernelSource
@@ -134,7 +134,7 @@ def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, band
     return [
         f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})" if peak_tflops else peak_note,
         compute_source,
-        f"network: {_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}; "
+        _network_source(hw) + f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}; "
         f"{hw.device.collective_backend}'s " + ("ring or tree, the faster per call" if hw.device.is_gpu else "ring")
         + f"; gradients on the wire in {wire_dtype(spec)}; {hw.collective_overhead_us:g} us fixed cost per call "
         "(hardware.collective_overhead_us)",
@@ -147,6 +147,14 @@ def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, band
     ]
 
 
+def _network_source(hw) -> str:
+    if not hw.network:
+        return "network: "
+    source = bus_table.load(hw.network).source
+    return (f"network: bus bandwidth by collective, message size and node count as measured in {hw.network} "
+            f"({source[:160] + '...' if len(source) > 160 else source}); where it has no curve, ")
+
+
 def _level(link, where: str) -> str:
     return f"{where} {link.name + ' ' if link.name else ''}{link.busbw_gbps:g} GB/s busbw, {link.latency_us:g} us a hop"
 
@@ -156,7 +164,7 @@ def network_of(spec: TrialSpec) -> Network:
     hw = spec.cfg.hardware
     return network(spec.world_size, spec.nodes, hw.intra_node.busbw_gbps, hw.intra_node.latency_us,
                    hw.inter_node.busbw_gbps, hw.inter_node.latency_us, backend=hw.device.collective_backend,
-                   call_us=hw.collective_overhead_us)
+                   call_us=hw.collective_overhead_us, table=bus_table.load(hw.network) if hw.network else None)
 
 
 def fsdp_layout(spec: TrialSpec) -> FsdpLayout | None:
