@@ -17,7 +17,7 @@ from pathlib import Path
 from orchestrator import commands
 from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
-from orchestrator.display import console, show_calibration, show_links, show_report, show_states
+from orchestrator.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, PlanRefused, did_you_mean, one_of
 from orchestrator.files import read_json
 from orchestrator.redact import redacted_output
@@ -124,6 +124,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
     if args.links:
         return links_command(args)
+    if args.nccl_tests:
+        return nccl_tests_command(args)
     if not args.dirs and not args.csv:
         raise ConfigError("DIR", "(none)", "a directory of trials, or --csv FILE of measured runs")
     warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
@@ -152,10 +154,28 @@ def links_command(args: argparse.Namespace) -> int:
     rows = links.measure(nodes, args.ranks_per_node, args.max_mb, args.reps, device, args.partition)
     inside, between = links.fit_network(rows, backend)
     what = f"{backend}, {args.ranks_per_node} rank(s) per node on {args.nodes} node(s), up to {args.max_mb:g} MB"
-    path = links.write_links(args.hardware, inside, between, what)
+    path = links.write_links(args.hardware, inside, between, what, table=links.table_of(rows, what))
     show_links(rows, [links.predicted_seconds(m, inside, between, backend) for m in rows], inside, between,
                console())
     console().print(f"wrote {path} (hardware={Path(path).stem})")
+    return 0
+
+
+def nccl_tests_command(args: argparse.Namespace) -> int:
+    """calibrate --nccl-tests FILE...: published or the user's own nccl-tests logs, as the
+    network table of NAME-calibrated."""
+    from orchestrator import links, nccl_tests  # not needed by other commands
+
+    links.check_hardware(args.hardware)
+    runs = [nccl_tests.read_run(Path(f)) for f in args.nccl_tests]
+    for run in runs:
+        if not run.complete:
+            print(f"warning: {run.path} has no '# Avg bus bandwidth' footer: the run was cut short; its "
+                  f"{len(run.rows)} complete row(s) are used", file=sys.stderr)
+    table = nccl_tests.table_of(runs)
+    path = links.write_network_table(args.hardware, table, f"the network as nccl-tests measured it ({table.source})")
+    show_bus_table(table, console())
+    console().print(f"wrote {links.table_path(args.hardware)} and {path} (hardware={Path(path).stem})")
     return 0
 
 
@@ -197,7 +217,11 @@ def _parser() -> argparse.ArgumentParser:
                        "(zero, model.hidden, parallel.dp, ...) and tokens_per_sec_per_gpu or step_time_s")
     calib.add_argument("--links", action="store_true", help="measure the network instead (all-reduce, "
                        "reduce-scatter, all-gather, 1 MB up to --max-mb) and write its levels into the preset")
-    calib.add_argument("--hardware", default="cpu", help="--links: the preset whose -calibrated copy gets the links")
+    calib.add_argument("--nccl-tests", nargs="+", metavar="FILE", help="nccl-tests logs (all_reduce_perf, "
+                       "all_gather_perf, reduce_scatter_perf; one file per run and node count): their bus bandwidth "
+                       "by size becomes the network table of --hardware's calibrated preset")
+    calib.add_argument("--hardware", default="cpu", help="--links, --nccl-tests: the preset whose -calibrated copy "
+                       "gets the network")
     calib.add_argument("--nodes", default="1", help="--links: node counts, e.g. 1,2,4 (more than one: through srun)")
     calib.add_argument("--ranks-per-node", type=int, default=2, help="--links: ranks on each node (its GPUs)")
     calib.add_argument("--max-mb", type=float, default=1024, help="--links: the largest buffer, MB (from 1 MB)")

@@ -290,3 +290,21 @@ def show_links(rows: list, predicted: list[float], inside, between, out: Console
     out.print(f"inside a node: {inside.busbw / 1e9:.4g} GB/s busbw, {inside.latency * 1e6:.3g} us a hop"
               + (f"; between nodes: {between.busbw / 1e9:.4g} GB/s busbw, {between.latency * 1e6:.3g} us a hop"
                  if between else ""))
+
+
+def show_bus_table(table, out: Console) -> None:
+    """A network table as the plan will read it: bus bandwidth per collective and node count."""
+    t = Table(title="Network table: bus bandwidth (GB/s) by message size", title_justify="left")
+    for name in ("collective", "nodes", "ranks per node", "sizes", "busbw smallest", "busbw largest", "busbw max"):
+        t.add_column(name, justify="left" if name == "collective" else "right")
+    for (op, nodes, rpn), curve in sorted(table.curves.items()):
+        t.add_row(op, str(nodes), str(rpn), f"{_size(curve[0][0])}-{_size(curve[-1][0])} ({len(curve)})",
+                  f"{curve[0][1] / 1e9:.4g}", f"{curve[-1][1] / 1e9:.4g}", f"{max(b for _, b in curve) / 1e9:.4g}")
+    out.print(t)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"

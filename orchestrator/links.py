@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -30,6 +31,8 @@ from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.errors import ConfigError, one_of
 from orchestrator.files import atomic_write_text
 from orchestrator.hardware import calibrated_name
+from orchestrator.plan import bus_table
+from orchestrator.plan.bus_table import BusRow, BusTable
 from orchestrator.plan.collectives import Level, Network, ring_steps, ring_time
 from orchestrator.spec import build_spec
 
@@ -122,8 +125,31 @@ def fit_network(rows: list[Measurement], backend: str) -> tuple[Level, Level | N
     return inside or between, between
 
 
-def write_links(hardware: str, inside: Level, between: Level | None, what: str) -> str:
-    """The NAME-calibrated preset with its network levels replaced (created from NAME if new)."""
+def write_links(hardware: str, inside: Level, between: Level | None, what: str,
+                table: BusTable | None = None) -> str:
+    """The NAME-calibrated preset with its network levels (and table) replaced (created from
+    NAME if new)."""
+    def levels(data: dict) -> None:
+        data["intra_node"] = {**data.get("intra_node", {}), "busbw_gbps": round(inside.busbw / 1e9, 4),
+                              "latency_us": round(inside.latency * 1e6, 2), "name": f"measured: {what}"}
+        if between is not None:
+            data["inter_node"] = {**data.get("inter_node", {}), "busbw_gbps": round(between.busbw / 1e9, 4),
+                                  "latency_us": round(between.latency * 1e6, 2), "name": f"measured: {what}"}
+
+    return _write_preset(hardware, f"the network measured as nccl-tests does ({what})", levels, table)
+
+
+def write_network_table(hardware: str, table: BusTable, what: str) -> str:
+    """The NAME-calibrated preset planning from `table` (merged into the one an earlier
+    calibration wrote there: a curve measured again replaces the old one)."""
+    return _write_preset(hardware, what, lambda data: None, table)
+
+
+def table_path(hardware: str) -> Path:
+    return user_conf_dir() / "hardware" / f"{calibrated_name(hardware)}.network.csv"
+
+
+def _write_preset(hardware: str, what: str, change, table: BusTable | None) -> str:
     path = user_conf_dir() / "hardware" / f"{calibrated_name(hardware)}.yaml"
     if path.is_file():
         data = OmegaConf.to_container(OmegaConf.load(path))
@@ -131,15 +157,25 @@ def write_links(hardware: str, inside: Level, between: Level | None, what: str) 
         data = OmegaConf.to_container(OmegaConf.structured(build_spec([f"hardware={hardware}"]).cfg.hardware),
                                       enum_to_str=True)
         data["name"] = calibrated_name(hardware)
-    data["intra_node"] = {**data.get("intra_node", {}), "busbw_gbps": round(inside.busbw / 1e9, 4),
-                          "latency_us": round(inside.latency * 1e6, 2), "name": f"measured: {what}"}
-    if between is not None:
-        data["inter_node"] = {**data.get("inter_node", {}), "busbw_gbps": round(between.busbw / 1e9, 4),
-                              "latency_us": round(between.latency * 1e6, 2), "name": f"measured: {what}"}
+    change(data)
+    if table is not None:
+        own = table_path(hardware)
+        if data.get("network") == str(own) and own.is_file():  # ours from an earlier run: keep its other curves
+            old = bus_table.load(own)
+            kept = [r for r in old.rows if (r.collective, r.nodes, r.ranks_per_node) not in table.curves]
+            table = bus_table.BusTable(kept + list(table.rows), f"{old.source}\n{table.source}" if kept else table.source)
+        bus_table.write(own, table)
+        data["network"] = str(own)  # a preset of someone else's network (h100-p5's table) is not kept
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = f"# Written by `orchestrator calibrate --links`: the network measured as nccl-tests does ({what}).\n"
+    header = f"# Written by `orchestrator calibrate`: {what}.\n"
     atomic_write_text(path, header + OmegaConf.to_yaml(OmegaConf.create(data)))
     return str(path)
+
+
+def table_of(rows: list[Measurement], what: str) -> BusTable:
+    """What was measured, as the network table the plan reads (one curve per op and node count)."""
+    return BusTable([BusRow(m.op, m.nodes, m.ranks // m.nodes, m.bytes, m.busbw / 1e9) for m in rows
+                     if m.ranks > 1 and m.seconds > 0], f"measured by `orchestrator calibrate --links`: {what}")
 
 
 def check_hardware(name: str) -> None:

@@ -3,8 +3,12 @@ tc tbf (tests/slurm/cluster.sh start --link-mbit): the measurement runs as srun 
 real nodes, over gloo, and the fit is written as the preset's inter-node level. Mocked:
 nothing. Part of the multinode group (`pytest -m multinode`)."""
 
+import json
+
 import pytest
 import yaml
+
+from orchestrator.plan import bus_table
 
 from tests.conftest import LINK_MBIT, run_cli
 
@@ -23,7 +27,13 @@ def test_calibrate_links_recovers_the_shaped_rate_between_nodes(slurm_cluster, t
     # bench/comm_check.py calibrate prints it, run alone.
     assert 0 < preset["inter_node"]["busbw_gbps"] <= LINK_MBIT / 8000 * 1.15
     assert preset["inter_node"]["name"].startswith("measured: gloo")
-    # the plan of a trial on this cluster now uses the measured network
+    # the same measurements, as the network table the plan reads: every op on 2 and 4 nodes, 1-8 MB
+    table = bus_table.load(preset["network"])
+    assert set(table.curves) == {(op, n, 1) for op in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4)}
+    assert all([s for s, _ in c] == [2**20 * k for k in (1, 2, 4, 8)] for c in table.curves.values())
+    # the plan of a trial on this cluster now times its calls from that table
     plan = run_cli("plan", "--json", "hardware=cpu-calibrated", "cluster=slurm", "cluster.gpus_per_node=1",
                    "parallel.dp=2", env=env)
     assert plan.returncode == 0 and "measured: gloo" in plan.stdout
+    collectives = json.loads(plan.stdout)["comm"]["collectives"]
+    assert collectives and all(c["algorithm"] == "measured" for c in collectives)

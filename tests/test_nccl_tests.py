@@ -1,0 +1,134 @@
+"""`orchestrator calibrate --nccl-tests FILE...`: nccl-tests' standard output, in exactly the
+format all_reduce_perf, all_gather_perf and reduce_scatter_perf print (older versions with
+a root column, newer ones with a version header and a blank root), multi-node logs
+included, read into the NAME-calibrated preset's network table; garbage, a truncated run
+and an in-place-only table. The logs are written here (no GPU to run nccl-tests on); the
+command, the preset and the plan that reads it are the real ones."""
+
+import json
+
+import pytest
+import yaml
+
+from orchestrator.errors import ConfigError
+from orchestrator.nccl_tests import parse_run
+from orchestrator.plan import bus_table
+from tests.conftest import run_cli
+
+SIZES = [2**k for k in range(20, 31, 2)]  # 1 MiB to 1 GiB
+TYPE_BYTES = {"float": 4, "bfloat16": 2}
+
+
+def rank_lines(nodes: int, per_node: int) -> str:
+    return "".join(f"#  Rank {n * per_node + g:2d} Group  0 Pid {1000 + g:6d} on p5-node-{n:03d} device {g:2d} "
+                   f"[0000:{g:02x}:00] NVIDIA H100 80GB HBM3\n" for n in range(nodes) for g in range(per_node))
+
+
+def log(op: str, nodes: int, per_node: int, busbw: dict[int, float], *, new: bool = False, dtype: str = "float",
+        footer: bool = True, in_place_only: bool = False) -> str:
+    """A run as nccl-tests prints it: busbw (GB/s) by size gives each row's time."""
+    ranks = nodes * per_node
+    factor = 2 * (ranks - 1) / ranks if op == "all_reduce" else (ranks - 1) / ranks
+    head = (f"# nccl-tests version 2.17.6 nccl-headers=22501 nccl-library=22501\n"
+            f"# Collective test starting: {op}_perf\n" if new else "")
+    head += ("# nThread 1 nGpus 1 minBytes 1048576 maxBytes 1073741824 step: 4(factor) warmup iters: 5 iters: 20 "
+             "agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n" + rank_lines(nodes, per_node) + "#\n"
+             "#                                                              out-of-place                       in-place\n"
+             "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"
+             "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n")
+    rows = ""
+    for size, bw in busbw.items():
+        count = size // TYPE_BYTES[dtype] // (1 if op == "all_reduce" else ranks)
+        us = size * factor / (bw * 1e9) * 1e6
+        redop = "none" if op == "all_gather" else "sum"
+        root = "" if new else "-1"
+        timing = f"{us:8.1f} {size / us / 1e3:7.2f} {bw:7.2f}      0"
+        rows += (f"{size:12d}  {count:12d}  {dtype:>8s}  {redop:>6s}  {root:>6s}  "
+                 + (" " * 32 if in_place_only else timing) + f" {timing}\n")
+    tail = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 70.742\n#\n" if footer else ""
+    return head + rows + tail
+
+
+def curve(*values: float) -> dict[int, float]:
+    return dict(zip(SIZES, values))
+
+
+def test_every_format_reads_its_collective_ranks_nodes_and_bus_bandwidth():
+    ar = parse_run(log("all_reduce", 2, 8, curve(20, 60, 150, 300, 400, 450)), "ar.log")
+    assert (ar.collective, ar.ranks, ar.nodes, ar.ranks_per_node, ar.complete) == ("all_reduce", 16, 2, 8, True)
+    ag = parse_run(log("all_gather", 4, 8, curve(10, 30, 80, 150, 200, 220), new=True, dtype="bfloat16"), "ag.log")
+    assert (ag.collective, ag.nodes) == ("all_gather", 4)
+    # no 'Collective test starting' line: the table says reduce-scatter (it reduces, count x type x ranks)
+    rs = parse_run(log("reduce_scatter", 2, 8, curve(10, 30, 80, 150, 200, 220)), "rs.log")
+    assert rs.collective == "reduce_scatter"
+    ag_old = parse_run(log("all_gather", 2, 8, curve(10, 30, 80, 150, 200, 220)), "ag-old.log")
+    assert ag_old.collective == "all_gather"
+
+
+def test_an_in_place_only_table_is_read_from_its_in_place_columns():
+    run = parse_run(log("all_reduce", 2, 8, curve(20, 60, 150, 300, 400, 450), in_place_only=True), "replay.log")
+    assert len(run.rows) == 6 and run.rows[0].time_us > 0
+
+
+def test_a_truncated_run_keeps_its_complete_rows_and_knows_it_was_cut():
+    text = log("all_reduce", 2, 8, curve(20, 60, 150, 300, 400, 450), footer=False)
+    cut = text[: text.rindex("\n", 0, len(text) - 1) + 30]  # the last row cut mid-line
+    run = parse_run(cut, "cut.log")
+    assert not run.complete and len(run.rows) == 5
+
+
+@pytest.mark.parametrize("garbage,line", [
+    ("Authorization required, but no authorization protocol specified\n", 1),
+    ("   1048576  262144  float  sum  -1  12.0  x  y  0\n", 1),
+])
+def test_a_line_that_is_not_nccl_tests_output_names_the_file_and_line(garbage, line):
+    text = garbage + log("all_reduce", 2, 8, curve(20, 60, 150, 300, 400, 450))
+    with pytest.raises(ConfigError, match=f"mixed.log line {line}"):
+        parse_run(text, "mixed.log")
+
+
+def test_nccl_debug_lines_are_nccls_own_output_and_skipped():
+    text = log("all_reduce", 2, 8, curve(20, 60, 150, 300, 400, 450))
+    noisy = text.replace("# Using devices\n", "# Using devices\np5-node-000:123:123 [0] NCCL INFO Bootstrap\n")
+    assert len(parse_run(noisy, "noisy.log").rows) == 6
+
+
+def test_other_collectives_and_logs_without_rank_lines_are_refused():
+    alltoall = log("all_reduce", 2, 8, curve(20, 60)).replace("# nThread", "# Collective test starting: "
+                                                                  "alltoall_perf\n# nThread")
+    with pytest.raises(ConfigError, match="alltoall_perf"):
+        parse_run(alltoall, "a2a.log")
+    no_ranks = "".join(line + "\n" for line in log("all_reduce", 2, 8, curve(20, 60)).splitlines()
+                       if "Rank" not in line)
+    with pytest.raises(ConfigError, match="node count is read"):
+        parse_run(no_ranks, "no-ranks.log")
+
+
+def test_calibrate_nccl_tests_writes_the_table_into_the_calibrated_preset_and_the_plan_reads_it(tmp_path):
+    files = []
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for nodes, scale in ((2, 1.0), (4, 0.6)):
+            path = tmp_path / f"{op}-{nodes}.log"
+            path.write_text(log(op, nodes, 8, curve(*(scale * b for b in (20, 60, 150, 300, 400, 450))),
+                                new=op != "reduce_scatter"))
+            files.append(str(path))
+    env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
+    proc = run_cli("calibrate", "--nccl-tests", *files, "--hardware", "h100-sxm", env=env)
+    assert proc.returncode == 0, proc.stderr
+    preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "h100-sxm-calibrated.yaml").read_text())
+    table = bus_table.load(preset["network"])
+    assert set(table.curves) == {(op, n, 8) for op in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4)}
+    assert table.busbw("all_reduce", 2, 8, 2**24).busbw == pytest.approx(150e9, rel=0.01)  # from the time column
+    plan = run_cli("plan", "--json", "hardware=h100-sxm-calibrated", "cluster=slurm", "cluster.gpus_per_node=8",
+                   "model=gpt2-1.3b", "parallel.dp=32", env=env)
+    assert plan.returncode == 0, plan.stderr
+    assert all(c["algorithm"] == "measured" for c in json.loads(plan.stdout)["comm"]["collectives"])
+
+
+def test_a_bad_log_exits_2_naming_the_file_and_line(tmp_path):
+    path = tmp_path / "mixed.log"
+    path.write_text(log("all_reduce", 2, 8, curve(20, 60, 150)) + "srun: error: node-3: task 7: Exited\n")
+    proc = run_cli("calibrate", "--nccl-tests", str(path), "--hardware", "h100-sxm",
+                   env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    assert proc.returncode == 2 and f"{path} line" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "conf").exists()  # nothing written
