@@ -11,12 +11,16 @@ buckets all-reduced during the last backward, as nanotron does); DeepSpeed's own
 reduces in fixed 5e8-element buckets after the backward and cannot be set that way.
 ZeRO-1 rows are DeepSpeed's stage 1.
 
-It prints three tables: (1) the h100-sxm preset as shipped (InfiniBand NDR between nodes);
-(2) the same with the runs' network said with fields (EFA, `--efa-busbw`, default 237 GB/s:
-the 59 % of nominal that 4 x p4dn reached in nccl-tests, NCCL issue #527, applied to p5's
-3,200 Gb/s); (3) `orchestrator calibrate --csv` on the dp 8-32 rows, then the dp 64-256 rows
-planned with the calibrated preset: the held-out check. Rows without a measurement are the
-runs that crashed or ran out of memory; the tables say which of them the plan refuses.
+It prints four tables, nothing of the network fitted on these rows:
+(1) `hardware=h100-p5 hardware.network=bench/data/network/ultrascale-cluster.csv`: the runs'
+    cluster as it measured itself (the playbook's 256 MB collectives per node count, carried
+    to every size by p5's nccl-tests curves: bench/network_tables.py);
+(2) `hardware=h100-p5` as shipped: p5's published nccl-tests;
+(3) `hardware=h100-sxm` as shipped: InfiniBand NDR levels, no table (the model before tables);
+(4) `orchestrator calibrate --csv` on the dp 8-32 rows, then the dp 64-256 rows planned with
+    the calibrated preset: the held-out check of calibration.
+Rows without a measurement are the runs that crashed or ran out of memory; the tables say
+which of them the plan refuses. `--csv` checks another set of rows (a held-out one) the same way.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ from pathlib import Path
 
 from orchestrator.conf_tree import Source, use_source
 from orchestrator.plan.planner import make_plan
+from orchestrator.plots import BucketPoint, bucket_plot
 from orchestrator.spec import build_spec
 
 CSV = Path(__file__).resolve().parent / "data" / "ultrascale-1b.csv"
+CLUSTER = Path(__file__).resolve().parent / "data" / "network" / "ultrascale-cluster.csv"
 MODEL = {"model": "llama3-8b", "model.n_layers": 16, "model.hidden": 2048, "model.heads": 32, "model.kv_heads": 32,
          "model.ffn_hidden": 8192, "model.vocab": 131072, "model.tie_embeddings": "true", "model.seq_len": 4096,
          "model.max_positions": 4096}
@@ -41,6 +47,8 @@ RUNS = {"cluster": "slurm", "cluster.gpus_per_node": 8, "batch.global_batch_size
         "logger.mode": "disabled", "zero.reduce_bucket_size": 6_250_000, "zero.allgather_bucket_size": 12_500_000,
         "zero.communication_dtype": "fp32"}
 TOLERANCE, HELD_OUT_TOLERANCE = 0.20, 0.15
+FIGURE = Path(__file__).resolve().parent / "figures" / "buckets-1b.png"
+BUCKETS = (1_000_000, 3_125_000, 6_250_000, 12_500_000, 25_000_000, 50_000_000, 100_000_000, 250_000_000, 500_000_000)
 
 
 def overrides(row: dict, hardware: str = "h100-sxm") -> dict:
@@ -93,6 +101,26 @@ def scaling(rows: list[dict], ratios: dict) -> None:
             print(f"ZeRO-{stage}: dp 256 / dp 8 measured {m:.2f}, predicted {p:.2f} ({p / m:.2f} of it)")
 
 
+def bucket_question(figure: Path) -> None:
+    """Where larger gradient buckets stop paying: the 1B model as DDP with one micro batch of
+    one sequence per GPU and step (nothing else to hide the reduction behind) on 1, 4 and 32
+    nodes of h100-p5, predicted step time per bucket size (and the plot report draws)."""
+    print("\n(5) the bucket-size question: 1B, ZeRO-0 as DDP, one micro batch of 1 per GPU and step, fp32 "
+          "gradients, h100-p5: step time (s) by zero.reduce_bucket_size (elements)\n")
+    print("| nodes | " + " | ".join(f"{b / 1e6:g}M" for b in BUCKETS) + " | smallest within 1 % of the best |")
+    print("|---:|" + "---:|" * (len(BUCKETS) + 1))
+    points = []
+    for dp in (8, 32, 256):
+        row = {"dp": dp, "zero_stage": 0, "micro_batch": 1}
+        steps = [plan_row(row, "h100-p5", (f"zero.reduce_bucket_size={b}", f"batch.global_batch_size={dp}")).time.step_s
+                 for b in BUCKETS]
+        points += [BucketPoint(dp // 8, b, s) for b, s in zip(BUCKETS, steps)]
+        best = next(b for b, s in zip(BUCKETS, steps) if s <= 1.01 * min(steps))
+        print(f"| {dp // 8} | " + " | ".join(f"{s:.4f}" for s in steps) + f" | {best / 1e6:g}M |")
+    bucket_plot(points, figure, "1B, DDP, micro batch 1, h100-p5 (predicted)")
+    print(f"\nplot: {figure}")
+
+
 def held_out(rows: list[dict]) -> None:
     """Calibrate on the dp 8-32 rows through `orchestrator calibrate --csv`, check dp 64-256."""
     train = [r for r in rows if int(r["dp"]) <= 32 and r["tokens_per_sec_per_gpu"]]
@@ -112,19 +140,21 @@ def held_out(rows: list[dict]) -> None:
         print("\n" + " ".join(fitted.split()))
         os.environ["ORCHESTRATOR_USER_CONF"] = env["ORCHESTRATOR_USER_CONF"]
         use_source(Source())  # the user's presets, the calibrated one among them
-        table("(3) calibrated on the 6 measured dp 8-32 rows (fit); the dp 64-256 rows held out", rows,
+        table("(4) calibrated on the 6 measured dp 8-32 rows (fit); the dp 64-256 rows held out", rows,
               hardware="h100-sxm-calibrated", fitted_on=32, tolerance=HELD_OUT_TOLERANCE)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=CSV)
-    parser.add_argument("--efa-busbw", type=float, default=237.0, help="GB/s per rank between nodes (EFA, p5)")
     args = parser.parse_args()
     rows = list(csv.DictReader(args.csv.open()))
-    table("(1) the h100-sxm preset as shipped (8x InfiniBand NDR between nodes)", rows)
-    efa = (f"hardware.inter_node.busbw_gbps={args.efa_busbw:g}", "hardware.inter_node.name=EFA-p5")
-    table(f"(2) the runs' network said with fields: EFA, {args.efa_busbw:g} GB/s busbw between nodes", rows, extra=efa)
+    table("(1) h100-p5 with the runs' cluster as it measured itself (bench/data/network/ultrascale-cluster.csv)",
+          rows, hardware="h100-p5", extra=(f"hardware.network={CLUSTER}",))
+    table("(2) h100-p5 as shipped: p5's published nccl-tests (conf/hardware/h100-p5.network.csv)", rows,
+          hardware="h100-p5")
+    table("(3) h100-sxm as shipped: InfiniBand NDR levels, no table", rows)
+    bucket_question(FIGURE)
     held_out(rows)
 
 

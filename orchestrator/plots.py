@@ -6,6 +6,8 @@ The report's (`orchestrator report DIR`):
   predicted_vs_measured.png   peak and activation memory, and step time, measured
                               against the plan, with the identity line
   warmup.png                  the global batch of every step against tokens consumed
+  buckets.png                 step time against the reduce bucket size, a line per node
+                              count (where the sweep varies the bucket size)
 and a tune's (tune.png): the search in the order it ran, and its predictions against
 what was measured.
 """
@@ -13,6 +15,7 @@ what was measured.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -30,8 +33,46 @@ def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> l
     if not ok:
         return []
     results_ok = [r for r, _ in ok]
-    return [scaling_plot(results_ok, paths.scaling_png), predicted_vs_measured_plot(results_ok, paths.predicted_png),
-            warmup_plot(ok, paths.warmup_png)]
+    plots = [scaling_plot(results_ok, paths.scaling_png), predicted_vs_measured_plot(results_ok, paths.predicted_png),
+             warmup_plot(ok, paths.warmup_png)]
+    points = [BucketPoint(r["plan"]["parallel"]["nodes"], r["config"]["zero"]["reduce_bucket_size"],
+                          r["plan"]["time"]["step_s"], r["metrics"].get("step_time_s"))
+              for r in results_ok if (r.get("plan") or {}).get("parallel") and (r.get("plan") or {}).get("time")]
+    if len({p.bucket for p in points}) > 1:
+        plots.append(bucket_plot(points, paths.buckets_png))
+    return plots
+
+
+@dataclass(frozen=True)
+class BucketPoint:
+    nodes: int
+    bucket: int  # zero.reduce_bucket_size, elements
+    predicted_s: float  # step time
+    measured_s: float | None = None
+
+
+def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
+    """Step time against the reduce bucket size, a line per node count: predicted (dashed)
+    and measured (solid) where the trials ran. Where larger buckets stop paying is where a
+    line stops falling (bucket sizes share a node count's other settings)."""
+    lines: dict[int, list[BucketPoint]] = defaultdict(list)
+    for p in points:
+        lines[p.nodes].append(p)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (nodes, line) in enumerate(sorted(lines.items())):
+        line.sort(key=lambda p: p.bucket)
+        x = [p.bucket for p in line]
+        ax.plot(x, [p.predicted_s for p in line], linestyle="--", marker="x", color=f"C{i % 10}",
+                label=f"{nodes} node(s), predicted")
+        measured = [(p.bucket, p.measured_s) for p in line if p.measured_s is not None]
+        if measured:
+            ax.plot(*zip(*measured), marker="o", color=f"C{i % 10}", label=f"{nodes} node(s), measured")
+    ax.set_xscale("log")
+    ax.set_xlabel("zero.reduce_bucket_size (elements)")
+    ax.set_ylabel("step time (s)")
+    ax.set_title(title or "Step time against the gradient bucket size")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
 
 
 def scaling_plot(ok: list[dict], path: Path) -> Path:
@@ -119,6 +160,7 @@ def identity_line(ax, values: list[float]) -> None:
 def save_figure(fig, path: Path) -> Path:
     """The figure as a PNG, written atomically (a reader never sees half a file)."""
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)

@@ -114,6 +114,7 @@ class SweepPaths:
     scaling_png = property(lambda self: self.root / "scaling.png")
     predicted_png = property(lambda self: self.root / "predicted_vs_measured.png")
     warmup_png = property(lambda self: self.root / "warmup.png")
+    buckets_png = property(lambda self: self.root / "buckets.png")
 
 
 HOLDS_A_TRIAL = tuple(p.name for p in TrialPaths(Path()).markers())
