@@ -1,25 +1,28 @@
-"""Build the network tables the plan reads from the published measurements in ../shared/perf/network/.
+"""Build the network tables the plan reads from published nccl-tests measurements.
 
-    .venv/bin/python bench/network_tables.py [--shared ../shared]
+    .venv/bin/python bench/network_tables.py [--shared DIR]
+
+DIR is the project's shared folder of published measurements (beside the checkout by
+default); the tables are read from its perf/network/ folder.
 
 Writes, in the project's own format (orchestrator/plan/bus_table.py):
 
 - `conf/hardware/h100-p5.network.csv`, the h100-p5 preset's network: nccl-tests
   all_reduce_perf on AWS p5.48xlarge (8 x H100, 32 x EFA per node), out-of-place busbw.
   From 32 MiB to 8 GiB on 2, 4, 8, 16 and 32 nodes: the SageMaker HyperPod runs
-  (p5-hyperpod-all-reduce.csv, NCCL 2.28). Below 32 MiB on 2-16 nodes, and every size on one
-  node: The Smol Training Playbook's runs on p5 (p5-smol-playbook-nccl-tests.csv; busbw from
-  their time column, since the busbw column is rounded to 0.01 GB/s), which
-  agree with HyperPod's where both measured (32 MiB: 149 / 147 GB/s on 2 nodes, 85 / 87 on 8,
-  71 / 75 on 16). On 32 nodes below 32 MiB nothing was measured: the plan extrapolates
+  (github.com/crazyguitar/aws-gpu-communication-benchmark, NCCL 2.28). Below 32 MiB on
+  2-16 nodes, and every size on one node: The Smol Training Playbook's runs on p5 (Hugging
+  Face, 2025; busbw from their time column, since the busbw column is rounded to 0.01
+  GB/s), which agree with HyperPod's where both measured (32 MiB: 149 / 147 GB/s on 2
+  nodes, 85 / 87 on 8, 71 / 75 on 16). On 32 nodes below 32 MiB nothing was measured: the plan extrapolates
   from the 32 and 64 MiB points (bus_table.alpha_beta) and says so.
 - `bench/data/network/ultrascale-cluster.csv`: the Ultra-Scale Playbook's cluster as it
-  measured itself at 256 MB (ultrascale-cluster-256mb.csv: the median all-reduce,
-  all-gather and reduce-scatter on 1-64 nodes), each figure carried to every size by the
-  p5 all-reduce curve of the same node count (64 nodes: the 32-node curve): the p5 curve's
-  latency term kept, its bandwidth term replaced by the one that gives the cluster's figure
-  at 256 MB (`with_bandwidth`). The source does not
-  say whether its figure is algbw or busbw; at one node its all-reduce (436 GB/s) matches
+  measured itself at 256 MB (its figure "Communication Bandwidth by Number of Nodes": the
+  median all-reduce, all-gather and reduce-scatter on 1-64 nodes), each figure carried to
+  every size by the p5 all-reduce curve of the same node count (64 nodes: the 32-node
+  curve): the p5 curve's latency term kept, its bandwidth term replaced by the one that
+  gives the cluster's figure at 256 MB (`with_bandwidth`). The source does not say whether
+  its figure is algbw or busbw; at one node its all-reduce (436 GB/s) matches
   p5's busbw at 256 MiB (423), so it is read as busbw.
 """
 

@@ -174,6 +174,7 @@ def beyond_the_table(op: str, nbytes: float, net: Network) -> Reading | None:
         return None
     at_edge = table.busbw(op, edge, rpn, nbytes)
     inter = edge_level(table, read_op, edge, read_rpn, net.intra, net.backend)
+
     def model(nodes: int) -> float:
         at = replace(net, ranks=nodes * rpn, nodes=nodes, inter=inter, call=0.0, table=None)
         return nbytes * bus_factor(op, at.ranks) / modelled_time(op, nbytes, at).seconds
