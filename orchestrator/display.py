@@ -106,10 +106,15 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
                               ("  attention", mb.attention_s, f"{spec.cfg.model.attention}, {how or 'its own rate'}"),
                               ("  memory-bound", mb.memory_bound_s, f"norms, activations, adds, loss{', ' + how if how else ''}"),
                               ("  fixed per kernel", mb.overhead_s,
-                               f"{mb.kernels} kernels" + ("; in each timed kernel's time" if how else ""))]:
+                               f"{mb.kernels} kernels" + ("; in each timed kernel's time" if how else "")),
+                              *([("  between kernels", mb.between_s, "autograd, dispatch, modules' Python: a real "
+                                  "block and the model's ends timed whole, less their kernels")]
+                                if mb.between_s is not None else []),
+                              *([("  engine", mb.engine_s, "the engine's hooks and buckets, timed as it runs them")]
+                                if mb.engine_s else [])]:
         tt.add_row(name, f"{value:.4g} s", f"{value / mb.total_s:.0%} of a micro batch; {note}")
     tt.add_row("communication", f"{t.comm_s:.4g} s", f"{t.exposed_comm_s:.4g} s exposed")
-    tt.add_row("optimizer step", f"{t.optimizer_s:.4g} s", "AdamW, " + how if how and not m.offloaded else "memory-bound")
+    tt.add_row("optimizer step", f"{t.optimizer_s:.4g} s", t.optimizer_source or "memory-bound")
     tt.add_row("step", f"{t.step_s:.4g} s", "")
     tt.add_row("tokens/s/GPU", f"{t.tokens_per_sec_per_gpu:,.0f}", "")
     tt.add_row("MFU / HFU", f"{percent(t.mfu)} / {percent(t.hfu)}", "" if t.mfu is not None else "no published peak")

@@ -28,6 +28,7 @@ operator on the target device, compose the step from those times.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import time
@@ -61,6 +62,11 @@ class Measured:
     device: str  # what they were timed on: the device's name
     software: str  # torch and transformers versions
     timed_at: str  # when the oldest of them was timed (UTC, ISO 8601)
+    # What the engine adds to each micro batch's forward and backward (hooks, buckets), and
+    # how its step was timed: the engine's own (step_timing.py), or torch's AdamW alone.
+    engine_forward_s: float = 0.0
+    engine_backward_s: float = 0.0
+    optimizer: str = "torch's AdamW over the rank's share"
 
     def source(self) -> str:
         return f"measured kernels: timed on {self.device} ({self.software}), {self.timed_at}"
@@ -93,6 +99,20 @@ class Cache:
         cls.known()[key] = entry
         cls._dirty = True
         return entry[0], entry[1], entry[2]
+
+    @classmethod
+    def get_whole(cls, key: str, measure: Callable[[], tuple[float, float] | None]) -> tuple[tuple | None, str]:
+        """As `get`, for a kernel timed whole, which may be too large to time (then None)."""
+        entry = cls.known().get(key)
+        if isinstance(entry, list) and len(entry) == 4 and entry[3] == TOO_LARGE:
+            return None, str(entry[2])
+        if isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, float) for x in entry[:2]):
+            return (entry[0], entry[1]), str(entry[2])
+        times = measure()
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        cls.known()[key] = [float(times[0]), float(times[1]), when] if times else [0.0, 0.0, when, TOO_LARGE]
+        cls._dirty = True
+        return times, when
 
     @classmethod
     def save(cls) -> None:
@@ -221,8 +241,43 @@ def software() -> str:
     return f"torch {version('torch')}, transformers {version('transformers')}"
 
 
+TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than PROBE_S
+
+
+def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
+    """(forward s, backward s) of a kernel timed whole, on all its rows (a block, the model's
+    ends: their cost between kernels is per call, so it cannot be scaled from fewer rows);
+    None where one call takes more than PROBE_S."""
+    fwd, both = kernel.build(kernel.rows)
+    probe_s = tick(both, 1, 1)
+    if probe_s > PROBE_S:
+        return None
+    reps = max(1, min(20, int(BUDGET_S / max(probe_s, 1e-9))))
+    forward, total = tick(fwd, reps, 3), tick(both, reps, 3)
+    return forward, max(total - forward, 0.0)
+
+
+ENGINE_TIMEOUT_S = 300
+
+
+def time_engine(settings: dict) -> tuple[float, float, float, str]:
+    """(forward s, backward s the engine adds, its step s, its optimizer's name), from
+    workload/step_timing.py in a process of its own. KernelTimingError if it fails."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings)],
+                          capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KernelTimingError(f"the engine's step could not be timed ({tail[:200]})")
+    out = json.loads(lines[-1])
+    return float(out["forward_s"]), float(out["backward_s"]), float(out["step_s"]), str(out["optimizer"])
+
+
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
-            optimizer_tensors: list[int]) -> Measured:
+            optimizer_tensors: list[int], recompute: str = "none", engine: dict | None = None) -> Measured:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
     optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     KernelTimingError where the device cannot run one."""
@@ -231,10 +286,15 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     tick = clock(device)
     whens: list[str] = []
 
-    def timed(kernel: Kernel) -> tuple[float, float]:
-        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: time_kernel(kernel, tick))
+    def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
+        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: how(kernel, tick))
         whens.append(when)
         return fwd, bwd
+
+    def whole(kernel: Kernel) -> tuple[float, float] | None:
+        times, when = Cache.get_whole(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: time_whole(kernel, tick))
+        whens.append(when)
+        return times
 
     tokens = micro * model.seq_len
     try:
@@ -249,10 +309,36 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                 attention=timed(kernels.attention(model, micro, precision, device)),
                 memory_bound=timed(kernels.memory_bound(model, tokens, precision, device)),
                 loss=timed(kernels.loss(model.vocab, tokens, precision, device)),
-                launch_s=timed(kernels.launch(device))[0])
+                launch_s=timed(kernels.launch(device))[0],
+                block=whole(kernels.block(model, micro, recompute, precision, device)),
+                ends=whole(kernels.ends(model, micro, precision, device)))
             optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
+            hooks, how = (0.0, 0.0), "torch's AdamW over the rank's share"
+            if engine is not None and device == "cpu":
+                hooks, optimizer_s, how = engine_step(engine, prefix, optimizer_tensors, threads_per_rank, whens)
     except (RuntimeError, ValueError, TypeError, ImportError, MemoryError) as exc:
         raise KernelTimingError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
     finally:
         Cache.save()
-    return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens))
+    return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),
+                    engine_forward_s=hooks[0], engine_backward_s=hooks[1], optimizer=how)
+
+
+def engine_step(engine: dict, prefix: str, shares: list[int], threads: int,
+                whens: list[str]) -> tuple[tuple[float, float], float, str]:
+    """((forward, backward) the engine adds per micro batch, its step, how the step was timed),
+    cached like a kernel under the engine's settings and the rank's share."""
+    settings = {**engine, "shares": shares, "threads": threads}
+    key = prefix + "engine " + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    measured: dict = {}
+
+    def once() -> dict:  # one run of the engine gives both entries
+        if not measured:
+            fwd, bwd, step, _ = time_engine(settings)
+            measured.update(hooks=(fwd, bwd), step=(step, 0.0))
+        return measured
+
+    fwd, bwd, when = Cache.get(key + " hooks", lambda: once()["hooks"])
+    step = Cache.get(key + " step", lambda: once()["step"])[0]
+    whens.append(when)
+    return (fwd, bwd), step, f"{engine['engine']}'s own step, timed as it runs it"

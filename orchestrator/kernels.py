@@ -5,6 +5,7 @@ run on, so a large one can be timed on part of them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -168,6 +169,66 @@ def loss(vocab: int, tokens: int, precision: str, device: str) -> Kernel:
         return forward, lambda: torch.autograd.grad(forward(), [logits])
 
     return Kernel(f"loss vocab={vocab}", tokens, build)
+
+
+def block(model: ModelConfig, micro: int, recompute: str, precision: str, device: str) -> Kernel:
+    """One real transformer block of the trial's model: transformers' GPT2Block or
+    LlamaDecoderLayer, in its dtype, with activation recompute applied as the ranks apply it
+    (workload/model.py), forward and backward through autograd on `micro` sequences. What a
+    layer costs with everything between its kernels (autograd, the dispatcher, the modules'
+    Python). Timed whole, never scaled: that cost is per call, not per row."""
+    one_layer = dataclasses.replace(model, n_layers=1, vocab=64, tie_embeddings=False)
+
+    def build(r: int):
+        import torch
+
+        from orchestrator.workload.model import apply_recompute, build_model
+
+        dtype = _dtype(precision)
+        lm = build_model(one_layer, device=device).to(dtype=dtype)
+        apply_recompute(lm, recompute)
+        lm.train()
+        x = torch.randn(r, model.seq_len, model.hidden, device=device, dtype=dtype, requires_grad=True)
+        if model.arch == "gpt2":
+            layer = lm.transformer.h[0]
+            call = lambda: layer(x)  # noqa: E731
+        else:
+            layer = lm.model.layers[0]
+            positions = torch.arange(model.seq_len, device=device).unsqueeze(0)
+            rotary = lm.model.rotary_emb(x, positions)
+            call = lambda: layer(x, position_embeddings=rotary, position_ids=positions)  # noqa: E731
+
+        def forward():
+            out = call()
+            return out[0] if isinstance(out, tuple) else out
+
+        dy = torch.randn_like(forward())
+        return forward, _grads(forward, [x, *layer.parameters()], dy)
+
+    return Kernel(f"block {model.arch} h={model.hidden} f={model.ffn} heads={model.heads}/{model.kv_heads} "
+                  f"s={model.seq_len} {model.attention} recompute={recompute}", micro, build, min_rows=micro)
+
+
+def ends(model: ModelConfig, micro: int, precision: str, device: str) -> Kernel:
+    """The real model without its blocks: the embeddings, the final norm, the lm_head and
+    the loss (transformers' causal-LM loss), tied or not as the trial's, forward and
+    backward on `micro` sequences. Timed whole, like `block`."""
+    no_layers = dataclasses.replace(model, n_layers=0)
+
+    def build(r: int):
+        import torch
+
+        from orchestrator.workload.model import build_model
+
+        lm = build_model(no_layers, device=device).to(dtype=_dtype(precision))
+        lm.loss_type = "ForCausalLM"  # what transformers picks anyway, said so it does not warn in the plan's output
+        lm.train()
+        ids = torch.randint(0, model.vocab, (r, model.seq_len), device=device)
+        forward = lambda: lm(input_ids=ids, labels=ids).loss  # noqa: E731
+        return forward, lambda: torch.autograd.grad(forward(), [p for p in lm.parameters() if p.requires_grad])
+
+    return Kernel(f"ends {model.arch} h={model.hidden} vocab={model.vocab} s={model.seq_len} "
+                  f"tied={model.tie_embeddings}", micro, build, min_rows=micro)
 
 
 def trial_gemms(model: ModelConfig, tokens: int) -> list[tuple[tuple[int, int, bool, bool], int]]:

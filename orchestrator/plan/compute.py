@@ -86,11 +86,15 @@ class ComputeTime:
     gemm_s: float
     attention_s: float
     memory_bound_s: float
-    overhead_s: float
+    overhead_s: float  # estimated plans: the fixed cost per kernel (a timed kernel holds its own)
     forward_s: float  # the forward pass alone (all kinds)
     backward_s: float  # the backward, with what recompute does again
     kernels: int
     timed: bool = False  # the kernels were timed on the device, not estimated from a preset
+    # What lies between the kernels: the real blocks' and the model's ends' time (timed whole,
+    # with autograd) less the sum of their kernels. None where they were not timed whole.
+    between_s: float | None = None
+    engine_s: float = 0.0  # what the engine adds around the forward and backward (hooks, buckets), timed
 
     @property
     def total_s(self) -> float:
@@ -165,6 +169,10 @@ class KernelTimes:
     memory_bound: tuple[float, float]  # one layer's norms, activation, residual adds, rotary
     loss: tuple[float, float]  # the loss over the vocabulary
     launch_s: float  # an empty kernel: the floor under every kernel a step launches
+    # One real block (recompute included) and the model without its blocks, each timed whole:
+    # None where they are too large to time here (the step is then its kernels' sum).
+    block: tuple[float, float] | None = None
+    ends: tuple[float, float] | None = None
 
 
 def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: int) -> KernelTimes:
@@ -185,10 +193,13 @@ def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: i
 
 
 def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTimes, *,
-                     timed: bool = False) -> ComputeTime:
-    """Forward and backward of one micro batch of `micro` sequences on one rank, composed
-    from its kernels' times. timed: the times were measured on the device, so they hold
-    each kernel's launch already; estimated ones pay k.launch_s per kernel on top."""
+                     timed: bool = False, engine: tuple[float, float] = (0.0, 0.0)) -> ComputeTime:
+    """Forward and backward of one micro batch of `micro` sequences on one rank. Where a real
+    block and the model's ends were timed whole, the micro batch is layers x block + ends,
+    and its kernels' sum says where that time goes (the rest lies between them); else it is
+    composed from its kernels' times. timed: the times were measured on the device, so they
+    hold each kernel's launch already; estimated ones pay k.launch_s per kernel on top.
+    engine: (forward, backward) seconds the engine adds around them (timed as it runs)."""
     layers = model.n_layers
     kernels_fwd = layers * LAYER_KERNELS_FWD.get(model.arch, 12)
     kernels = 3 * kernels_fwd + LOSS_KERNELS  # the backward launches about twice the forward's
@@ -205,5 +216,10 @@ def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTi
     forward = gemm_fwd + layers * (k.attention[0] + k.memory_bound[0]) + k.loss[0] + \
         (0.0 if timed else (kernels_fwd + 3) * k.launch_s)
     total = gemm + attention + memory_bound + overhead
+    between = None
+    if k.block is not None and k.ends is not None:
+        forward = layers * k.block[0] + k.ends[0]
+        between, total = forward + layers * k.block[1] + k.ends[1] - total, forward + layers * k.block[1] + k.ends[1]
     return ComputeTime(gemm_s=gemm, attention_s=attention, memory_bound_s=memory_bound, overhead_s=overhead,
-                       forward_s=forward, backward_s=total - forward, kernels=kernels, timed=timed)
+                       forward_s=forward + engine[0], backward_s=total - forward + engine[1], kernels=kernels,
+                       timed=timed, between_s=between, engine_s=sum(engine))

@@ -28,6 +28,7 @@ from orchestrator.plan.memory import (GIB, activation_bytes, loss_backward_bytes
 from orchestrator.plan.params import count_parameters, element_bytes, parameter_tensors
 from orchestrator.plan.prediction import Comm, Plan, Time
 from orchestrator.spec import TrialSpec
+from orchestrator.deepspeed_sections import optimizer_section, zero_section
 
 
 def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
@@ -55,7 +56,8 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                           f"not be timed ({compute_source}), and without them the plan estimates from the peak")
     kernels = measured.kernels if measured else estimated_kernels(cfg.model, micro, rates(spec, peak_tflops, bandwidth),
                                                                   element_bytes(spec.precision))
-    micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None)
+    engine = (measured.engine_forward_s, measured.engine_backward_s) if measured else (0.0, 0.0)
+    micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None, engine=engine)
     if sharded:
         t = fsdp_step_time(sharded, fwd_s=micro_time.forward_s, bwd_s=micro_time.backward_s, net=network_of(spec))
     else:
@@ -80,7 +82,9 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                   step_s=step_s, tokens_per_sec_per_gpu=spec.tokens_per_step / step_s / spec.world_size,
                   mfu=f.model_per_token * spec.tokens_per_step / denominator if denominator else None,
                   hfu=f.per_step / denominator if denominator else None,
-                  peak_tflops=peak_tflops, micro_batch=micro_time),
+                  peak_tflops=peak_tflops, micro_batch=micro_time,
+                  optimizer_source=measured.optimizer if measured and not offloaded else
+                  "offloaded: CPU Adam on the host" if offloaded else "memory-bound: AdamW's bytes at the bandwidth"),
         max_micro_batch=max_micro,
         assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source),
         sources={"compute": compute_source, "peak": peak_note},
@@ -118,13 +122,29 @@ def measured_kernels(spec: TrialSpec, here: bool) -> tuple[Measured | None, str]
     try:
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
-        m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares)
+        m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
+                                  spec.cfg.recompute.mode, engine_settings(spec))
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
     if spec.cfg.cluster.name != "local":
         on += f", on {socket.gethostname()} in SLURM job {os.environ.get('SLURM_JOB_ID', '?')} before the ranks started"
     return m, f"compute: {m.source()}{on}"
+
+
+def engine_settings(spec: TrialSpec) -> dict | None:
+    """What workload/step_timing.py needs to time the trial's engine as it runs: DeepSpeed
+    (also under accelerate) with its ZeRO section and optimizer, or FSDP2; None for DDP
+    (torch's AdamW alone is its step) and for offloaded optimizers (another device's step)."""
+    cfg = spec.cfg
+    if cfg.zero.offload_optimizer != "none" or cfg.zero.offload_param != "none":
+        return None
+    common = {"precision": spec.precision, "grad_clip": cfg.run.grad_clip, "optimizer": optimizer_section(spec)}
+    if cfg.engine.name == "deepspeed" or (cfg.engine.name == "accelerate" and cfg.engine.backend == "deepspeed"):
+        return {"engine": "deepspeed", "zero": zero_section(spec), **common}
+    if cfg.engine.name == "fsdp":
+        return {"engine": "fsdp", **common}
+    return None
 
 
 def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, bandwidth_note: str, offloaded: bool,

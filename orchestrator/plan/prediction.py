@@ -41,6 +41,7 @@ class Time:
     hfu: float | None
     peak_tflops: float | None
     micro_batch: ComputeTime
+    optimizer_source: str = ""  # how the optimizer step was timed or estimated
 
     def as_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "micro_batch"}, "micro_batch": self.micro_batch.as_dict()}

@@ -8,6 +8,7 @@ can lift the JSON into their own training script. DeepSpeed's own parser
 from __future__ import annotations
 
 from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
+from orchestrator.deepspeed_sections import optimizer_section, zero_section
 from orchestrator.plan.batch import grad_accum_steps
 from orchestrator.spec import TrialSpec
 
@@ -24,8 +25,8 @@ def ds_config(spec: TrialSpec) -> dict:
         "gradient_clipping": cfg.run.grad_clip,
         "bf16": {"enabled": spec.precision == "bf16"},
         "fp16": _fp16(spec.precision == "fp16"),
-        "zero_optimization": _zero(spec),
-        "optimizer": _optimizer(spec),
+        "zero_optimization": zero_section(spec),
+        "optimizer": optimizer_section(spec),
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": cfg.run.profile,
     }
@@ -51,35 +52,6 @@ def _fp16(enabled: bool) -> dict:
     # after 1000 clean steps: DeepSpeed's defaults, written out so they can be read.
     return {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
             "hysteresis": 2, "min_loss_scale": 1}
-
-
-def _zero(spec: TrialSpec) -> dict:
-    z = spec.cfg.zero
-    zero: dict = {"stage": z.stage}
-    if z.stage == 0:
-        return zero
-    zero.update(reduce_bucket_size=z.reduce_bucket_size, allgather_bucket_size=z.allgather_bucket_size,
-                overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
-                reduce_scatter=z.reduce_scatter)
-    if z.stage == 3:
-        zero.update(stage3_prefetch_bucket_size=z.prefetch_bucket_size,
-                    stage3_max_live_parameters=z.max_live_parameters,
-                    stage3_param_persistence_threshold=z.param_persistence_threshold)
-    if z.offload_optimizer != "none":
-        zero["offload_optimizer"] = {"device": z.offload_optimizer, "pin_memory": z.pin_memory}
-    if z.offload_param != "none":
-        zero["offload_param"] = {"device": z.offload_param, "pin_memory": z.pin_memory}
-    return zero
-
-
-def _optimizer(spec: TrialSpec) -> dict:
-    run = spec.cfg.run
-    params: dict = {"lr": run.lr, "betas": list(ADAMW_BETAS), "eps": ADAMW_EPS, "weight_decay": run.weight_decay}
-    if spec.cfg.zero.offload_optimizer == "none":
-        # torch.optim.AdamW: runs on CPU and GPU alike and needs no compiled DeepSpeed op.
-        # With optimizer offload DeepSpeed insists on its DeepSpeedCPUAdam (the default).
-        params["torch_adam"] = True
-    return {"type": "AdamW", "params": params}
 
 
 def explain(spec: TrialSpec) -> list[str]:

@@ -1,0 +1,122 @@
+"""The engine's own cost per step, timed as the engine runs it: `python -m
+orchestrator.workload.step_timing SETTINGS_JSON` prints one JSON line.
+
+A stand-in model holds one parameter per tensor of the rank's share of the trial's model
+(its size as ZeRO or FSDP2 leaves it on the rank) and computes nothing worth timing; the
+real engine wraps it (DeepSpeed's `deepspeed.initialize` with the trial's ZeRO section,
+precision and clipping; or FSDP2's `fully_shard` with its mixed precision, torch's AdamW and
+clipping) on a one-rank gloo group in this process. Timed: the engine's forward and
+backward of the stand-in, the same without the engine, and the optimizer step as the
+engine runs it (DeepSpeed's fp32 master copies, gradient norm, AdamW, the copy back to the
+model's dtype; FSDP2's AdamW over its sharded parameters). The difference of the first two
+is what the engine adds around a real model's forward and backward (its hooks, buckets and
+bookkeeping), the third its step: neither is a kernel the plan could time alone.
+
+Run in its own process (kernel_timing.py starts it): the engine needs a process group, and
+the planning process must not keep one, nor DeepSpeed's global state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+REPS = 8  # steps timed; the first two are warm-up (allocation, the optimizer's state)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class Shares(torch.nn.Module):
+    """One parameter per tensor of the rank's share; its output touches each once."""
+
+    def __init__(self, sizes: list[int], dtype: torch.dtype):
+        super().__init__()
+        self.shares = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n in sizes])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([p.float().sum() for p in self.shares]).sum() * x
+
+
+def median_times(forward, backward, step) -> tuple[float, float, float]:
+    times = []
+    for _ in range(REPS):
+        a = time.perf_counter()
+        out = forward()
+        b = time.perf_counter()
+        backward(out)
+        c = time.perf_counter()
+        step()
+        times.append((b - a, time.perf_counter() - c, c - b))
+    kept = times[2:]
+    return tuple(statistics.median(t[i] for t in kept) for i in (0, 2, 1))  # forward, backward, step
+
+
+def plain(settings: dict) -> tuple[float, float]:
+    """The stand-in's forward and backward without an engine."""
+    model = Shares(settings["shares"], DTYPES[settings["precision"]])
+    x = torch.ones(())
+    fwd, bwd, _ = median_times(lambda: model(x), lambda out: out.backward(), lambda: model.zero_grad(set_to_none=True))
+    return fwd, bwd
+
+
+def deepspeed_step(settings: dict) -> tuple[float, float, float, str]:
+    import deepspeed
+
+    precision = settings["precision"]
+    config = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+              "gradient_clipping": settings["grad_clip"], "bf16": {"enabled": precision == "bf16"},
+              "fp16": {"enabled": precision == "fp16"}, "zero_optimization": settings["zero"],
+              "optimizer": settings["optimizer"], "steps_per_print": 10**9, "wall_clock_breakdown": False}
+    model = Shares(settings["shares"], torch.float32)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    x = torch.ones(())
+    fwd, bwd, step = median_times(lambda: engine(x), engine.backward, engine.step)
+    return fwd, bwd, step, type(engine.optimizer).__name__
+
+
+def fsdp_step(settings: dict) -> tuple[float, float, float, str]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = Shares(settings["shares"], torch.float32)
+    mesh = init_device_mesh("cpu", (1,))
+    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=DTYPES[settings["precision"]]))
+    opt = settings["optimizer"]["params"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+                                  weight_decay=opt["weight_decay"])
+    clip = settings["grad_clip"]
+
+    def step() -> None:
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    x = torch.ones(())
+    fwd, bwd, step_s = median_times(lambda: model(x), lambda out: out.backward(), step)
+    return fwd, bwd, step_s, "AdamW over FSDP2's sharded parameters"
+
+
+def main() -> None:
+    settings = json.loads(sys.argv[1])
+    torch.set_num_threads(settings["threads"])
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "0"}.items():
+        os.environ.setdefault(key, value)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain_fwd, plain_bwd = plain(settings)
+        fwd, bwd, step, optimizer = (deepspeed_step if settings["engine"] == "deepspeed" else fsdp_step)(settings)
+    finally:
+        dist.destroy_process_group()
+    print(json.dumps({"forward_s": max(fwd - plain_fwd, 0.0), "backward_s": max(bwd - plain_bwd, 0.0),
+                      "step_s": step, "optimizer": optimizer}))
+
+
+if __name__ == "__main__":
+    main()
