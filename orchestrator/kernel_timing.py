@@ -315,7 +315,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
             optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
             hooks, how = (0.0, 0.0), "torch's AdamW over the rank's share"
             if engine is not None and device == "cpu":
-                hooks, optimizer_s, how = engine_step(engine, prefix, optimizer_tensors, threads_per_rank, whens)
+                hooks, optimizer_s, how = engine_step(engine, prefix, threads_per_rank, whens)
     except (RuntimeError, ValueError, TypeError, ImportError, MemoryError) as exc:
         raise KernelTimingError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
     finally:
@@ -324,11 +324,10 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                     engine_forward_s=hooks[0], engine_backward_s=hooks[1], optimizer=how)
 
 
-def engine_step(engine: dict, prefix: str, shares: list[int], threads: int,
-                whens: list[str]) -> tuple[tuple[float, float], float, str]:
+def engine_step(engine: dict, prefix: str, threads: int, whens: list[str]) -> tuple[tuple[float, float], float, str]:
     """((forward, backward) the engine adds per micro batch, its step, how the step was timed),
     cached like a kernel under the engine's settings and the rank's share."""
-    settings = {**engine, "shares": shares, "threads": threads}
+    settings = {**engine, "threads": threads}
     key = prefix + "engine " + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     measured: dict = {}
 

@@ -139,7 +139,10 @@ def engine_settings(spec: TrialSpec) -> dict | None:
     cfg = spec.cfg
     if cfg.zero.offload_optimizer != "none" or cfg.zero.offload_param != "none":
         return None
-    common = {"precision": spec.precision, "grad_clip": cfg.run.grad_clip, "optimizer": optimizer_section(spec)}
+    whole = cfg.zero.stage == 0 and cfg.engine.name != "fsdp"  # else each rank holds its share of every tensor
+    modules = [(p.module, p.numel if whole else -(-p.numel // spec.dp)) for p in parameter_tensors(cfg.model)]
+    common = {"precision": spec.precision, "grad_clip": cfg.run.grad_clip, "optimizer": optimizer_section(spec),
+              "modules": modules}
     if cfg.engine.name == "deepspeed" or (cfg.engine.name == "accelerate" and cfg.engine.backend == "deepspeed"):
         return {"engine": "deepspeed", "zero": zero_section(spec), **common}
     if cfg.engine.name == "fsdp":

@@ -1,9 +1,11 @@
 """The engine's own cost per step, timed as the engine runs it: `python -m
 orchestrator.workload.step_timing SETTINGS_JSON` prints one JSON line.
 
-A stand-in model holds one parameter per tensor of the rank's share of the trial's model
-(its size as ZeRO or FSDP2 leaves it on the rank) and computes nothing worth timing; the
-real engine wraps it (DeepSpeed's `deepspeed.initialize` with the trial's ZeRO section,
+A stand-in model has the trial's modules in their order, each holding one parameter per
+tensor of that module's share on the rank (its size as ZeRO or FSDP2 leaves it there), and
+computes nothing worth timing: the engine's hooks run per module (ZeRO-3's fetch and
+release) or per block (FSDP2's `fully_shard` on every transformer block, then the root), as
+on the real model. The real engine wraps it (DeepSpeed's `deepspeed.initialize` with the trial's ZeRO section,
 precision and clipping; or FSDP2's `fully_shard` with its mixed precision, torch's AdamW and
 clipping) on a one-rank gloo group in this process. Timed: the engine's forward and
 backward of the stand-in, the same without the engine, and the optimizer step as the
@@ -31,15 +33,46 @@ REPS = 8  # steps timed; the first two are warm-up (allocation, the optimizer's 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-class Shares(torch.nn.Module):
-    """One parameter per tensor of the rank's share; its output touches each once."""
+class Part(torch.nn.Module):
+    """One module of the trial's model: its tensors' shares, each touched once."""
 
     def __init__(self, sizes: list[int], dtype: torch.dtype):
         super().__init__()
         self.shares = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n in sizes])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([p.float().sum() for p in self.shares]).sum() * x
+        return x + torch.stack([p.float().sum() for p in self.shares]).sum()
+
+
+class Block(torch.nn.Module):
+    def __init__(self, parts: list[Part]):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for part in self.parts:
+            x = part(x)
+        return x
+
+
+class StandIn(torch.nn.Module):
+    """The trial's modules in order, grouped in blocks as its transformer blocks are."""
+
+    def __init__(self, modules: list[tuple[str, int]], dtype: torch.dtype):
+        super().__init__()
+        grouped: dict[str, dict[str, list[int]]] = {}
+        for name, size in modules:  # "layers.3.mlp.c_fc" -> block "layers.3", module "mlp.c_fc"
+            parts = name.split(".")
+            block, module = (".".join(parts[:2]), ".".join(parts[2:])) if parts[0] == "layers" else ("ends", name)
+            grouped.setdefault(block, {}).setdefault(module, []).append(size)
+        self.blocks = torch.nn.ModuleList([Block([Part(sizes, dtype) for sizes in mods.values()])
+                                           for mods in grouped.values()])
+        self.layer_blocks = [b for name, b in zip(grouped, self.blocks) if name != "ends"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
 
 
 def median_times(forward, backward, step) -> tuple[float, float, float]:
@@ -58,7 +91,7 @@ def median_times(forward, backward, step) -> tuple[float, float, float]:
 
 def plain(settings: dict) -> tuple[float, float]:
     """The stand-in's forward and backward without an engine."""
-    model = Shares(settings["shares"], DTYPES[settings["precision"]])
+    model = StandIn(settings["modules"], DTYPES[settings["precision"]])
     x = torch.ones(())
     fwd, bwd, _ = median_times(lambda: model(x), lambda out: out.backward(), lambda: model.zero_grad(set_to_none=True))
     return fwd, bwd
@@ -72,7 +105,7 @@ def deepspeed_step(settings: dict) -> tuple[float, float, float, str]:
               "gradient_clipping": settings["grad_clip"], "bf16": {"enabled": precision == "bf16"},
               "fp16": {"enabled": precision == "fp16"}, "zero_optimization": settings["zero"],
               "optimizer": settings["optimizer"], "steps_per_print": 10**9, "wall_clock_breakdown": False}
-    model = Shares(settings["shares"], torch.float32)
+    model = StandIn(settings["modules"], torch.float32)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     x = torch.ones(())
     fwd, bwd, step = median_times(lambda: engine(x), engine.backward, engine.step)
@@ -83,9 +116,12 @@ def fsdp_step(settings: dict) -> tuple[float, float, float, str]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    model = Shares(settings["shares"], torch.float32)
-    mesh = init_device_mesh("cpu", (1,))
-    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=DTYPES[settings["precision"]]))
+    model = StandIn(settings["modules"], torch.float32)
+    shard = {"mesh": init_device_mesh("cpu", (1,)),
+             "mp_policy": MixedPrecisionPolicy(param_dtype=DTYPES[settings["precision"]])}
+    for block in model.layer_blocks:  # as workload/fsdp.py: every transformer block, then the root
+        fully_shard(block, **shard)
+    fully_shard(model, **shard)
     opt = settings["optimizer"]["params"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
                                   weight_decay=opt["weight_decay"])
