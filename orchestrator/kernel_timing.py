@@ -27,6 +27,7 @@ operator on the target device, compose the step from those times.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -47,6 +48,13 @@ BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are time
 # How kernels are timed, in the cache key: times taken another way are timed again.
 METHOD = "timing 2 (weights up to 8192 x 8192 elements, probe 1 s)"
 PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
+TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than PROBE_S
+# A block or the model's ends is timed whole (autograd and all) only where its kernels' sum
+# says a forward and backward take at most this long, and its weights hold at most this many
+# elements: a GPT-3-sized block would take minutes to build and time on a CPU, and there
+# what lies between the kernels is a small part of the step.
+WHOLE_MAX_S = PROBE_S / 4
+WHOLE_MAX_ELEMENTS = 2**26
 
 
 class KernelTimingError(RuntimeError):
@@ -67,6 +75,7 @@ class Measured:
     engine_forward_s: float = 0.0
     engine_backward_s: float = 0.0
     optimizer: str = "torch's AdamW over the rank's share"
+    busy: str = ""  # the machine was busy while new kernels were timed: what showed it (they were not cached)
 
     def source(self) -> str:
         return f"measured kernels: timed on {self.device} ({self.software}), {self.timed_at}"
@@ -82,6 +91,7 @@ class Cache:
 
     _known: dict[str, list] | None = None
     _dirty = False
+    _new: set[str] = set()  # timed by this process and not saved yet
 
     @classmethod
     def known(cls) -> dict[str, list]:
@@ -98,6 +108,7 @@ class Cache:
         entry = [float(fwd), float(bwd), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())]
         cls.known()[key] = entry
         cls._dirty = True
+        cls._new.add(key)
         return entry[0], entry[1], entry[2]
 
     @classmethod
@@ -112,7 +123,16 @@ class Cache:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         cls.known()[key] = [float(times[0]), float(times[1]), when] if times else [0.0, 0.0, when, TOO_LARGE]
         cls._dirty = True
+        cls._new.add(key)
         return times, when
+
+    @classmethod
+    def forget_new(cls) -> None:
+        """Drop what this process timed and has not saved (taken on a busy machine)."""
+        for key in cls._new:
+            cls.known().pop(key, None)
+        cls._new.clear()
+        cls._dirty = False
 
     @classmethod
     def save(cls) -> None:
@@ -125,6 +145,41 @@ class Cache:
         except OSError:
             pass
         cls._dirty = False
+        cls._new.clear()
+
+
+BUSY_RATIO = 1.25  # the same probe this much slower or faster the second time: something else ran
+
+
+class QuietCheck:
+    """Whether the machine stayed quiet while new kernels were timed: a reference probe (a
+    small fp32 matmul) timed before the first new kernel and again after the last; if the two
+    disagree by more than BUSY_RATIO, other work shared the device and the new times are not
+    kept. A load steady through both probes slows both alike and is not seen."""
+
+    def __init__(self, tick: Callable, device: str):
+        self.tick, self.device, self.before = tick, device, None
+
+    def probe(self) -> float:
+        import torch
+
+        a = torch.randn(256, 256, device=self.device)
+        return self.tick(lambda: a @ a, 10, 3)
+
+    def first(self, how: Callable) -> Callable:
+        if self.before is None:
+            self.before = self.probe()
+        return how
+
+    def verdict(self) -> str:
+        if self.before is None:
+            return ""
+        after = self.probe()
+        ratio = max(after, self.before) / min(after, self.before)
+        if ratio <= BUSY_RATIO:
+            return ""
+        return (f"the machine was busy while the kernels were timed (the same probe took {self.before * 1e3:.3g} ms, "
+                f"then {after * 1e3:.3g} ms): these times are not cached, plan again on a quiet machine")
 
 
 def clock(device) -> Callable[..., float]:
@@ -241,7 +296,7 @@ def software() -> str:
     return f"torch {version('torch')}, transformers {version('transformers')}"
 
 
-TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than PROBE_S
+
 
 
 def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
@@ -258,6 +313,10 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
 
 
 ENGINE_TIMEOUT_S = 300
+# The engine's step is timed on a stand-in holding the rank's share in fp32 with its optimizer
+# state (about 16 bytes an element under DeepSpeed): past this many elements (2 GB) it is
+# torch's AdamW kernel, timed on part of the share and scaled, as for any other kernel.
+ENGINE_MAX_ELEMENTS = 2**27
 
 
 def time_engine(settings: dict) -> tuple[float, float, float, str]:
@@ -287,16 +346,22 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     whens: list[str] = []
 
     def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
-        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: how(kernel, tick))
+        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: quiet.first(how)(kernel, tick))
         whens.append(when)
         return fwd, bwd
 
-    def whole(kernel: Kernel) -> tuple[float, float] | None:
-        times, when = Cache.get_whole(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: time_whole(kernel, tick))
+    def whole(kernel: Kernel, kernels_s: float, elements: int) -> tuple[float, float] | None:
+        """A block or the ends timed whole where its kernels say a call is short and its
+        weights are small (else the plan keeps their kernels' sum, and says so)."""
+        if kernels_s > WHOLE_MAX_S or elements > WHOLE_MAX_ELEMENTS:
+            return None
+        times, when = Cache.get_whole(f"{prefix}{kernel.name} rows={kernel.rows}",
+                                      lambda: quiet.first(time_whole)(kernel, tick))
         whens.append(when)
         return times
 
     tokens = micro * model.seq_len
+    quiet = QuietCheck(tick, device)
     try:
         with threads(threads_per_rank):
             layer = [0.0, 0.0]
@@ -309,19 +374,26 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                 attention=timed(kernels.attention(model, micro, precision, device)),
                 memory_bound=timed(kernels.memory_bound(model, tokens, precision, device)),
                 loss=timed(kernels.loss(model.vocab, tokens, precision, device)),
-                launch_s=timed(kernels.launch(device))[0],
-                block=whole(kernels.block(model, micro, recompute, precision, device)),
-                ends=whole(kernels.ends(model, micro, precision, device)))
+                launch_s=timed(kernels.launch(device))[0])
+            block_s = sum(times.layer_gemms) + sum(times.attention) + sum(times.memory_bound)
+            times = dataclasses.replace(
+                times, block=whole(kernels.block(model, micro, recompute, precision, device), block_s,
+                                   sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, tokens))),
+                ends=whole(kernels.ends(model, micro, precision, device), sum(times.head) + sum(times.loss),
+                           model.vocab * model.hidden))
             optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
             hooks, how = (0.0, 0.0), "torch's AdamW over the rank's share"
-            if engine is not None and device == "cpu":
+            if engine is not None and device == "cpu" and sum(n for _, n in engine["modules"]) <= ENGINE_MAX_ELEMENTS:
                 hooks, optimizer_s, how = engine_step(engine, prefix, threads_per_rank, whens)
+            busy = quiet.verdict()
+        if busy:
+            Cache.forget_new()
     except (RuntimeError, ValueError, TypeError, ImportError, MemoryError) as exc:
         raise KernelTimingError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
     finally:
         Cache.save()
     return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),
-                    engine_forward_s=hooks[0], engine_backward_s=hooks[1], optimizer=how)
+                    engine_forward_s=hooks[0], engine_backward_s=hooks[1], optimizer=how, busy=busy)
 
 
 def engine_step(engine: dict, prefix: str, threads: int, whens: list[str]) -> tuple[tuple[float, float], float, str]:

@@ -192,3 +192,60 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
     with pytest.raises(ConfigError, match="hardware.peak_tflops.bf16"):  # no kernels and no peak: no plan
         make_plan(spec)
 
+
+
+def test_a_real_block_and_the_models_ends_timed_whole_make_the_micro_batch(fresh_cache):
+    """The block (transformers' own, with autograd and recompute) and the ends are timed whole
+    and cached; the micro batch is layers x block + ends, and what lies between the kernels
+    is that less their kernels' sum."""
+    spec = small_spec("recompute=full")
+    model, tensors = spec.cfg.model, [p.numel for p in parameter_tensors(spec.cfg.model)]
+    m = measure(model, 2, "bf16", "cpu", 1, tensors, "full")
+    keys = json.loads(fresh_cache.read_text())
+    assert sum("|block llama" in k and "recompute=full rows=2" in k for k in keys) == 1
+    assert sum("|ends llama" in k for k in keys) == 1
+    k = m.kernels
+    assert k.block and k.ends and all(t > 0 for t in (*k.block, *k.ends))
+    t = micro_batch_time(model, 2, "full", k, timed=True)
+    assert t.total_s == pytest.approx(2 * sum(k.block) + sum(k.ends))
+    assert t.between_s == pytest.approx(t.total_s - t.gemm_s - t.attention_s - t.memory_bound_s)
+    assert micro_batch_time(model, 2, "full", dataclasses.replace(k, block=None), timed=True).between_s is None
+
+
+def test_a_block_too_large_to_time_whole_keeps_its_kernels_sum(fresh_cache, monkeypatch):
+    monkeypatch.setattr(kernel_timing, "WHOLE_MAX_ELEMENTS", 1000)  # this model's blocks hold more
+    monkeypatch.setattr(kernel_timing, "time_whole", lambda *a: pytest.fail("timed whole"))
+    spec = small_spec()
+    m = measure(spec.cfg.model, 2, "bf16", "cpu", 1, [p.numel for p in parameter_tensors(spec.cfg.model)])
+    assert m.kernels.block is None and m.kernels.ends is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine,stage,optimizer", [("deepspeed", 0, "FP16_UnfusedOptimizer"),
+                                                    ("deepspeed", 3, "DeepSpeedZeroOptimizer_Stage3"),
+                                                    ("fsdp", 3, "AdamW")])
+def test_the_engines_own_step_is_timed_as_it_runs_it(engine, stage, optimizer):
+    """The real engine (DeepSpeed, FSDP2) wraps a stand-in with the trial's modules and shares."""
+    from orchestrator.plan.planner import engine_settings
+
+    spec = small_spec(f"engine={engine if engine == 'fsdp' else 'deepspeed'}", f"zero=stage{stage}", "parallel.dp=2")
+    settings = engine_settings(spec)
+    assert settings["engine"] == engine and len(settings["modules"]) == len(parameter_tensors(spec.cfg.model))
+    if stage:  # a rank's share of each tensor
+        assert settings["modules"][0][1] == -(-parameter_tensors(spec.cfg.model)[0].numel // 2)
+    fwd, bwd, step, name = kernel_timing.time_engine({**settings, "threads": 1})
+    assert step > 0 and fwd >= 0 and bwd >= 0 and optimizer in name
+
+
+def test_a_busy_machine_is_said_and_its_timings_are_not_cached(fresh_cache, monkeypatch):
+    """The same probe timed before and after the new kernels: disagreeing, they are dropped.
+    The clock is a stand-in (the decision is logic; a real load cannot be ordered up here)."""
+    probes = iter([0.010, 0.020])
+    monkeypatch.setattr(kernel_timing.QuietCheck, "probe", lambda self: next(probes))
+    spec = small_spec()
+    m = measure(spec.cfg.model, 2, "bf16", "cpu", 1, [p.numel for p in parameter_tensors(spec.cfg.model)])
+    assert "busy" in m.busy and "10 ms, then 20 ms" in m.busy
+    assert not fresh_cache.exists() or json.loads(fresh_cache.read_text()) == {}
+    probes = iter([0.010, 0.011])  # quiet: kept
+    m = measure(spec.cfg.model, 2, "bf16", "cpu", 1, [p.numel for p in parameter_tensors(spec.cfg.model)])
+    assert m.busy == "" and json.loads(fresh_cache.read_text())

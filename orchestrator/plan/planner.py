@@ -92,6 +92,8 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     if not plan.fits:
         plan = dataclasses.replace(plan, fitting_changes=advice.fitting_changes(spec, plan))
     plan.warnings.extend(advice.warnings(spec, plan))
+    if measured and measured.busy:
+        plan.warnings.append(measured.busy)
     return plan
 
 
