@@ -313,14 +313,11 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
 
 
 ENGINE_TIMEOUT_S = 300
-# The engine's step is timed on a stand-in holding the rank's share in fp32 with its optimizer
-# state (about 16 bytes an element under DeepSpeed): past this many elements (2 GB) it is
-# torch's AdamW kernel, timed on part of the share and scaled, as for any other kernel.
-ENGINE_MAX_ELEMENTS = 2**27
 
 
-def time_engine(settings: dict) -> tuple[float, float, float, str]:
-    """(forward s, backward s the engine adds, its step s, its optimizer's name), from
+def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
+    """Each of the engine's forward and backward additions and its step as a line in the
+    elements a rank holds, (intercept s, s per element), and the engine's optimizer, from
     workload/step_timing.py in a process of its own. KernelTimingError if it fails."""
     import subprocess
     import sys
@@ -332,7 +329,7 @@ def time_engine(settings: dict) -> tuple[float, float, float, str]:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise KernelTimingError(f"the engine's step could not be timed ({tail[:200]})")
     out = json.loads(lines[-1])
-    return float(out["forward_s"]), float(out["backward_s"]), float(out["step_s"]), str(out["optimizer"])
+    return {name: (float(a), float(b)) for name, (a, b) in out["lines"].items()}, str(out["optimizer"])
 
 
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
@@ -383,8 +380,8 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                            model.vocab * model.hidden))
             optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
             hooks, how = (0.0, 0.0), "torch's AdamW over the rank's share"
-            if engine is not None and device == "cpu" and sum(n for _, n in engine["modules"]) <= ENGINE_MAX_ELEMENTS:
-                hooks, optimizer_s, how = engine_step(engine, prefix, threads_per_rank, whens)
+            if engine is not None and device == "cpu":
+                hooks, optimizer_s, how = engine_step(engine, prefix, threads_per_rank, sum(optimizer_tensors), whens)
             busy = quiet.verdict()
         if busy:
             Cache.forget_new()
@@ -396,20 +393,23 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                     engine_forward_s=hooks[0], engine_backward_s=hooks[1], optimizer=how, busy=busy)
 
 
-def engine_step(engine: dict, prefix: str, threads: int, whens: list[str]) -> tuple[tuple[float, float], float, str]:
-    """((forward, backward) the engine adds per micro batch, its step, how the step was timed),
-    cached like a kernel under the engine's settings and the rank's share."""
+def engine_step(engine: dict, prefix: str, threads: int, elements: int,
+                whens: list[str]) -> tuple[tuple[float, float], float, str]:
+    """((forward, backward) the engine adds per micro batch, its step, how the step was timed)
+    for a rank holding `elements`: one timing per engine, stage and model (its lines, cached
+    like a kernel), whatever the data-parallel degree."""
     settings = {**engine, "threads": threads}
     key = prefix + "engine " + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    measured: dict = {}
+    lines: dict = {}
 
-    def once() -> dict:  # one run of the engine gives both entries
-        if not measured:
-            fwd, bwd, step, _ = time_engine(settings)
-            measured.update(hooks=(fwd, bwd), step=(step, 0.0))
-        return measured
+    def line(name: str) -> tuple[float, float, str]:
+        if name not in lines and not (key + " " + name) in Cache.known():
+            lines.update(time_engine(settings)[0])
+        return Cache.get(f"{key} {name}", lambda: lines[name])
 
-    fwd, bwd, when = Cache.get(key + " hooks", lambda: once()["hooks"])
-    step = Cache.get(key + " step", lambda: once()["step"])[0]
-    whens.append(when)
-    return (fwd, bwd), step, f"{engine['engine']}'s own step, timed as it runs it"
+    at = {}
+    for name in ("forward_s", "backward_s", "step_s"):
+        a, b, when = line(name)
+        whens.append(when)
+        at[name] = max(a + b * elements, 0.0)
+    return (at["forward_s"], at["backward_s"]), at["step_s"], f"{engine['engine']}'s own step, timed as it runs it"

@@ -141,12 +141,14 @@ def engine_settings(spec: TrialSpec) -> dict | None:
     cfg = spec.cfg
     if cfg.zero.offload_optimizer != "none" or cfg.zero.offload_param != "none":
         return None
-    whole = cfg.zero.stage == 0 and cfg.engine.name != "fsdp"  # else each rank holds its share of every tensor
-    modules = [(p.module, p.numel if whole else -(-p.numel // spec.dp)) for p in parameter_tensors(cfg.model)]
+    modules = [(p.module, p.numel) for p in parameter_tensors(cfg.model)]  # proportions: timed at a fixed size
     common = {"precision": spec.precision, "grad_clip": cfg.run.grad_clip, "optimizer": optimizer_section(spec),
               "modules": modules}
     if cfg.engine.name == "deepspeed" or (cfg.engine.name == "accelerate" and cfg.engine.backend == "deepspeed"):
-        return {"engine": "deepspeed", "zero": zero_section(spec), **common}
+        # Bucket sizes left out: on one rank they change little, and a sweep of them would
+        # time the engine again at every size (the plan's buckets are in its communication).
+        zero = {k: v for k, v in zero_section(spec).items() if not k.endswith("bucket_size")}
+        return {"engine": "deepspeed", "zero": zero, **common}
     if cfg.engine.name == "fsdp":
         return {"engine": "fsdp", **common}
     return None

@@ -2,8 +2,7 @@
 orchestrator.workload.step_timing SETTINGS_JSON` prints one JSON line.
 
 A stand-in model has the trial's modules in their order, each holding one parameter per
-tensor of that module's share on the rank (its size as ZeRO or FSDP2 leaves it there), and
-computes nothing worth timing: the engine's hooks run per module (ZeRO-3's fetch and
+tensor, in the proportions of the trial's model, and computes nothing worth timing: the engine's hooks run per module (ZeRO-3's fetch and
 release) or per block (FSDP2's `fully_shard` on every transformer block, then the root), as
 on the real model. The real engine wraps it (DeepSpeed's `deepspeed.initialize` with the trial's ZeRO section,
 precision and clipping; or FSDP2's `fully_shard` with its mixed precision, torch's AdamW and
@@ -138,7 +137,7 @@ def fsdp_step(settings: dict) -> tuple[float, float, float, str]:
     return fwd, bwd, step_s, "AdamW over FSDP2's sharded parameters"
 
 
-SCALED_ELEMENTS = (2**20, 2**21)  # a larger share is timed at these sizes and extrapolated
+SIZES = (2**20, 2**21)  # elements of the stand-ins timed: the step is a line through them
 
 
 def scaled(modules: list[tuple[str, int]], elements: int) -> list[tuple[str, int]]:
@@ -147,35 +146,36 @@ def scaled(modules: list[tuple[str, int]], elements: int) -> list[tuple[str, int
     return [(name, max(1, round(n * elements / total))) for name, n in modules]
 
 
-def timed(settings: dict) -> tuple[float, float, float, str]:
-    """(forward, backward the engine adds, its step, its optimizer) on the stand-in."""
+def timed(settings: dict) -> tuple[tuple[float, float, float], str]:
+    """((forward, backward the engine adds, its step), its optimizer's name) on the stand-in."""
     plain_fwd, plain_bwd = plain(settings)
     fwd, bwd, step, optimizer = (deepspeed_step if settings["engine"] == "deepspeed" else fsdp_step)(settings)
-    return max(fwd - plain_fwd, 0.0), max(bwd - plain_bwd, 0.0), step, optimizer
+    return (max(fwd - plain_fwd, 0.0), max(bwd - plain_bwd, 0.0), step), optimizer
 
 
 def main() -> None:
-    """A share of up to SCALED_ELEMENTS[-1] elements is timed as it is. A larger one is timed
-    at both sizes, module for module, and extrapolated in a line: what the engine does per
-    call (hooks, Python) stays, what it does per element (copies, AdamW) grows with the share."""
+    """The stand-in at two sizes, module for module in the trial's proportions; each time as
+    a line in the elements a rank holds (intercept, slope): what the engine does per call
+    (hooks, Python) is the intercept, what it does per element (copies, AdamW) the slope. So
+    one timing serves every data-parallel degree and ZeRO share of the model."""
     settings = json.loads(sys.argv[1])
     torch.set_num_threads(settings["threads"])
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": "0"}.items():
         os.environ.setdefault(key, value)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    total = sum(n for _, n in settings["modules"])
     try:
-        if total <= SCALED_ELEMENTS[-1]:
-            fwd, bwd, step, optimizer = timed(settings)
-        else:
-            (e1, *y1, optimizer), (e2, *y2, _) = (
-                (sum(n for _, n in mods), *timed({**settings, "modules": mods}))
-                for mods in (scaled(settings["modules"], e) for e in SCALED_ELEMENTS))
-            fwd, bwd, step = (max(a + (b - a) * (total - e1) / (e2 - e1), 0.0) for a, b in zip(y1, y2))
+        points = []
+        for elements in SIZES:
+            modules = scaled(settings["modules"], elements)
+            times, optimizer = timed({**settings, "modules": modules})
+            points.append((sum(n for _, n in modules), times))
     finally:
         dist.destroy_process_group()
-    print(json.dumps({"forward_s": fwd, "backward_s": bwd, "step_s": step, "optimizer": optimizer}))
+    (e1, y1), (e2, y2) = points
+    lines = {name: (a - (b - a) / (e2 - e1) * e1, (b - a) / (e2 - e1))
+             for name, a, b in zip(("forward_s", "backward_s", "step_s"), y1, y2)}
+    print(json.dumps({"lines": lines, "optimizer": optimizer}))
 
 
 if __name__ == "__main__":
