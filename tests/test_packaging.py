@@ -30,6 +30,7 @@ def test_the_wheel_holds_every_package_and_config_of_the_source_tree(tmp_path):
     dist_info = wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"
     assert {n.split("/")[0] for n in names} == {"orchestrator", "hydra_plugins", dist_info}  # no generic module
     conf = ROOT / "conf"  # conf/sweep links sweeps/: glob follows it
-    configs = {str(p.relative_to(conf)) for p in [*conf.glob("*.yaml"), *conf.glob("*/*.yaml")]}
+    configs = {str(p.relative_to(conf)) for p in [*conf.glob("*.yaml"), *conf.glob("*/*.yaml"),
+                                                  *conf.glob("hardware/*.csv")]}  # presets' network tables
     assert any(c.startswith("sweep/") for c in configs)
     assert configs and {n.removeprefix("orchestrator/conf/") for n in names if n.startswith("orchestrator/conf/")} == configs

@@ -160,9 +160,10 @@ def main() -> None:
     one timing serves every data-parallel degree and ZeRO share of the model."""
     settings = json.loads(sys.argv[1])
     torch.set_num_threads(settings["threads"])
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "0"}.items():
-        os.environ.setdefault(key, value)
+    # One rank of its own, whatever the process it was started from is (a SLURM task, a rank):
+    # DeepSpeed reads these to size its world.
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="0")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         points = []
