@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import time
@@ -71,7 +70,7 @@ class Measured:
     software: str  # torch and transformers versions
     timed_at: str  # when the oldest of them was timed (UTC, ISO 8601)
     # What the engine adds to each micro batch's forward and backward (hooks, buckets), and
-    # how its step was timed: the engine's own (step_timing.py), or torch's AdamW alone.
+    # how its step was timed: the engine's own (engine_timing.py), or torch's AdamW alone.
     engine_forward_s: float = 0.0
     engine_backward_s: float = 0.0
     optimizer: str = "torch's AdamW over the rank's share"
@@ -312,28 +311,8 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
     return forward, max(total - forward, 0.0)
 
 
-ENGINE_TIMEOUT_S = 300
-
-
-def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
-    """Each of the engine's forward and backward additions and its step as a line in the
-    elements a rank holds, (intercept s, s per element), and the engine's optimizer, from
-    workload/step_timing.py in a process of its own. KernelTimingError if it fails."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings)],
-                          capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise KernelTimingError(f"the engine's step could not be timed ({tail[:200]})")
-    out = json.loads(lines[-1])
-    return {name: (float(a), float(b)) for name, (a, b) in out["lines"].items()}, str(out["optimizer"])
-
-
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
-            optimizer_tensors: list[int], recompute: str = "none", engine: dict | None = None) -> Measured:
+            optimizer_tensors: list[int], recompute: str = "none") -> Measured:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
     optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     KernelTimingError where the device cannot run one."""
@@ -379,9 +358,6 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                 ends=whole(kernels.ends(model, micro, precision, device), sum(times.head) + sum(times.loss),
                            model.vocab * model.hidden))
             optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
-            hooks, how = (0.0, 0.0), "torch's AdamW over the rank's share"
-            if engine is not None and device == "cpu":
-                hooks, optimizer_s, how = engine_step(engine, prefix, threads_per_rank, sum(optimizer_tensors), whens)
             busy = quiet.verdict()
         if busy:
             Cache.forget_new()
@@ -390,26 +366,4 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     finally:
         Cache.save()
     return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),
-                    engine_forward_s=hooks[0], engine_backward_s=hooks[1], optimizer=how, busy=busy)
-
-
-def engine_step(engine: dict, prefix: str, threads: int, elements: int,
-                whens: list[str]) -> tuple[tuple[float, float], float, str]:
-    """((forward, backward) the engine adds per micro batch, its step, how the step was timed)
-    for a rank holding `elements`: one timing per engine, stage and model (its lines, cached
-    like a kernel), whatever the data-parallel degree."""
-    settings = {**engine, "threads": threads}
-    key = prefix + "engine " + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    lines: dict = {}
-
-    def line(name: str) -> tuple[float, float, str]:
-        if name not in lines and not (key + " " + name) in Cache.known():
-            lines.update(time_engine(settings)[0])
-        return Cache.get(f"{key} {name}", lambda: lines[name])
-
-    at = {}
-    for name in ("forward_s", "backward_s", "step_s"):
-        a, b, when = line(name)
-        whens.append(when)
-        at[name] = max(a + b * elements, 0.0)
-    return (at["forward_s"], at["backward_s"]), at["step_s"], f"{engine['engine']}'s own step, timed as it runs it"
+                    busy=busy)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import kernel_timing
+from orchestrator import engine_timing, kernel_timing
 from orchestrator.calibrate import with_params
 from orchestrator.kernel_timing import Cache, KernelTimingError, clock, measure, time_kernel
 from orchestrator import kernels
@@ -240,7 +240,7 @@ def test_the_engines_own_step_is_timed_as_it_runs_it(engine, stage, optimizer):
     settings = engine_settings(spec)
     assert settings["engine"] == engine  # the model's modules and tensors, in order: its proportions
     assert settings["modules"] == [(p.module, p.numel) for p in parameter_tensors(spec.cfg.model)]
-    lines, name = kernel_timing.time_engine({**settings, "threads": 1})
+    lines, name = engine_timing.time_engine({**settings, "threads": 1})
     step, per_element = lines["step_s"]
     assert optimizer in name and step + per_element * 2**20 > 0 and per_element > 0  # a larger share steps longer
 

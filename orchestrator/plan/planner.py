@@ -12,7 +12,7 @@ import dataclasses
 import os
 import socket
 
-from orchestrator import hardware, kernel_timing
+from orchestrator import engine_timing, hardware, kernel_timing
 from orchestrator.plan import advice, bus_table
 from orchestrator.plan.collectives import Network, network
 from orchestrator.plan.comm import Schedule, bytes_per_rank_per_step, step_time
@@ -125,7 +125,9 @@ def measured_kernels(spec: TrialSpec, here: bool) -> tuple[Measured | None, str]
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
         m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
-                                  spec.cfg.recompute.mode, engine_settings(spec))
+                                  spec.cfg.recompute.mode)
+        if (engine := engine_settings(spec)) is not None and not hw.device.is_gpu:
+            m = engine_timing.with_engine(m, engine, threads, sum(shares))
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""

@@ -1,0 +1,60 @@
+"""The engine's own cost, timed as the engine runs it: what a plan adds to the kernels
+(kernel_timing.py) where the trial's engine is DeepSpeed or FSDP2 on this machine's CPU.
+
+workload/step_timing.py, started in a process of its own, wraps a stand-in with the trial's
+modules in the real engine and times its hooks and its step at two sizes; each comes back
+as a line in the elements a rank holds (intercept, slope), cached with the kernels, so one
+timing serves every data-parallel degree, ZeRO share and bucket size of a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import sys
+
+from orchestrator.kernel_timing import Cache, KernelTimingError, Measured
+
+TIMEOUT_S = 300
+PARTS = ("forward_s", "backward_s", "step_s")
+
+
+def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
+    """Each of the engine's forward and backward additions and its step as a line in the
+    elements a rank holds, (intercept s, s per element), and the engine's optimizer.
+    KernelTimingError if it fails."""
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings)],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KernelTimingError(f"the engine's step could not be timed ({tail[:200]})")
+    out = json.loads(lines[-1])
+    return {name: (float(a), float(b)) for name, (a, b) in out["lines"].items()}, str(out["optimizer"])
+
+
+def with_engine(measured: Measured, engine: dict, threads: int, elements: int) -> Measured:
+    """`measured` with the engine's hooks per micro batch and its own step for a rank holding
+    `elements` (the lines cached under the engine's settings and the device's prefix); where
+    the engine cannot be timed, `measured` as it is (torch's AdamW), saying why."""
+    settings = {**engine, "threads": threads}
+    key = (f"{measured.device}|{measured.software}|engine "
+           + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16])
+    lines: dict = {}
+    at, whens = {}, [measured.timed_at]
+    try:
+        for part in PARTS:
+            if part not in lines and f"{key} {part}" not in Cache.known():
+                lines.update(time_engine(settings)[0])
+            a, b, when = Cache.get(f"{key} {part}", lambda: lines[part])
+            at[part] = max(a + b * elements, 0.0)
+            whens.append(when)
+    except (KernelTimingError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:
+        return dataclasses.replace(measured, optimizer=f"{measured.optimizer} ({str(exc)[:200]})")
+    finally:
+        Cache.save()
+    return dataclasses.replace(measured, engine_forward_s=at["forward_s"], engine_backward_s=at["backward_s"],
+                               optimizer_s=at["step_s"], optimizer=f"{engine['engine']}'s own step, timed as it runs it",
+                               timed_at=min(whens))
