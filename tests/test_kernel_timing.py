@@ -242,7 +242,7 @@ def test_the_engines_own_step_is_timed_as_it_runs_it(engine, stage, optimizer):
     assert settings["modules"] == [(p.module, p.numel) for p in parameter_tensors(spec.cfg.model)]
     lines, name = engine_timing.time_engine({**settings, "threads": 1})
     step, per_element = lines["step_s"]
-    assert optimizer in name and step + per_element * 2**20 > 0 and per_element > 0  # a larger share steps longer
+    assert optimizer in name and step + per_element * 2**20 > 0 and per_element >= 0  # never faster when larger
 
 
 def test_a_busy_machine_is_said_and_its_timings_are_not_cached(fresh_cache, monkeypatch):
