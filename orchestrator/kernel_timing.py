@@ -295,9 +295,6 @@ def software() -> str:
     return f"torch {version('torch')}, transformers {version('transformers')}"
 
 
-
-
-
 def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
     """(forward s, backward s) of a kernel timed whole, on all its rows (a block, the model's
     ends: their cost between kernels is per call, so it cannot be scaled from fewer rows);

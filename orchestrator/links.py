@@ -33,7 +33,7 @@ from orchestrator.files import atomic_write_text
 from orchestrator.hardware import calibrated_name
 from orchestrator.plan import bus_table
 from orchestrator.plan.bus_table import BusRow, BusTable
-from orchestrator.plan.collectives import Level, Network, ring_steps, ring_time
+from orchestrator.plan.collectives import Level, Network, bus_factor, ring_steps, ring_time
 from orchestrator.spec import build_spec
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -55,8 +55,7 @@ class Measurement:
     @property
     def busbw(self) -> float:
         """nccl-tests' bus bandwidth: what each rank's links carried, per second."""
-        factor = 2 * (self.ranks - 1) / self.ranks if self.op == "all_reduce" else (self.ranks - 1) / self.ranks
-        return self.algbw * factor
+        return self.algbw * bus_factor(self.op, self.ranks)
 
 
 def sizes(max_mb: float) -> list[int]:
