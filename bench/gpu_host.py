@@ -1,0 +1,153 @@
+"""Host-bound steps on a GPU: what the host's issuing of kernels costs, measured beside
+the kernels themselves, and the plan checked against real steps (issue: compute measured whole).
+
+Two halves:
+
+    python bench/gpu_host.py measure OUT.json   # on a machine with a CUDA GPU
+    python bench/gpu_host.py report FILE.json    # anywhere: the plan's figures against it
+
+`measure`, for each shape of SHAPES (transformers' GPT-2 and Llama in bf16, sdpa):
+- the real step, timed with the host waiting on the GPU at its end (as the trial's clock
+  does): forward + backward + torch's AdamW (foreach), one micro batch, median of 10 after
+  3 warm-ups; and forward + backward alone;
+- the kernels as the plan times them on the device (orchestrator/kernel_timing.py), with the
+  block and the model's ends timed whole;
+- the host alone: the same model's forward + backward on one sequence of 8 tokens, where
+  every kernel is far shorter than its issuing, so the wall clock is the host's; and the
+  kernels one forward + backward launches (torch.profiler), at that shape and the real one.
+  host_op_us = that wall time / those kernels.
+
+`report` prints, per shape, measured / predicted for: the kernels' sum as measured on the
+GPU; the block and ends timed whole on the GPU (what `hardware.kernels=measured` composes
+on a GPU node); the preset's estimate as it stood (a fixed cost added per kernel); and the
+estimate with the host's issuing in parallel with the device (plan/compute.py: host_bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.config import ModelConfig  # noqa: E402
+
+DEVICE = os.environ.get("BENCH_DEVICE", "cuda")  # "cpu": a smoke run of the script itself
+
+# (label, arch, hidden, layers, heads, seq, micro, vocab)
+SHAPES = [
+    ("gpt2 h256 L4 s256 mb2", "gpt2", 256, 4, 4, 256, 2, 50304),
+    ("llama h256 L4 s256 mb2", "llama", 256, 4, 4, 256, 2, 32000),
+    ("gpt2 h512 L8 s512 mb4", "gpt2", 512, 8, 8, 512, 4, 50304),
+    ("gpt2 h768 L12 s1024 mb8", "gpt2", 768, 12, 12, 1024, 8, 50304),
+    ("gpt2 h1024 L24 s1024 mb1", "gpt2", 1024, 24, 16, 1024, 1, 50304),
+    ("gpt2 h1024 L24 s1024 mb4", "gpt2", 1024, 24, 16, 1024, 4, 50304),
+    ("gpt2 h1024 L24 s1024 mb16", "gpt2", 1024, 24, 16, 1024, 16, 50304),
+    ("llama h1024 L16 s2048 mb2", "llama", 1024, 16, 16, 2048, 2, 32000),
+    ("gpt2 h2048 L24 s2048 mb4", "gpt2", 2048, 24, 16, 2048, 4, 50304),
+    ("llama h2048 L16 s2048 mb2", "llama", 2048, 16, 16, 2048, 2, 32000),
+]
+
+
+def model_of(arch: str, hidden: int, layers: int, heads: int, seq: int, vocab: int) -> ModelConfig:
+    return ModelConfig(arch=arch, hidden=hidden, n_layers=layers, heads=heads, seq_len=seq, max_positions=seq,
+                       vocab=vocab)
+
+
+def _median_time(op, sync, warm: int = 3, reps: int = 10) -> float:
+    for _ in range(warm):
+        op()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        op()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _kernels_launched(op) -> int:
+    """CUDA kernels one call of op launches, as torch.profiler records them."""
+    import torch.profiler as tp
+
+    if DEVICE != "cuda":
+        return 0
+    with tp.profile(activities=[tp.ProfilerActivity.CUDA]) as prof:
+        op()
+    return sum(1 for e in prof.events() if e.device_type == tp.DeviceType.CUDA and "Memcpy" not in e.name
+               and "Memset" not in e.name)
+
+
+def measure_shape(label: str, m: ModelConfig, micro: int) -> dict:
+    import torch
+
+    from orchestrator import kernel_timing, kernels
+    from orchestrator.workload.model import build_model
+
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    model = build_model(m, device=DEVICE).to(torch.bfloat16).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    ids = torch.randint(0, m.vocab, (micro, m.seq_len), device=DEVICE)
+    tiny = torch.randint(0, m.vocab, (1, 8), device=DEVICE)
+
+    def fwd_bwd(x=ids):
+        model(input_ids=x, labels=x).loss.backward()
+
+    def step():
+        fwd_bwd()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    row = {"label": label, "model": dataclasses.asdict(m), "micro": micro,
+           "step_s": _median_time(step, sync), "fwd_bwd_s": _median_time(fwd_bwd, sync),
+           "host_fwd_bwd_s": _median_time(lambda: fwd_bwd(tiny), sync, reps=20),
+           "kernels_real": _kernels_launched(fwd_bwd), "kernels_tiny": _kernels_launched(lambda: fwd_bwd(tiny)),
+           "optimizer_kernels": _kernels_launched(opt.step)}
+    block = kernels.block(m, micro, "none", "bf16", DEVICE)
+    forward, both = block.build(micro)
+    row["block_kernels"], row["block_fwd_kernels"] = _kernels_launched(both), _kernels_launched(forward)
+    _, tiny_block = kernels.block(dataclasses.replace(m, seq_len=8, max_positions=8), 1, "none", "bf16", DEVICE).build(1)
+    row["host_block_s"] = _median_time(tiny_block, sync, reps=20)
+    params = [p.numel() for p in model.parameters()]
+    del model, opt
+    torch.cuda.empty_cache()
+    measured = kernel_timing.measure(m, micro, "bf16", DEVICE, 1, params)
+    row["kernel_times"] = dataclasses.asdict(measured.kernels)
+    row["optimizer_s"] = measured.optimizer_s
+    row["host_op_us"] = 1e6 * row["host_fwd_bwd_s"] / max(row["kernels_tiny"], 1)
+    return row
+
+
+def measure(out: Path) -> None:
+    import torch
+
+    import transformers
+
+    rows = []
+    for label, arch, hidden, layers, heads, seq, micro, vocab in SHAPES[:int(os.environ.get("BENCH_SHAPES", len(SHAPES)))]:
+        rows.append(measure_shape(label, model_of(arch, hidden, layers, heads, seq, vocab), micro))
+        r = rows[-1]
+        print(f"{label:28s} step {r['step_s'] * 1e3:8.2f} ms  fwd+bwd {r['fwd_bwd_s'] * 1e3:8.2f} ms  "
+              f"host {r['host_fwd_bwd_s'] * 1e3:7.2f} ms / {r['kernels_tiny']} kernels = {r['host_op_us']:.1f} us  "
+              f"(real shape: {r['kernels_real']} kernels)", flush=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "host_cpu": cpu, "torch": torch.__version__,
+                               "transformers": transformers.__version__, "python": platform.python_version(),
+                               "measured_at": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["measure"]:
+        measure(Path(sys.argv[2]))
+    elif sys.argv[1:2] == ["report"]:
+        from bench_gpu_report import report  # noqa: F401  (written once the figures are in)
+    else:
+        sys.exit(__doc__)
