@@ -144,10 +144,55 @@ def measure(out: Path) -> None:
                                "measured_at": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
 
 
+def predictions(row: dict, host_op_us: float) -> dict[str, float]:
+    """Seconds of the row's forward + backward as each way of planning it says."""
+    from orchestrator.plan.compute import KernelTimes, micro_batch_time
+    from orchestrator.plan.planner import make_plan
+    from orchestrator.spec import build_spec
+
+    m = ModelConfig(**{k: v for k, v in row["model"].items()})
+    kt = row["kernel_times"]
+    times = KernelTimes(**{k: tuple(v) if isinstance(v, list) else v for k, v in kt.items()})
+    kernels_only = dataclasses.replace(times, block=None, ends=None)
+    if times.block is not None and times.ends is None:  # a large head: its kernels' sum stands for the ends
+        times = dataclasses.replace(times, ends=(times.head[0] + times.loss[0], times.head[1] + times.loss[1]))
+    fields = [f"model.{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
+              for k, v in row["model"].items()]
+    overrides = ["hardware=h100-sxm", "hardware.kernels=preset", *fields, f"batch.micro_batch_size={row['micro']}",
+                 "parallel.dp=1"]
+
+    def preset(host_us: float) -> float:
+        return make_plan(build_spec([*overrides, f"hardware.host_op_us={host_us}"])).time.micro_batch.total_s
+
+    return {"kernels timed, summed": micro_batch_time(m, row["micro"], "none", kernels_only, timed=True).total_s,
+            "block and ends timed whole": micro_batch_time(m, row["micro"], "none", times, timed=True).total_s,
+            "preset, no host": preset(0.0), f"preset, host {host_op_us:g} us": preset(host_op_us)}
+
+
+def report(path: Path) -> None:
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    host_op_us = round(statistics.median(r["host_op_us"] for r in rows))
+    print(f"{data['gpu']} (host: {data['host_cpu']}; torch {data['torch']}, transformers {data['transformers']}, "
+          f"{data['measured_at']})")
+    print(f"host per kernel, whole model on 8 tokens: median {host_op_us} us "
+          f"(range {min(r['host_op_us'] for r in rows):.0f}-{max(r['host_op_us'] for r in rows):.0f})")
+    print("forward + backward, measured / predicted:")
+    table = [(r["label"], r["fwd_bwd_s"], predictions(r, host_op_us)) for r in rows]
+    names = list(table[0][2])
+    print(f"{'shape':28s} {'measured':>9s}  " + "  ".join(f"{n:>26s}" for n in names))
+    for label, measured, p in table:
+        print(f"{label:28s} {measured * 1e3:7.2f}ms  " + "  ".join(f"{measured / p[n]:26.2f}" for n in names))
+    for n in names:
+        ratios = [measured / p[n] for _, measured, p in table]
+        within = sum(0.8 <= x <= 1.25 for x in ratios)
+        print(f"  {n}: {within} of {len(ratios)} within 20 %, median ratio {statistics.median(ratios):.2f}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["measure"]:
         measure(Path(sys.argv[2]))
     elif sys.argv[1:2] == ["report"]:
-        from bench_gpu_report import report  # noqa: F401  (written once the figures are in)
+        report(Path(sys.argv[2]) if sys.argv[2:] else Path(__file__).parent / "data" / "gpu" / "h100-host.json")
     else:
         sys.exit(__doc__)

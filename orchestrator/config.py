@@ -279,7 +279,11 @@ class HardwareConfig:
     attention_backward_efficiency: float = 0.3  # its backward (which recomputes QK^T)
     memory_bandwidth_gbps: Optional[float] = None  # device memory GB/s; null on cpu: measured
     memory_efficiency: float = 0.7  # share of the bandwidth memory-bound kernels reach
-    op_overhead_us: float = 5.0  # fixed cost per kernel: launch on a GPU, dispatch and hooks on a CPU
+    op_overhead_us: float = 5.0  # fixed cost per kernel on the device: the gap between two on a GPU, dispatch and hooks on a CPU
+    # A GPU's host: its time to issue one kernel (the modules' Python, the dispatcher,
+    # autograd, the launch), in parallel with the device's queue (plan/compute.py:
+    # host_bound). 0: not modelled. Unused on a CPU, where the host is the device.
+    host_op_us: float = 0.0
     calibrated_on: Optional[str] = None  # set by `orchestrator calibrate`: what the parameters were fitted to
     # Where zero.offload_optimizer=cpu puts the optimizer step (ZeRO-Offload, Ren et al. 2021):
     # DeepSpeed's CPU Adam at the host's memory bandwidth, shared by the node's ranks, and

@@ -107,6 +107,9 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
                               ("  memory-bound", mb.memory_bound_s, f"norms, activations, adds, loss{', ' + how if how else ''}"),
                               ("  fixed per kernel", mb.overhead_s,
                                f"{mb.kernels} kernels" + ("; in each timed kernel's time" if how else "")),
+                              *([("  host issuing", mb.host_wait_s, f"the device waits for its host: {mb.kernels} "
+                                  f"kernels issued in {mb.host_s:.4g} s (hardware.host_op_us)")]
+                                if mb.host_wait_s else []),
                               *([("  between kernels", mb.between_s, "autograd, dispatch, modules' Python: a real "
                                   "block and the model's ends timed whole, less their kernels")]
                                 if mb.between_s is not None else []),

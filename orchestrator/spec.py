@@ -285,6 +285,8 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
         raise ConfigError("hardware.gemm_half_dim", hw.gemm_half_dim, "a matrix dimension >= 0 (0: no saturation)")
     if hw.op_overhead_us < 0:
         raise ConfigError("hardware.op_overhead_us", hw.op_overhead_us, "a time >= 0")
+    if hw.host_op_us < 0:
+        raise ConfigError("hardware.host_op_us", hw.host_op_us, "a time >= 0 (microseconds the host takes to issue one kernel)")
     for link in ("intra_node", "inter_node"):
         above_zero(getattr(hw, link).busbw_gbps, f"hardware.{link}.busbw_gbps")
         if getattr(hw, link).latency_us < 0:

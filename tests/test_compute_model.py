@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from orchestrator.config import ModelConfig
-from orchestrator.plan.compute import Rates, attention_time, gemm_time, estimated_kernels, micro_batch_time
+from orchestrator.plan.compute import (ENDS_KERNELS, LAYER_KERNELS, Rates, attention_time, estimated_kernels, gemm_time,
+                                       kernel_counts, micro_batch_time)
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
 
@@ -109,7 +110,40 @@ def test_a_tiny_model_is_its_fixed_cost_per_kernel():
     tiny = ModelConfig()  # 2 layers of width 64
     t = micro_batch_time(tiny, 1, "none", estimated_kernels(tiny, 1, dataclasses.replace(H100, op_overhead_s=10e-6), 2))
     assert t.overhead_s > 0.9 * t.total_s
-    assert t.kernels == 3 * 2 * 12 + 10  # forward and backward of each layer, and the loss
+    assert t.kernels == 2 * sum(LAYER_KERNELS["gpt2"]) + ENDS_KERNELS["gpt2"]  # each layer's, and the ends'
+
+
+def test_full_recompute_launches_each_layers_forward_kernels_again():
+    model = ModelConfig(arch="llama", n_layers=4)
+    (fwd, bwd), (fwd_full, bwd_full) = kernel_counts(model, "none"), kernel_counts(model, "full")
+    assert fwd_full == fwd and bwd_full - bwd == 4 * LAYER_KERNELS["llama"][0]
+    assert kernel_counts(model, "none") < kernel_counts(model, "selective") < kernel_counts(model, "full")
+
+
+def test_a_small_model_on_a_gpu_runs_at_its_hosts_pace_and_a_large_one_at_its_devices():
+    host = dataclasses.replace(H100, host_op_s=40e-6)
+    small = ModelConfig(hidden=256, heads=4, n_layers=4, vocab=50304, seq_len=256, max_positions=256)
+    paced = micro_batch_time(small, 2, "none", estimated_kernels(small, 2, host, 2))
+    free = micro_batch_time(small, 2, "none", estimated_kernels(small, 2, H100, 2))
+    fwd, bwd = kernel_counts(small, "none")
+    assert paced.host_s == pytest.approx((fwd + bwd) * 40e-6)
+    # the device's own time is far shorter than the host's: each phase takes the host's
+    assert free.total_s < paced.host_s / 2
+    assert paced.forward_s == pytest.approx(fwd * 40e-6) and paced.total_s == pytest.approx(paced.host_s)
+    assert paced.host_wait_s == pytest.approx(paced.total_s - free.total_s)
+    large = ModelConfig(hidden=4096, heads=32, n_layers=8, vocab=50304, seq_len=2048, max_positions=2048)
+    busy, alone = (micro_batch_time(large, 4, "none", estimated_kernels(large, 4, r, 2)) for r in (host, H100))
+    assert busy.host_wait_s == 0 and busy.total_s == alone.total_s  # the host keeps ahead of long kernels
+    # timed kernels hold the host's pace already: nothing is added to them
+    timed = micro_batch_time(small, 2, "none", estimated_kernels(small, 2, host, 2), timed=True)
+    assert timed.host_wait_s == 0
+
+
+def test_the_host_paces_a_gpu_plan_only_and_says_so():
+    gpu = make_plan(build_spec(["hardware=h100-sxm", "model.hidden=256", "model.heads=4", "model.kv_heads=null"]))
+    assert gpu.time.micro_batch.host_wait_s > 0 and "the host issues each kernel in 43 us" in " ".join(gpu.assumptions)
+    cpu = make_plan(build_spec(["hardware=cpu", "hardware.kernels=preset", "hardware.host_op_us=500"]))
+    assert cpu.time.micro_batch.host_s == 0  # on a CPU the host is the device
 
 
 def test_on_a_cpu_the_k_by_n_layout_runs_at_one_threads_rate_whatever_the_rank_has():

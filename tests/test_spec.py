@@ -189,3 +189,8 @@ def test_choice_fields_are_typed_and_refuse_a_value_outside_their_enum(key):
         build_spec([f"{key}={members[-1].upper()}X"])
     assert err.value.field == key and all(m in str(err.value) for m in members)
     assert f"did you mean {members[-1]}?" in str(err.value)
+
+
+def test_a_negative_host_time_per_kernel_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"hardware.host_op_us=-1.*a time >= 0"):
+        build_spec(["hardware=h100-sxm", "hardware.host_op_us=-1"])

@@ -26,8 +26,14 @@ A transformer step is a list of kernels, and each kernel is bound by one of thre
 - **Memory-bound ops** (norms, activations, residual adds, rotary, the loss) move bytes:
   their time is bytes / (memory bandwidth x memory_efficiency).
 
-Every kernel also pays a fixed cost (`op_overhead_us`): the launch on a GPU, the
-dispatcher and engine hooks on a CPU. It is what makes a tiny model slow.
+Every kernel also pays a fixed cost on the device (`op_overhead_us`): the gap between two
+kernels on a GPU, the dispatcher and engine hooks on a CPU. And on a GPU the host issues
+each kernel before the device can run it (`host_op_us`: the modules' Python, the
+dispatcher, autograd, the launch): the device runs ahead of the host through its queue
+while its kernels are long, and waits for it while they are short, so a phase takes the
+longer of the two (`host_bound`). That is what makes a small model slow on a fast GPU: on
+an H100, transformers' GPT-2 at hidden 1024 and one sequence of 1024 runs at the pace of
+its host (bench/RESULTS.md: "Host-bound steps on a GPU").
 
 Recompute adds the forward again inside the backward: all of a layer's kernels for full
 recompute; the kernels between the kept matmul and attention outputs for selective.
@@ -56,10 +62,14 @@ ROPE_IO = 2 + 2
 # The loss per token and vocabulary entry, in fp32 as transformers computes it: the logits
 # upcast, log_softmax written, nll's gradient, log_softmax's backward, the downcast.
 LOSS_BYTES_PER_VOCAB = 36
-# Kernels one layer launches, forward and backward (norms, GEMMs, attention, activation,
-# adds; the backward about twice the forward), and the loss's.
-LAYER_KERNELS_FWD = {"gpt2": 12, "llama": 16}
-LOSS_KERNELS = 10
+# Kernels one layer launches (forward, backward) and the model's ends (embeddings, final
+# norm, head, loss) forward and backward: counted by torch.profiler on CUDA with torch 2.11
+# and transformers 5.17 (bench/gpu_host.py; bench/data/gpu/h100-host.json). A GPT-2 block
+# run alone launches 10 + 23, inside the model 46 a layer (the slope over 4 to 24 layers);
+# Llama's 38 + 75 and 124. What the host issues one by one; software, not the machine, sets it.
+LAYER_KERNELS = {"gpt2": (10, 36), "llama": (38, 86)}
+ENDS_KERNELS = {"gpt2": 37, "llama": 58}
+ENDS_FORWARD_KERNELS = 10  # the embeddings' gather, final norm, head, upcast and cross-entropy
 FORWARD_SHARE = 0.4  # of a memory-bound kernel's bytes, the forward moves about 2 in 5 (the *_IO counts)
 
 
@@ -76,7 +86,8 @@ class Rates:
     attention_efficiency: float  # fused attention forward, share of the peak
     attention_backward_efficiency: float
     memory_bytes_per_s: float  # memory-bound kernels: bandwidth x memory_efficiency
-    op_overhead_s: float  # fixed cost per kernel
+    op_overhead_s: float  # fixed cost per kernel on the device
+    host_op_s: float = 0.0  # the host's time to issue one kernel; 0: the host is the device (a CPU)
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,10 @@ class ComputeTime:
     # with autograd) less the sum of their kernels. None where they were not timed whole.
     between_s: float | None = None
     engine_s: float = 0.0  # what the engine adds around the forward and backward (hooks, buckets), timed
+    # Estimated GPU plans: the host's time to issue the micro batch's kernels, and what the
+    # device waits for it beyond its own kernels (the phases it is slower than the device).
+    host_s: float = 0.0
+    host_wait_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -169,6 +184,7 @@ class KernelTimes:
     memory_bound: tuple[float, float]  # one layer's norms, activation, residual adds, rotary
     loss: tuple[float, float]  # the loss over the vocabulary
     launch_s: float  # an empty kernel: the floor under every kernel a step launches
+    host_op_s: float = 0.0  # estimates: the host's time to issue one kernel (timed blocks hold it)
     # One real block (recompute included) and the model without its blocks, each timed whole:
     # None where they are too large to time here (the step is then its kernels' sum).
     block: tuple[float, float] | None = None
@@ -189,7 +205,24 @@ def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: i
               backward_gemm_time(tokens, model.vocab, model.hidden, r, element_bytes)),
         attention=attention_time(model, micro, r, element_bytes),
         memory_bound=(FORWARD_SHARE * mem, (1 - FORWARD_SHARE) * mem),
-        loss=(FORWARD_SHARE * loss, (1 - FORWARD_SHARE) * loss), launch_s=r.op_overhead_s)
+        loss=(FORWARD_SHARE * loss, (1 - FORWARD_SHARE) * loss), launch_s=r.op_overhead_s, host_op_s=r.host_op_s)
+
+
+def kernel_counts(model: ModelConfig, recompute: str) -> tuple[int, int]:
+    """(forward, backward) kernels one micro batch launches; recompute runs a layer's
+    forward again in the backward (full), or about half its kernels (selective)."""
+    fwd, bwd = LAYER_KERNELS.get(model.arch, LAYER_KERNELS["gpt2"])
+    ends = ENDS_KERNELS.get(model.arch, ENDS_KERNELS["gpt2"])
+    redo = fwd if recompute == "full" else fwd // 2 if recompute == "selective" else 0
+    return model.n_layers * fwd + ENDS_FORWARD_KERNELS, model.n_layers * (bwd + redo) + ends - ENDS_FORWARD_KERNELS
+
+
+def host_bound(device_s: float, kernels: int, host_op_s: float) -> float:
+    """Seconds of a phase whose `kernels` the host issues at host_op_s each while the device
+    runs them (device_s in all) from its queue: the slower of the two sets the pace. The
+    queue is deep (CUDA's holds about a thousand launches), so the host runs ahead through
+    long kernels and the device waits through short ones; the phase ends when both are done."""
+    return max(device_s, kernels * host_op_s)
 
 
 def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTimes, *,
@@ -201,25 +234,31 @@ def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTi
     hold each kernel's launch already; estimated ones pay k.launch_s per kernel on top.
     engine: (forward, backward) seconds the engine adds around them (timed as it runs)."""
     layers = model.n_layers
-    kernels_fwd = layers * LAYER_KERNELS_FWD.get(model.arch, 12)
-    kernels = 3 * kernels_fwd + LOSS_KERNELS  # the backward launches about twice the forward's
+    kernels_fwd, kernels_bwd = kernel_counts(model, recompute)
     # What recompute runs again in the backward: the whole layer forward (full), or the
     # memory-bound kernels between the kept matmul and attention outputs (selective).
     full = recompute == "full"
     redo_mem = layers * k.memory_bound[0] if recompute != "none" else 0.0
-    kernels += kernels_fwd if full else kernels_fwd // 2 if recompute == "selective" else 0
     gemm_fwd = layers * k.layer_gemms[0] + k.head[0]
     gemm = gemm_fwd + layers * k.layer_gemms[1] + k.head[1] + (layers * k.layer_gemms[0] if full else 0.0)
     attention = layers * (sum(k.attention) + (k.attention[0] if full else 0.0))
     memory_bound = layers * sum(k.memory_bound) + sum(k.loss) + redo_mem
-    overhead = 0.0 if timed else kernels * k.launch_s
-    forward = gemm_fwd + layers * (k.attention[0] + k.memory_bound[0]) + k.loss[0] + \
-        (0.0 if timed else (kernels_fwd + 3) * k.launch_s)
+    launch = 0.0 if timed else k.launch_s
+    overhead = (kernels_fwd + kernels_bwd) * launch
+    forward = gemm_fwd + layers * (k.attention[0] + k.memory_bound[0]) + k.loss[0] + kernels_fwd * launch
     total = gemm + attention + memory_bound + overhead
+    host = (kernels_fwd + kernels_bwd) * k.host_op_s
+    if k.host_op_s and not timed:
+        paced_fwd = host_bound(forward, kernels_fwd, k.host_op_s)
+        paced_total = paced_fwd + host_bound(total - forward, kernels_bwd, k.host_op_s)
+        host_wait, forward, total = paced_total - total, paced_fwd, paced_total
+    else:
+        host_wait = 0.0
     between = None
     if k.block is not None and k.ends is not None:
         forward = layers * k.block[0] + k.ends[0]
         between, total = forward + layers * k.block[1] + k.ends[1] - total, forward + layers * k.block[1] + k.ends[1]
     return ComputeTime(gemm_s=gemm, attention_s=attention, memory_bound_s=memory_bound, overhead_s=overhead,
-                       forward_s=forward + engine[0], backward_s=total - forward + engine[1], kernels=kernels,
-                       timed=timed, between_s=between, engine_s=sum(engine))
+                       forward_s=forward + engine[0], backward_s=total - forward + engine[1],
+                       kernels=kernels_fwd + kernels_bwd, timed=timed, between_s=between, engine_s=sum(engine),
+                       host_s=host, host_wait_s=host_wait)

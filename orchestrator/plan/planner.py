@@ -240,7 +240,7 @@ def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> 
                  cache_bytes=hw.gemm_cache_mb * 1e6 if hw.gemm_cache_mb else float("inf"),
                  saturate_on_reduction=saturates_on(hw) == "reduction", attention_efficiency=hw.attention_efficiency,
                  attention_backward_efficiency=hw.attention_backward_efficiency, memory_bytes_per_s=memory,
-                 op_overhead_s=hw.op_overhead_us * 1e-6)
+                 op_overhead_s=hw.op_overhead_us * 1e-6, host_op_s=hw.host_op_us * 1e-6 if hw.device.is_gpu else 0.0)
 
 
 def saturates_on(hw) -> str:
@@ -262,7 +262,9 @@ def compute_assumption(hw) -> str:
             + (f" and at a smaller operand of {hw.gemm_cache_mb:g} MB" if hw.gemm_cache_mb else "") + "; "
             f"fused attention at {hw.attention_efficiency:.0%} forward, "
             f"{hw.attention_backward_efficiency:.0%} backward; memory-bound kernels at {hw.memory_efficiency:.0%} "
-            f"of the memory bandwidth; {hw.op_overhead_us:g} us per kernel")
+            f"of the memory bandwidth; {hw.op_overhead_us:g} us per kernel"
+            + (f"; the host issues each kernel in {hw.host_op_us:g} us, beside the device" if hw.device.is_gpu
+               and hw.host_op_us else ""))
 
 
 def capacity_bytes(spec: TrialSpec) -> int:
