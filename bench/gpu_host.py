@@ -4,7 +4,8 @@ the kernels themselves, and the plan checked against real steps (issue: compute 
 Two halves:
 
     python bench/gpu_host.py measure OUT.json   # on a machine with a CUDA GPU
-    python bench/gpu_host.py report FILE.json    # anywhere: the plan's figures against it
+    python bench/gpu_host.py report [FILE.json...]  # anywhere: the plan's figures against them
+                                                 # (default: bench/data/gpu/h100-host-*.json)
 
 `measure`, for each shape of SHAPES (transformers' GPT-2 and Llama in bf16, sdpa):
 - the real step, timed with the host waiting on the GPU at its end (as the trial's clock
@@ -134,7 +135,7 @@ def measure(out: Path) -> None:
     for label, arch, hidden, layers, heads, seq, micro, vocab in SHAPES[:int(os.environ.get("BENCH_SHAPES", len(SHAPES)))]:
         rows.append(measure_shape(label, model_of(arch, hidden, layers, heads, seq, vocab), micro))
         r = rows[-1]
-        print(f"{label:28s} step {r['step_s'] * 1e3:8.2f} ms  fwd+bwd {r['fwd_bwd_s'] * 1e3:8.2f} ms  "
+        print(f"{label:35s} step {r['step_s'] * 1e3:8.2f} ms  fwd+bwd {r['fwd_bwd_s'] * 1e3:8.2f} ms  "
               f"host {r['host_fwd_bwd_s'] * 1e3:7.2f} ms / {r['kernels_tiny']} kernels = {r['host_op_us']:.1f} us  "
               f"(real shape: {r['kernels_real']} kernels)", flush=True)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -169,20 +170,26 @@ def predictions(row: dict, host_op_us: float) -> dict[str, float]:
             "preset, no host": preset(0.0), f"preset, host {host_op_us:g} us": preset(host_op_us)}
 
 
-def report(path: Path) -> None:
-    data = json.loads(path.read_text())
-    rows = data["rows"]
+def report(paths: list[Path]) -> None:
+    """Each shape's median over the runs (their measured steps and host times; the kernels as
+    the first run timed them), measured against each way of planning it."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    data, rows = runs[0], []
+    for i, row in enumerate(data["rows"]):
+        same = [run["rows"][i] for run in runs]
+        rows.append({**row, **{k: statistics.median(r[k] for r in same) for k in ("fwd_bwd_s", "step_s", "host_op_us")},
+                     "spread": max(r["fwd_bwd_s"] for r in same) / min(r["fwd_bwd_s"] for r in same)})
     host_op_us = round(statistics.median(r["host_op_us"] for r in rows))
     print(f"{data['gpu']} (host: {data['host_cpu']}; torch {data['torch']}, transformers {data['transformers']}, "
-          f"{data['measured_at']})")
+          f"{data['measured_at']}), median of {len(runs)} run(s)")
     print(f"host per kernel, whole model on 8 tokens: median {host_op_us} us "
           f"(range {min(r['host_op_us'] for r in rows):.0f}-{max(r['host_op_us'] for r in rows):.0f})")
-    print("forward + backward, measured / predicted:")
-    table = [(r["label"], r["fwd_bwd_s"], predictions(r, host_op_us)) for r in rows]
+    print("forward + backward, measured / predicted (spread: slowest / fastest run):")
+    table = [(f"{r['label']} ({r['spread']:.2f})", r["fwd_bwd_s"], predictions(r, host_op_us)) for r in rows]
     names = list(table[0][2])
-    print(f"{'shape':28s} {'measured':>9s}  " + "  ".join(f"{n:>26s}" for n in names))
+    print(f"{'shape':35s} {'measured':>9s}  " + "  ".join(f"{n:>26s}" for n in names))
     for label, measured, p in table:
-        print(f"{label:28s} {measured * 1e3:7.2f}ms  " + "  ".join(f"{measured / p[n]:26.2f}" for n in names))
+        print(f"{label:35s} {measured * 1e3:7.2f}ms  " + "  ".join(f"{measured / p[n]:26.2f}" for n in names))
     for n in names:
         ratios = [measured / p[n] for _, measured, p in table]
         within = sum(0.8 <= x <= 1.25 for x in ratios)
@@ -193,6 +200,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["measure"]:
         measure(Path(sys.argv[2]))
     elif sys.argv[1:2] == ["report"]:
-        report(Path(sys.argv[2]) if sys.argv[2:] else Path(__file__).parent / "data" / "gpu" / "h100-host.json")
+        report([Path(p) for p in sys.argv[2:]] or sorted((Path(__file__).parent / "data" / "gpu").glob("h100-host-*.json")))
     else:
         sys.exit(__doc__)

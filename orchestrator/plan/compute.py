@@ -251,7 +251,7 @@ def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTi
     if k.host_op_s and not timed:
         paced_fwd = host_bound(forward, kernels_fwd, k.host_op_s)
         paced_total = paced_fwd + host_bound(total - forward, kernels_bwd, k.host_op_s)
-        host_wait, forward, total = paced_total - total, paced_fwd, paced_total
+        host_wait, forward, total = max(0.0, paced_total - total), paced_fwd, paced_total
     else:
         host_wait = 0.0
     between = None
