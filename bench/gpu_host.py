@@ -172,9 +172,9 @@ def predictions(row: dict, host_op_us: float) -> dict[str, float]:
 
 def report(paths: list[Path]) -> None:
     """Each shape's median over the runs (their measured steps and host times; the kernels as
-    the first run timed them), measured against each way of planning it."""
+    the last run timed them), measured against each way of planning it."""
     runs = [json.loads(p.read_text()) for p in paths]
-    data, rows = runs[0], []
+    data, rows = runs[-1], []  # the kernels as the newest run timed them
     for i, row in enumerate(data["rows"]):
         same = [run["rows"][i] for run in runs]
         rows.append({**row, **{k: statistics.median(r[k] for r in same) for k in ("fwd_bwd_s", "step_s", "host_op_us")},

@@ -13,8 +13,8 @@ Timed, each in the dtype and layout the model really uses (transformers' modules
 - an empty kernel: the fixed cost of one launch.
 
 On a CPU the clock is the wall clock on the rank's threads (each kernel timed alone: the
-other ranks of a node are not run beside it; bench/RESULTS.md says why); on a GPU, CUDA
-events around the calls. A kernel too large to time in `BUDGET_S` is timed on fewer rows
+other ranks of a node are not run beside it; bench/RESULTS.md says why); on a GPU, the
+time its kernels ran on the GPU (`clock`), and CUDA events around a block or the ends. A kernel too large to time in `BUDGET_S` is timed on fewer rows
 (tokens, sequences x heads, elements) and scaled, its time being linear in them once they
 are a few dozen; a GEMM's weight is cut to `kernels.GEMM_MAX_N` x `GEMM_MAX_K` the same
 way, and further (`affordable`) where one call on its fewest rows would pass `PROBE_S`.
@@ -45,7 +45,7 @@ from orchestrator.plan.compute import KernelTimes
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
 # How kernels are timed, in the cache key: times taken another way are timed again.
-METHOD = "timing 2 (weights up to 8192 x 8192 elements, probe 1 s)"
+METHOD = "timing 3 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time)"
 PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
 TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than PROBE_S
 # A block or the model's ends is timed whole (autograd and all) only where its kernels' sum
@@ -181,11 +181,15 @@ class QuietCheck:
                 f"then {after * 1e3:.3g} ms): these times are not cached, plan again on a quiet machine")
 
 
-def clock(device) -> Callable[..., float]:
+def clock(device, whole: bool = False) -> Callable[..., float]:
     """tick(op, reps, rounds, warm=True): seconds per call of op over `reps` calls, the best
     of `rounds` rounds after a warm-up call (its first call costs up to 6x: allocation, the
-    library picking its kernel): the wall clock on a CPU, CUDA events on a GPU (the host
-    returns before the GPU is done)."""
+    library picking its kernel). On a CPU the wall clock. On a GPU a kernel's own time is
+    the GPU's: the time its kernels ran as CUPTI recorded them (torch.profiler), for a
+    kernel timed alone is short enough that its host (the module's Python, autograd.grad
+    set up per call) would set its pace, which inside a model the host spends issuing
+    ahead. `whole` (a block, the model's ends): CUDA events around the calls, which hold
+    the host's pace as the model pays it."""
     import torch
 
     def wall(op, reps, rounds, warm=True):
@@ -214,7 +218,25 @@ def clock(device) -> Callable[..., float]:
             best = min(best, start.elapsed_time(end) / 1e3 / reps)
         return best
 
-    return events if torch.device(device).type == "cuda" else wall
+    def device_busy(op, reps, rounds, warm=True):
+        from torch.profiler import DeviceType, ProfilerActivity, profile
+
+        if warm:
+            op()
+        torch.cuda.synchronize(device)
+        best = float("inf")
+        for _ in range(rounds):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    op()
+                torch.cuda.synchronize(device)
+            busy_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+            best = min(best, busy_us * 1e-6 / reps)
+        return best
+
+    if torch.device(device).type != "cuda":
+        return wall
+    return events if whole else device_busy
 
 
 @contextmanager
@@ -315,7 +337,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     KernelTimingError where the device cannot run one."""
     name, sw = device_name(device), software()
     prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads|{precision}|"
-    tick = clock(device)
+    tick, whole_tick = clock(device), clock(device, whole=True)
     whens: list[str] = []
 
     def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
@@ -329,7 +351,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
         if kernels_s > WHOLE_MAX_S or elements > WHOLE_MAX_ELEMENTS:
             return None
         times, when = Cache.get_whole(f"{prefix}{kernel.name} rows={kernel.rows}",
-                                      lambda: quiet.first(time_whole)(kernel, tick))
+                                      lambda: quiet.first(time_whole)(kernel, whole_tick))
         whens.append(when)
         return times
 

@@ -126,7 +126,7 @@ def measured_kernels(spec: TrialSpec, here: bool) -> tuple[Measured | None, str]
             raise KernelTimingError("no CUDA device on this machine")
         m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
                                   spec.cfg.recompute.mode)
-        if (engine := engine_settings(spec)) is not None and not hw.device.is_gpu:
+        if (engine := engine_settings(spec)) is not None:
             m = engine_timing.with_engine(m, engine, threads, sum(shares))
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
@@ -145,7 +145,7 @@ def engine_settings(spec: TrialSpec) -> dict | None:
         return None
     modules = [(p.module, p.numel) for p in parameter_tensors(cfg.model)]  # proportions: timed at a fixed size
     common = {"precision": spec.precision, "grad_clip": cfg.run.grad_clip, "optimizer": optimizer_section(spec),
-              "modules": modules}
+              "modules": modules, "device": cfg.hardware.device.value}
     if cfg.engine.name == "deepspeed" or (cfg.engine.name == "accelerate" and cfg.engine.backend == "deepspeed"):
         # Bucket sizes left out: on one rank they change little, and a sweep of them would
         # time the engine again at every size (the plan's buckets are in its communication).

@@ -6,7 +6,8 @@ tensor, in the proportions of the trial's model, and computes nothing worth timi
 release) or per block (FSDP2's `fully_shard` on every transformer block, then the root), as
 on the real model. The real engine wraps it (DeepSpeed's `deepspeed.initialize` with the trial's ZeRO section,
 precision and clipping; or FSDP2's `fully_shard` with its mixed precision, torch's AdamW and
-clipping) on a one-rank gloo group in this process. Timed: the engine's forward and
+clipping) on a one-rank group in this process, on the trial's device (gloo on a CPU, NCCL
+on a GPU, where the host's time per tensor is most of a small model's step). Timed: the engine's forward and
 backward of the stand-in, the same without the engine, and the optimizer step as the
 engine runs it (DeepSpeed's fp32 master copies, gradient norm, AdamW, the copy back to the
 model's dtype; FSDP2's AdamW over its sharded parameters). The difference of the first two
@@ -30,6 +31,22 @@ import torch.distributed as dist
 
 REPS = 8  # steps timed; the first two are warm-up (allocation, the optimizer's state)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# Elements of the stand-ins timed (the step is a line through them): a GPU moves a small
+# stand-in in microseconds, too little to see its per-element cost above the noise.
+SIZES = {"cpu": (2**20, 2**21), "cuda": (2**24, 2**25)}
+
+
+def group_of(device: str) -> tuple[str, str]:
+    """(process-group backend, device-mesh type) of a one-rank group on `device`."""
+    return ("nccl", "cuda") if torch.device(device).type == "cuda" else ("gloo", "cpu")
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device: the host returns before a GPU is done."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 class Part(torch.nn.Module):
@@ -74,15 +91,19 @@ class StandIn(torch.nn.Module):
         return x
 
 
-def median_times(forward, backward, step) -> tuple[float, float, float]:
+def median_times(forward, backward, step, device: str = "cpu") -> tuple[float, float, float]:
     times = []
     for _ in range(REPS):
+        synchronize(device)
         a = time.perf_counter()
         out = forward()
+        synchronize(device)
         b = time.perf_counter()
         backward(out)
+        synchronize(device)
         c = time.perf_counter()
         step()
+        synchronize(device)
         times.append((b - a, time.perf_counter() - c, c - b))
     kept = times[2:]
     return tuple(statistics.median(t[i] for t in kept) for i in (0, 2, 1))  # forward, backward, step
@@ -90,9 +111,11 @@ def median_times(forward, backward, step) -> tuple[float, float, float]:
 
 def plain(settings: dict) -> tuple[float, float]:
     """The stand-in's forward and backward without an engine."""
-    model = StandIn(settings["modules"], DTYPES[settings["precision"]])
-    x = torch.ones(())
-    fwd, bwd, _ = median_times(lambda: model(x), lambda out: out.backward(), lambda: model.zero_grad(set_to_none=True))
+    device = settings["device"]
+    model = StandIn(settings["modules"], DTYPES[settings["precision"]]).to(device)
+    x = torch.ones((), device=device)
+    fwd, bwd, _ = median_times(lambda: model(x), lambda out: out.backward(), lambda: model.zero_grad(set_to_none=True),
+                               device)
     return fwd, bwd
 
 
@@ -106,8 +129,8 @@ def deepspeed_step(settings: dict) -> tuple[float, float, float, str]:
               "optimizer": settings["optimizer"], "steps_per_print": 10**9, "wall_clock_breakdown": False}
     model = StandIn(settings["modules"], torch.float32)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    x = torch.ones(())
-    fwd, bwd, step = median_times(lambda: engine(x), engine.backward, engine.step)
+    x = torch.ones((), device=engine.device)
+    fwd, bwd, step = median_times(lambda: engine(x), engine.backward, engine.step, settings["device"])
     return fwd, bwd, step, type(engine.optimizer).__name__
 
 
@@ -115,8 +138,9 @@ def fsdp_step(settings: dict) -> tuple[float, float, float, str]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    model = StandIn(settings["modules"], torch.float32)
-    shard = {"mesh": init_device_mesh("cpu", (1,)),
+    device = settings["device"]
+    model = StandIn(settings["modules"], torch.float32).to(device)
+    shard = {"mesh": init_device_mesh(group_of(device)[1], (1,)),
              "mp_policy": MixedPrecisionPolicy(param_dtype=DTYPES[settings["precision"]])}
     for block in model.layer_blocks:  # as workload/fsdp.py: every transformer block, then the root
         fully_shard(block, **shard)
@@ -132,12 +156,9 @@ def fsdp_step(settings: dict) -> tuple[float, float, float, str]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    x = torch.ones(())
-    fwd, bwd, step_s = median_times(lambda: model(x), lambda out: out.backward(), step)
+    x = torch.ones((), device=device)
+    fwd, bwd, step_s = median_times(lambda: model(x), lambda out: out.backward(), step, device)
     return fwd, bwd, step_s, "AdamW over FSDP2's sharded parameters"
-
-
-SIZES = (2**20, 2**21)  # elements of the stand-ins timed: the step is a line through them
 
 
 def scaled(modules: list[tuple[str, int]], elements: int) -> list[tuple[str, int]]:
@@ -164,10 +185,13 @@ def main() -> None:
     # DeepSpeed reads these to size its world.
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="0")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    device = settings.setdefault("device", "cpu")
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(0)  # the one GPU this process was given (CUDA_VISIBLE_DEVICES)
+    dist.init_process_group(group_of(device)[0], store=dist.HashStore(), rank=0, world_size=1)
     try:
         points = []
-        for elements in SIZES:
+        for elements in SIZES[torch.device(device).type]:
             modules = scaled(settings["modules"], elements)
             times, optimizer = timed({**settings, "modules": modules})
             points.append((sum(n for _, n in modules), times))
