@@ -35,7 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:  # installed (a GPU node's copy), else this checkout
+    import orchestrator  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.config import ModelConfig  # noqa: E402
 
@@ -196,7 +199,78 @@ def report(paths: list[Path]) -> None:
         print(f"  {n}: {within} of {len(ratios)} within 20 %, median ratio {statistics.median(ratios):.2f}")
 
 
+def engine_check(out: Path) -> None:
+    """The engine's additions and step as the plan times them (a stand-in, step_timing.py)
+    against the same engine wrapping the real model (gpt2-125m, 8 x 1024 tokens) on this GPU,
+    forward, backward and step each timed with the host waiting on the GPU."""
+    import torch
+    import torch.distributed as dist
+
+    from orchestrator import engine_timing
+    from orchestrator.plan.params import parameter_tensors
+    from orchestrator.plan.planner import engine_settings
+    from orchestrator.spec import build_spec
+    from orchestrator.workload import step_timing
+    from orchestrator.workload.model import build_model
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="29511")
+    results = {}
+    for engine in ("deepspeed", "fsdp"):
+        spec = build_spec(["hardware=h100-sxm", "model=gpt2-125m", "batch.micro_batch_size=8", "parallel.dp=1",
+                           f"engine={engine}", f"zero=stage{0 if engine == 'deepspeed' else 3}"])
+        settings = {**engine_settings(spec), "threads": 1}
+        lines, name = engine_timing.time_engine(settings)
+        elements = sum(p.numel for p in parameter_tensors(spec.cfg.model))
+        stand_in = {k: a + b * elements for k, (a, b) in lines.items()}
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+        model = build_model(spec.cfg.model, device="cuda", seed=0)
+        ids = torch.randint(0, spec.cfg.model.vocab, (8, spec.cfg.model.seq_len), device="cuda")
+        plain = build_model(spec.cfg.model, device="cuda", seed=0).to(torch.bfloat16)
+        p_fwd, p_bwd, _ = step_timing.median_times(lambda: plain(input_ids=ids, labels=ids).loss,
+                                                   lambda loss: loss.backward(), lambda: plain.zero_grad(), "cuda")
+        del plain
+        if engine == "deepspeed":
+            import deepspeed
+
+            config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+                      "gradient_clipping": settings["grad_clip"], "bf16": {"enabled": True},
+                      "zero_optimization": settings["zero"], "optimizer": settings["optimizer"],
+                      "steps_per_print": 10**9}
+            wrapped, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+            times = step_timing.median_times(lambda: wrapped(input_ids=ids, labels=ids).loss, wrapped.backward,
+                                             wrapped.step, "cuda")
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            shard = {"mesh": init_device_mesh("cuda", (1,)), "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)}
+            for block in model.transformer.h:
+                fully_shard(block, **shard)
+            fully_shard(model, **shard)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+            def step():
+                torch.nn.utils.clip_grad_norm_(model.parameters(), settings["grad_clip"])
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            times = step_timing.median_times(lambda: model(input_ids=ids, labels=ids).loss,
+                                             lambda loss: loss.backward(), step, "cuda")
+        dist.destroy_process_group()
+        results[engine] = {"stand_in": stand_in, "optimizer": name, "real": dict(zip(("forward_s", "backward_s", "step_s"), times)),
+                           "plain": {"forward_s": p_fwd, "backward_s": p_bwd}}
+        r = results[engine]
+        print(f"{engine}: stand-in adds fwd {stand_in['forward_s'] * 1e3:.1f} bwd {stand_in['backward_s'] * 1e3:.1f}, "
+              f"step {stand_in['step_s'] * 1e3:.1f} ms; real model: fwd {times[0] * 1e3:.1f} bwd {times[1] * 1e3:.1f} "
+              f"step {times[2] * 1e3:.1f} ms, without the engine fwd {p_fwd * 1e3:.1f} bwd {p_bwd * 1e3:.1f} ms", flush=True)
+    out.write_text(json.dumps(results, indent=1))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["engine"]:
+        engine_check(Path(sys.argv[2]))
+        sys.exit()
     if sys.argv[1:2] == ["measure"]:
         measure(Path(sys.argv[2]))
     elif sys.argv[1:2] == ["report"]:

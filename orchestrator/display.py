@@ -107,13 +107,15 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
                               ("  memory-bound", mb.memory_bound_s, f"norms, activations, adds, loss{', ' + how if how else ''}"),
                               ("  fixed per kernel", mb.overhead_s,
                                f"{mb.kernels} kernels" + ("; in each timed kernel's time" if how else "")),
-                              *([("  host issuing", mb.host_wait_s, f"the device waits for its host: {mb.kernels} "
-                                  f"kernels issued in {mb.host_s:.4g} s (hardware.host_op_us)")]
-                                if mb.host_wait_s else []),
+                              *([("  host issuing", mb.host_wait_s, f"the device waits for its host, which takes "
+                                  f"{mb.host_s:.4g} s to issue the kernels" + (" and run the engine's hooks" if mb.timed
+                                  else f" ({mb.kernels} at hardware.host_op_us)"))]
+                                if mb.host_wait_s > 0 else []),
                               *([("  between kernels", mb.between_s, "autograd, dispatch, modules' Python: a real "
                                   "block and the model's ends timed whole, less their kernels")]
                                 if mb.between_s is not None else []),
-                              *([("  engine", mb.engine_s, "the engine's hooks and buckets, timed as it runs them")]
+                              *([("  engine", mb.engine_s, "the engine's hooks and buckets, timed as it runs them"
+                                  + ("; on the host, beside the device (not added)" if mb.host_s else ""))]
                                 if mb.engine_s else [])]:
         tt.add_row(name, f"{value:.4g} s", f"{value / mb.total_s:.0%} of a micro batch; {note}")
     tt.add_row("communication", f"{t.comm_s:.4g} s", f"{t.exposed_comm_s:.4g} s exposed")

@@ -10,7 +10,9 @@ Timed, each in the dtype and layout the model really uses (transformers' modules
   Llama's SiLU gate times up), the two residual adds, Llama's rotary on Q and K;
 - the loss: the logits upcast to fp32 and cross-entropy over the vocabulary;
 - the optimizer step: torch's AdamW over the rank's share of the parameters;
-- an empty kernel: the fixed cost of one launch.
+- an empty kernel: the fixed cost of one launch;
+- on a GPU, the block and the ends once more on 8 tokens, timed whole: the host's own time
+  to issue them (every kernel there is shorter than its issuing).
 
 On a CPU the clock is the wall clock on the rank's threads (each kernel timed alone: the
 other ranks of a node are not run beside it; bench/RESULTS.md says why); on a GPU, the
@@ -376,6 +378,11 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                                    sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, tokens))),
                 ends=whole(kernels.ends(model, micro, precision, device), sum(times.head) + sum(times.loss),
                            model.vocab * model.hidden))
+            if device.startswith("cuda"):  # the host's own time: the same, on 8 tokens (any size fits a GPU)
+                tiny = dataclasses.replace(model, seq_len=8)
+                times = dataclasses.replace(
+                    times, host_block=whole(kernels.block(tiny, 1, recompute, precision, device), 0.0, 0),
+                    host_ends=whole(kernels.ends(tiny, 1, precision, device), 0.0, 0))
             optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
             busy = quiet.verdict()
         if busy:

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from orchestrator.config import ModelConfig
-from orchestrator.plan.compute import (ENDS_KERNELS, LAYER_KERNELS, Rates, attention_time, estimated_kernels, gemm_time,
+from orchestrator.plan.compute import (ENDS_KERNELS, LAYER_KERNELS, KernelTimes, Rates, attention_time, estimated_kernels, gemm_time,
                                        kernel_counts, micro_batch_time)
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
@@ -162,3 +162,23 @@ def test_on_a_cpu_the_k_by_n_layout_runs_at_one_threads_rate_whatever_the_rank_h
     assert r.peak_flops * r.kn_efficiency == pytest.approx(one_thread * 1e12 * hw.gemm_kn_efficiency)
     gpu = build_spec(["hardware=h100-sxm", "parallel.dp=1"])
     assert rates(gpu, 989.0, 3350.0).kn_efficiency == gpu.cfg.hardware.compute_efficiency
+
+
+def test_on_a_gpu_the_engines_hooks_run_on_the_host_beside_the_device():
+    """Measured on a GPU: a block and the ends timed whole, and again on 8 tokens (the host's
+    own time). The engine's hooks add to the host's side only: hidden behind a long device
+    phase, paid where the host already sets the pace."""
+    model = ModelConfig(n_layers=4)
+    timed = dict(layer_gemms=(1e-3, 2e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4), memory_bound=(1e-4, 2e-4),
+                 loss=(1e-4, 1e-4), launch_s=2e-6, block=(2e-3, 4e-3), ends=(2e-3, 3e-3))
+    fast_host = KernelTimes(**timed, host_block=(2e-4, 4e-4), host_ends=(1e-4, 2e-4))
+    slow_host = KernelTimes(**timed, host_block=(4e-3, 8e-3), host_ends=(1e-3, 2e-3))
+    device_bound = micro_batch_time(model, 2, "none", fast_host, timed=True, engine=(1e-3, 2e-3))
+    assert device_bound.total_s == pytest.approx(4 * 6e-3 + 5e-3)  # layers x block + ends: the hooks hidden
+    assert device_bound.engine_s == pytest.approx(3e-3) and device_bound.host_wait_s == pytest.approx(0, abs=1e-12)
+    host_bound = micro_batch_time(model, 2, "none", slow_host, timed=True, engine=(1e-3, 2e-3))
+    assert host_bound.forward_s == pytest.approx(4 * 4e-3 + 1e-3 + 1e-3)  # the host's, hooks included
+    assert host_bound.total_s == pytest.approx(4 * 12e-3 + 3e-3 + 3e-3)
+    assert host_bound.host_wait_s == pytest.approx(host_bound.total_s - (4 * 6e-3 + 5e-3))
+    cpu = micro_batch_time(model, 2, "none", KernelTimes(**timed), timed=True, engine=(1e-3, 2e-3))
+    assert cpu.total_s == pytest.approx(4 * 6e-3 + 5e-3 + 3e-3)  # on a CPU the hooks take the cores' time

@@ -189,6 +189,10 @@ class KernelTimes:
     # None where they are too large to time here (the step is then its kernels' sum).
     block: tuple[float, float] | None = None
     ends: tuple[float, float] | None = None
+    # A GPU's host: one block's and the ends' (forward, backward) timed whole on 8 tokens,
+    # where every kernel is shorter than its issuing, so the time is the host's. None on a CPU.
+    host_block: tuple[float, float] | None = None
+    host_ends: tuple[float, float] | None = None
 
 
 def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: int) -> KernelTimes:
@@ -258,7 +262,18 @@ def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTi
     if k.block is not None and k.ends is not None:
         forward = layers * k.block[0] + k.ends[0]
         between, total = forward + layers * k.block[1] + k.ends[1] - total, forward + layers * k.block[1] + k.ends[1]
+    if k.host_block is not None and k.host_ends is not None:
+        # A GPU's host issues the kernels and runs the engine's hooks while the device works
+        # through its queue: each phase takes the longer of the two (bench/RESULTS.md).
+        host_fwd = layers * k.host_block[0] + k.host_ends[0] + engine[0]
+        host_bwd = layers * k.host_block[1] + k.host_ends[1] + engine[1]
+        paced_fwd, paced_bwd = max(forward, host_fwd), max(total - forward, host_bwd)
+        host, host_wait = host_fwd + host_bwd, max(0.0, paced_fwd + paced_bwd - total)
+        forward, total = paced_fwd, paced_fwd + paced_bwd
+        on_device = (0.0, 0.0)  # the hooks are in the host's time
+    else:
+        on_device = engine  # a CPU: the hooks run between the kernels, on the same cores
     return ComputeTime(gemm_s=gemm, attention_s=attention, memory_bound_s=memory_bound, overhead_s=overhead,
-                       forward_s=forward + engine[0], backward_s=total - forward + engine[1],
+                       forward_s=forward + on_device[0], backward_s=total - forward + on_device[1],
                        kernels=kernels_fwd + kernels_bwd, timed=timed, between_s=between, engine_s=sum(engine),
                        host_s=host, host_wait_s=host_wait)
