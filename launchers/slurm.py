@@ -49,6 +49,8 @@ def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
         params["gpus_per_node"] = spec.gpus_per_node
     if c.mem_gb is not None:
         params["mem_gb"] = c.mem_gb
+    if c.exclusive:  # no other job on its nodes, another trial of the same array neither
+        params["slurm_exclusive"] = True
     for name in OPTIONAL_SBATCH:
         if getattr(c, name):
             params[f"slurm_{name}"] = getattr(c, name)

@@ -242,16 +242,36 @@ def run(overrides: list[str], multirun: bool, argv: list[str], flags: dict) -> i
     base = claim(Path(target), "--out" if out else f"hydra.{key}.dir", overwrite=overwrite, unique=not (out or named),
                  marker=SWEEP_CLAIM if multirun else CLAIM,
                  resume=tuning and not overwrite and resumable_tune(Path(target)))
-    group = base.name if (out or named) else "_".join(base.parts[-2:])  # multirun/DATE/TIME -> DATE_TIME
+    # W&B's group: the sweep by name (+sweep=NAME, else the keys swept) and when it started;
+    # a plain run keeps its directory's name.
+    group = (f"{sweep_label(overrides)}-{time.strftime('%Y-%m-%d_%H-%M-%S')}" if multirun
+             else base.name if (out or named) else "_".join(base.parts[-2:]))
     # Hydra would write .hydra/ with the overrides as typed, secrets included; each trial
     # writes it instead, masked (sweep_batch.write_hydra_files), under the name Hydra would use.
     subdir = settings.hydra_dirs.get("output_subdir")
     extra = [f"hydra.{key}.dir='{base.resolve()}'", "hydra.output_subdir=null", f"hydra.launcher.group='{group}'",
              "hydra.launcher.hydra_subdir=" + ("null" if subdir is None else f"'{subdir}'")]
+    if multirun:  # a point's directory is named by what was swept: the fixed overrides left out
+        extra.append(f"hydra.job.config.override_dirname.exclude_keys=[{','.join(dirname_excluded(overrides))}]")
     if sampler and not tuning and not any(o.startswith("hydra.sweeper.direction=") for o in overrides):
         extra.append(f"hydra.sweeper.direction={OBJECTIVES[specs[0].cfg.run.objective][1]}")
     _hydra("run", with_overrides([a for a in argv if a not in named], extra), run_task)
     return _finish(base, specs, tuning)
+
+
+def sweep_label(overrides: list[str]) -> str:
+    """A sweep's name: +sweep=NAME's NAME, else the keys the command line sweeps."""
+    named = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == "sweep"]
+    fixed = set(fixed_part(overrides))
+    swept = [o.partition("=")[0].lstrip("+~") for o in overrides if o not in fixed and not o.startswith("hydra")]
+    return named[0] if named else ",".join(swept) or "sweep"
+
+
+def dirname_excluded(overrides: list[str]) -> list[str]:
+    """Keys left out of a sweep point's directory name: setup lines (they may hold secrets)
+    and every override that is the same at every point."""
+    fixed = [o.partition("=")[0].lstrip("+~") for o in fixed_part(overrides) if not o.startswith("hydra")]
+    return list(dict.fromkeys(["cluster.setup", *fixed]))
 
 
 def _finish(base: Path, specs: list[TrialSpec], tuning: bool) -> int:

@@ -249,11 +249,13 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
 
 
 def swept_values(points: list[tuple[str, ...]]) -> list[dict[str, str]]:
-    """For each point, the overrides whose value differs between points: what was swept."""
+    """For each point, the overrides whose value differs between points: what was swept
+    (a whole number as one: Hydra writes a swept 1e4 as 10000.0)."""
     seen: dict[str, set] = {}
     for point in points:
         for o in point:
             key, _, value = o.partition("=")
             seen.setdefault(key, set()).add(value)
     swept = [k for k, values in seen.items() if len(values) > 1]
-    return [{k: v for k, _, v in (o.partition("=") for o in point) if k in swept} for point in points]
+    return [{k: hydra_registry.whole_numbers(v) for k, _, v in (o.partition("=") for o in point) if k in swept} for point in points]
+

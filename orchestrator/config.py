@@ -198,6 +198,9 @@ class ClusterConfig:
     mem_gb: Optional[float] = None
     mem_per_gpu: Optional[str] = None
     exclude: Optional[str] = None  # nodes not to run on (--exclude=node[1-3])
+    # A trial has its nodes to itself (sbatch --exclusive): a benchmark beside another job
+    # on its node times that job too. false lets SLURM pack trials onto shared nodes.
+    exclusive: bool = True
     gres: Optional[str] = None  # generic resources (--gres=gpu:8), where the site wants them spelled out
     comment: Optional[str] = None  # --comment, shown by squeue / sacct
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # any sbatch option: {reservation: x}
@@ -340,7 +343,7 @@ class DataDtype(StrEnum):
 
 # How run.fail_at_step makes a rank fail: raise an error, exit(1), or run out of memory
 # ('raise' is a Python keyword, hence the functional form).
-FailMode = _choices("FailMode", ["raise", "exit", "oom"])
+FailMode = _choices("FailMode", ["raise", "exit", "oom", "grow"])
 
 
 # AdamW's betas and eps, the same in every engine (DeepSpeed's config and torch's AdamW):
@@ -376,7 +379,8 @@ class RunConfig:
     pin_memory: bool = False  # pinned host batches, copied with non_blocking=True
     expandable_segments: bool = True  # GPU only: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     profile: bool = False  # torch.profiler trace (wait 1, warm-up 1, active 3 steps) in the trial dir
-    # Debug: make rank `fail_rank` fail at step `fail_at_step` (raise | exit | oom), to test failure handling.
+    # Debug: make rank `fail_rank` fail at step `fail_at_step` (raise | exit | oom: an allocation that cannot
+    # succeed | grow: take host memory until the kernel's OOM killer ends it), to test failure handling.
     fail_at_step: Optional[int] = None
     fail_rank: int = 0
     # Debug: sleep this long in every step, a slower step at no compute cost (tests of time limits).

@@ -214,7 +214,8 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
         table.add_column(name, justify="right" if name else "left")
     pt, pm = plan.get("time", {}), plan.get("memory", {})
     table.add_row("tokens/s/GPU", f"{m['tokens_per_sec_per_gpu']:,.0f}", f"{pt.get('tokens_per_sec_per_gpu', 0):,.0f}")
-    table.add_row("step time", f"{m['step_time_s']:.4g} s", f"{pt.get('step_s', 0):.4g} s")
+    table.add_row("step time", f"{m['step_time_s']:.4g} s" + _interval(m.get("step_time_spread")),
+                  f"{pt.get('step_s', 0):.4g} s")
     table.add_row("MFU / HFU", f"{percent(m['mfu'])} / {percent(m['hfu'])}",
                   f"{percent(pt.get('mfu'))} / {percent(pt.get('hfu'))}")
     mem = m["memory"]
@@ -226,8 +227,12 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
                       human_bytes(pm.get("total", 0) - pm.get("runtime", 0)))
     table.add_row("loss", f"{_loss(m['loss_first'])} -> {_loss(m['loss_last'])}", "")
     out.print(table)
-    out.print(f"[dim]peak for MFU: {m['peak_tflops']:.4g} TFLOPS ({m['peak_source']}); {m['timed_steps']} timed steps "
-              f"of {m['steps']}; peak memory: {mem['peak_source']}"
+    if m.get("noisy"):
+        out.print(f"  [bold yellow]noisy:[/bold yellow] {m['noisy']}")
+    spread = m.get("step_time_spread") or {}
+    out.print(f"[dim]peak for MFU: {m['peak_tflops']:.4g} TFLOPS ({m['peak_source']}); the median of {m['timed_steps']} "
+              f"timed steps of {m['steps']}" + (f", in brackets its interval ({spread['confidence']:.0%} confidence)"
+                                               if spread else "") + f"; peak memory: {mem['peak_source']}"
               + (f"; live tensors: {mem['live_peak_source']}, reached in {' > '.join((mem.get('live_peak_at') or '?').split(' > ')[-2:])}"
                  if mem.get("live_peak_bytes") else "") + "[/dim]")
 
@@ -239,18 +244,26 @@ def show_report(rows: list[dict], out: Console) -> None:
     calibrated = any(r.get("calibrated_step_s") is not None for r in rows)
     table = Table(title=f"{len(rows)} trials, best tokens/s/GPU first (predicted = the plan"
                   + ("; calibrated = the preset `orchestrator calibrate` fitted)" if calibrated else ")"), title_justify="left")
-    for name in ("status", *swept, "tokens/s/GPU", "MFU", "HFU", "step s", "predicted s",
+    for name in ("trial", "status", *swept, "tokens/s/GPU", "vs best", "MFU", "HFU", "step s", "predicted s",
                  *(["calibrated s"] if calibrated else []), "peak", "predicted peak", "cause"):
-        table.add_column(name, justify="left" if name in ("status", "cause") else "right")
+        table.add_column(name, justify="left" if name in ("trial", "status", "cause") else "right")
     for r in rows:
         def num(key, fmt):
             return "" if r.get(key) is None else fmt.format(r[key])
-        table.add_row(r["status"], *[str(r.get(k, "")) for k in swept], num("tokens_per_sec_per_gpu", "{:,.0f}"),
-                      num("mfu", "{:.1%}"), num("hfu", "{:.1%}"), num("step_time_s", "{:.4g}"),
+        table.add_row(r["trial"], r["status"] + (", noisy" if r.get("noisy") else ""), *[str(r.get(k, "")) for k in swept],
+                      num("tokens_per_sec_per_gpu", "{:,.0f}"), r.get("vs_best", ""), num("mfu", "{:.1%}"),
+                      num("hfu", "{:.1%}"), num("step_time_s", "{:.4g}"),
                       num("predicted_step_s", "{:.4g}"), *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
                       human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
                       human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "", r["error"])
     out.print(table)
+
+
+def _interval(spread: dict | None) -> str:
+    """' [low-high]': the median's interval, where there is one to give."""
+    if not spread or spread["n"] < 2:
+        return ""
+    return f" [{spread['ci_low']:.4g}-{spread['ci_high']:.4g}]"
 
 
 def _loss(value: float | None) -> str:

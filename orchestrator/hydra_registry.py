@@ -7,6 +7,7 @@ plugin, whichever comes first; registering twice is harmless.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -51,12 +52,18 @@ def register() -> None:
     store.store(group="hydra/sweeper", name="orchestrator_tune", node=TuneConfig, provider="orchestrator")
 
 
+def whole_numbers(text: str) -> str:
+    """`10000.0` as `10000`, wherever a value in `text` is a whole number written as a float
+    (Hydra writes a swept 1e4 so): in a point's name, W&B and the report."""
+    return re.sub(r"(?<![\w.])(-?\d+)\.0+(?![\w.])", r"\1", text)
+
+
 def dirname(overrides: str, limit: int = 120) -> str:
     """hydra.job.override_dirname with its secrets masked (redact.py: a directory's name
     is written into every launch file), cut to fit a file name (255 bytes): a sweep with
     many overrides would name its points past that. What is cut is replaced by a hash of
     it, so two points never share a name (and the point's number leads the name anyway)."""
-    shown = redact_text(overrides)
+    shown = whole_numbers(redact_text(overrides))
     if len(shown.encode()) <= limit:
         return shown
     head = shown.encode()[:limit - 9].decode(errors="ignore")  # whole characters, within the bytes

@@ -1,8 +1,8 @@
 """Every plot the orchestrator draws: matplotlib, Agg backend, PNG files written atomically.
 
 The report's (`orchestrator report DIR`):
-  scaling.png                 tokens/s/GPU, MFU and scaling efficiency against DP degree,
-                              one line per reduce bucket size
+  scaling.png                 tokens/s/GPU (with its 95 % interval), MFU and scaling
+                              efficiency against DP degree, one line per reduce bucket size
   predicted_vs_measured.png   peak and activation memory, and step time, measured
                               against the plan, with the identity line
   warmup.png                  the global batch of every step against tokens consumed
@@ -77,22 +77,38 @@ def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
 
 def scaling_plot(ok: list[dict], path: Path) -> Path:
     """tokens/s/GPU, MFU and scaling efficiency against the DP degree, a line per reduce
-    bucket size: measured (solid) and the plan's prediction for the same trials (dashed)."""
+    bucket size: measured (solid, the median with its 95 % interval as error bars, each
+    point labelled) and the plan's prediction for the same trials (dashed). A noisy trial is
+    ringed in red; an efficiency above 100 % is marked as what it is, not a speed-up."""
     lines: dict[int, list[tuple]] = defaultdict(list)
     for r in ok:
-        plan = (r.get("plan") or {}).get("time") or {}
+        plan, m = (r.get("plan") or {}).get("time") or {}, r["metrics"]
+        spread = m.get("tokens_per_sec_per_gpu_spread") or {}
+        tps = m["tokens_per_sec_per_gpu"]
         lines[r["config"]["zero"]["reduce_bucket_size"]].append(
-            (r["config"]["parallel"]["dp"], r["metrics"]["tokens_per_sec_per_gpu"], r["metrics"]["mfu"],
-             plan.get("tokens_per_sec_per_gpu"), plan.get("mfu")))
+            (r["config"]["parallel"]["dp"], tps, m["mfu"], plan.get("tokens_per_sec_per_gpu"), plan.get("mfu"),
+             spread.get("ci_low", tps), spread.get("ci_high", tps), bool(m.get("noisy"))))
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.5))
+    above = False
     for i, (bucket, points) in enumerate(sorted(lines.items())):
         points.sort()
-        dp, tps, mfu, p_tps, p_mfu = zip(*points)
+        dp, tps, mfu, p_tps, p_mfu, low, high, noisy = zip(*points)
         colour, label = f"C{i % 10}", f"reduce bucket {bucket:.0e} elements"
-        a.plot(dp, tps, marker="o", color=colour, label=f"{label}, measured")
+        a.errorbar(dp, tps, yerr=[[t - lo for t, lo in zip(tps, low)], [hi - t for t, hi in zip(tps, high)]],
+                   marker="o", capsize=3, color=colour, label=f"{label}, measured (95 % interval)")
+        for x, y in zip(dp, tps):
+            a.annotate(f"{y:,.0f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+        rings = [(x, y) for x, y, n in zip(dp, tps, noisy) if n]
+        if rings:
+            a.scatter(*zip(*rings), s=160, facecolors="none", edgecolors="red", label="noisy: its steps scatter")
         if all(x is not None for x in mfu):  # None: no published peak for this GPU
             b.plot(dp, [100 * x for x in mfu], marker="o", color=colour, label=f"{label}, measured")
-        c.plot(dp, [100 * t / tps[0] for t in tps], marker="o", color=colour, label=f"{label}, measured")
+        efficiency = [100 * t / tps[0] for t in tps]
+        c.plot(dp, efficiency, marker="o", color=colour, label=f"{label}, measured")
+        for x, e in zip(dp, efficiency):
+            c.annotate(f"{e:.0f} %" + (" (above 100 %: noise or another step, not a speed-up)" if e > 100.5 else ""),
+                       (x, e), textcoords="offset points", xytext=(4, 4), fontsize=7, color="red" if e > 100.5 else colour)
+            above = above or e > 100.5  # past rounding
         if all(p_tps):
             a.plot(dp, p_tps, linestyle="--", marker="x", color=colour, label=f"{label}, predicted")
             if all(x is not None for x in p_mfu):
@@ -100,6 +116,8 @@ def scaling_plot(ok: list[dict], path: Path) -> Path:
                        label=f"{label}, predicted")
             c.plot(dp, [100 * t / p_tps[0] for t in p_tps], linestyle="--", marker="x", color=colour,
                    label=f"{label}, predicted")
+    if above:
+        c.axhline(100, color="grey", linestyle=":", linewidth=1)
     for ax, title, ylabel in ((a, "Throughput per GPU", "tokens/s/GPU"), (b, "Model FLOPs utilisation", "MFU (%)"),
                               (c, "Scaling efficiency", "tokens/s/GPU vs smallest DP (%)")):
         ax.set(title=title, xlabel="data-parallel degree (ranks)", ylabel=ylabel)

@@ -22,11 +22,12 @@ from orchestrator.compose import swept_values
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_text
 from orchestrator.plots import report_plots
+from orchestrator.timing_stats import Spread, beyond_noise
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
 
-COLUMNS = ("status", "tokens_per_sec_per_gpu", "mfu", "hfu", "step_time_s", "predicted_step_s", "calibrated_step_s",
-           "peak_bytes",
-           "predicted_peak_bytes", "activation_bytes", "predicted_activation_bytes", "error")
+COLUMNS = ("status", "tokens_per_sec_per_gpu", "vs_best", "noisy", "mfu", "hfu", "step_time_s", "predicted_step_s",
+           "calibrated_step_s", "peak_bytes", "predicted_peak_bytes", "activation_bytes", "predicted_activation_bytes",
+           "error")
 
 
 def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
@@ -52,7 +53,29 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
     fitted = functools.lru_cache(maxsize=None)(lambda name: _calibrated(name, warn))  # read once per report
     rows = [_row(r, p.parent, directory, s, fitted) for r, p, s in zip(results, paths, swept)]
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["status"] != "ok", -(rows[i]["tokens_per_sec_per_gpu"] or 0)))
-    return [rows[i] for i in order], [results[i] for i in order]
+    rows, results = [rows[i] for i in order], [results[i] for i in order]
+    spreads = [_spread(_obj(r.get("metrics")).get("tokens_per_sec_per_gpu_spread")) for r in results]
+    for row, spread in zip(rows, spreads):
+        row["vs_best"] = against_best(spread, spreads[0]) if row["status"] == "ok" else ""
+    return rows, results
+
+
+def against_best(spread: Spread | None, best: Spread | None) -> str:
+    """Whether a trial's throughput is told apart from the best's by more than their
+    intervals: "best", "slower" (beyond both intervals), "within noise", or "" (no spread)."""
+    if spread is None or best is None:
+        return ""
+    if spread is best:
+        return "best"
+    return "slower" if beyond_noise(spread, best) else "within noise"
+
+
+def _spread(value) -> Spread | None:
+    """A result's spread, where it has a readable one (older results have none)."""
+    try:
+        return Spread(**value) if isinstance(value, dict) else None
+    except TypeError:
+        return None
 
 
 def _stderr(line: str) -> None:
@@ -86,6 +109,7 @@ def _row(result: dict, trial_dir: Path, base: Path, swept: dict, fitted) -> dict
     return {"trial": str(trial_dir.relative_to(base)) or ".", **swept, "status": result["status"],
             "tokens_per_sec_per_gpu": _num(m.get("tokens_per_sec_per_gpu")), "mfu": _num(m.get("mfu")),
             "hfu": _num(m.get("hfu")), "step_time_s": _num(m.get("step_time_s")),
+            "noisy": m.get("noisy") if isinstance(m.get("noisy"), str) else "",
             "predicted_step_s": _num(time_.get("step_s")),
             # after `orchestrator calibrate`: what the calibrated preset predicts for it now
             "calibrated_step_s": calibrated_step_s(trial_dir, params) if params else None,

@@ -88,8 +88,10 @@ def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, sta
     return result
 
 
-def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[str, dict | None]:
-    """(status, error) from how the launch ended and what the ranks left behind."""
+def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed: bool = False) -> tuple[str, dict | None]:
+    """(status, error) from how the launch ended and what the ranks left behind. oom_killed:
+    the kernel's OOM killer ended a process of the trial's memory cgroup meanwhile
+    (memory_cgroup.py), which is what a rank's SIGKILL then was."""
     paths = TrialPaths(trial_dir)
     if timed_out:
         return Status.TIMEOUT, error_record("Timeout", "the trial ran past run.timeout_min", log=paths.launcher_log)
@@ -115,6 +117,11 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool) -> tuple[s
     log = paths.rank_log(rank)
     code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"
     message = f"rank {rank if rank is not None else '?'} exited without a Python error ({code})"
+    if exits.get(rank) == -9:  # SIGKILL: the OOM killer, or someone's kill -9
+        if oom_killed:
+            return Status.OOM, error_record("OutOfMemory", f"rank {rank} was killed by the kernel's OOM killer (SIGKILL, "
+                                            "and its memory cgroup counted an OOM kill)", rank, log)
+        message += "; SIGKILL with no OOM kill counted in its memory cgroup: killed by another process or a person"
     if (free := shutil.disk_usage(trial_dir).free) < DISK_FULL_BYTES:  # it could not even write its error
         return Status.FAILED, error_record(
             "DiskFull", f"{message}; the file system holding {trial_dir} is full ({free:,} bytes free)", rank, log)

@@ -51,6 +51,12 @@ def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
     if metrics:
         out.update({f"perf/{k}": metrics[k] for k in SUMMARY_KEYS if metrics.get(k) is not None})
         out.update({f"perf/memory/{k}": v for k, v in metrics["memory"].items() if isinstance(v, (int, float))})
+        for name in ("step_time", "tokens_per_sec_per_gpu"):  # the median's spread and interval
+            spread = metrics.get("step_time_spread" if name == "step_time" else f"{name}_spread")
+            if spread:
+                out.update({f"perf/{name}_{k}": spread[k] for k in ("q1", "q3", "ci_low", "ci_high", "confidence")})
+        if metrics.get("noisy"):
+            out["perf/noisy"] = metrics["noisy"]
         if steps := metrics.get("nonfinite_loss_steps"):
             out.update({"perf/nonfinite_loss_steps": len(steps), "perf/nonfinite_loss_first_step": steps[0] + 1})
     if plan:
@@ -76,7 +82,8 @@ class Tracker:
             id=run_id(trial_dir), resume="allow",
             project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
             group=redact(logger.group or sweep.get("group")), job_type="trial", name=redact(sweep.get("name")),
-            tags=redact([*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name]),
+            tags=redact([*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name,
+                         f"cluster:{spec.cfg.cluster.name}", *([f"sweep:{sweep['group']}"] if sweep.get("group") else [])]),
             config=run_config(spec), settings=wandb.Settings(console="off"))
         # The step history against tokens seen, so runs with different batch sizes line up.
         self.run.define_metric("train/tokens_seen")

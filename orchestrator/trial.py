@@ -17,7 +17,7 @@ from rich.console import Console
 
 from orchestrator.launchers import slurm
 from orchestrator.launchers.local import run_local
-from orchestrator import hardware
+from orchestrator import hardware, host_load, memory_cgroup
 from orchestrator.errors import ConfigError, Interrupted
 from orchestrator.display import show_plan, show_progress, show_result
 from orchestrator.plan.memory import GIB
@@ -38,9 +38,35 @@ def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = N
         return (f"does not fit: predicted {plan.memory.total / GIB:.2f} GiB per rank > "
                 f"{plan.memory.capacity / GIB:.2f} GiB capacity; {plan.fitting_changes}; "
                 "run.force=true launches anyway")
+    if why := host_memory_refusal(spec, plan.memory.total, host_load.available_bytes()):
+        return why
     if nodes is not None and (why := slurm.partition_refusal(spec, nodes)):
         return f"SLURM could never start it: {why}; run.force=true submits anyway"
     return None
+
+
+def host_memory_refusal(spec: TrialSpec, per_rank_bytes: int, free_bytes: int | None) -> str | None:
+    """A local CPU trial's ranks share this host's memory: all of them together against what
+    it has free now (other processes hold the rest), not a per-rank share of its size."""
+    if spec.cfg.cluster.name != "local" or spec.cfg.hardware.device.is_gpu or free_bytes is None:
+        return None
+    need = per_rank_bytes * spec.gpus_per_node
+    if need <= free_bytes:
+        return None
+    return (f"the host has {free_bytes / GIB:.2f} GiB free and the plan needs {need / GIB:.2f} GiB "
+            f"({spec.gpus_per_node} rank(s) x {per_rank_bytes / GIB:.2f} GiB): the kernel's OOM killer would end it; "
+            "free memory, or run.force=true launches anyway")
+
+
+def cost_line(spec: TrialSpec, plan: Plan) -> str:
+    """What the trial will cost, said before it starts: its steps' time and its peak."""
+    t, m, steps = plan.time, plan.memory, spec.cfg.run.steps
+    total = t.step_s * steps
+    when = f"{total / 60:.1f} min" if total >= 120 else f"{total:.3g} s"
+    where = (f"of {m.capacity / GIB:.2f} GiB" if spec.cfg.hardware.device.is_gpu or spec.cfg.cluster.name != "local"
+             else f"x {spec.gpus_per_node} rank(s) on a host with {(host_load.available_bytes() or 0) / GIB:.2f} GiB free")
+    return (f"planned: {t.step_s:.3g} s a step, about {when} for {steps} steps (start-up not counted); "
+            f"peak {m.total / GIB:.2f} GiB per rank {where}")
 
 
 def check_runnable_here(spec: TrialSpec) -> None:
@@ -68,6 +94,7 @@ def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict |
                                error_record("PlanRefused", message))
         return refused, None, plan.as_dict()
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
+    out.print(f"[dim]{cost_line(spec, plan)}[/dim]")
     for warning in files.warnings:
         out.print(f"[yellow]warning:[/yellow] {warning}")
     return None, files, plan.as_dict()
@@ -82,19 +109,28 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None
     if refused:
         return refused
     out.print(f"[bold]run[/bold] {trial_dir}")
+    load = host_load.measure()
+    if warning := load.warning():
+        out.print(f"[yellow]warning:[/yellow] {warning}")
     timeout = spec.cfg.run.timeout_min * 60 if spec.cfg.run.timeout_min else None
     last: dict = {}
+    kills = memory_cgroup.oom_kills()
     try:
         outcome = run_local(files.command, trial_dir, timeout, lambda p: (last.update(p), show_progress(p, out)))
     except Interrupted as exc:
         done = f"after step {last['step'] + 1} of {spec.cfg.run.steps}" if last else "before its first step"
         error = error_record("Interrupted", f"interrupted by {exc} {done}", log=TrialPaths(trial_dir).launcher_log,
                              signal=str(exc), last_step=last.get("step"))
-        show_result(write_result(trial_dir, spec, plan, Status.INTERRUPTED, started, error, exit_code=exc.exit_code),
-                    trial_dir, out)
+        show_result(write_result(trial_dir, spec, plan, Status.INTERRUPTED, started, error, exit_code=exc.exit_code,
+                                 host_load=load.as_dict()), trial_dir, out)
         raise
-    status, error = outcome_status(trial_dir, outcome.returncode, outcome.timed_out)
-    result = write_result(trial_dir, spec, plan, status, started, error)
+    after = memory_cgroup.oom_kills()
+    status, error = outcome_status(trial_dir, outcome.returncode, outcome.timed_out,
+                                   oom_killed=kills is not None and after is not None and after > kills)
+    if status == Status.OOM and error and error["type"] == "OutOfMemory":  # what it had reached
+        error["message"] += (f", after step {last['step'] + 1} of {spec.cfg.run.steps}" if last
+                             else ", before its first step")
+    result = write_result(trial_dir, spec, plan, status, started, error, host_load=load.as_dict())
     show_result(result, trial_dir, out)
     return result
 

@@ -229,3 +229,38 @@ def test_trials_below_passes_over_a_folder_deleted_while_it_walks(tmp_path, monk
 
     monkeypatch.setattr(os, "scandir", vanishing)
     assert trials_below(tmp_path) == [trial]
+
+
+def _memory_cgroup(name: str) -> Path | None:
+    """A child of this process's v1 memory cgroup (the CI machine's kind), or None where there is none to make."""
+    from orchestrator import memory_cgroup
+
+    line = next((l for l in Path("/proc/self/cgroup").read_text().splitlines() if ":memory:" in l), None)
+    if line is None:
+        return None
+    parent = memory_cgroup.ROOT / "memory" / line.split(":", 2)[2].lstrip("/")
+    try:
+        (parent / name).mkdir()
+    except OSError:
+        return None
+    return parent / name
+
+
+def test_a_rank_the_oom_killer_ends_is_recorded_oom_with_the_step_it_reached(tmp_path):
+    """A rank that takes host memory until the kernel's OOM killer ends it, under a 4 GiB
+    memory cgroup the test makes (its limit, not the host's, so nothing else is touched)."""
+    group = _memory_cgroup(f"orchestrator-oom-{os.getpid()}")
+    if group is None:
+        pytest.skip("no memory cgroup to make here (needs root and the v1 memory controller)")
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(4 << 30))
+        proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(tmp_path / "t"), "model=tiny",
+                               "parallel.dp=1", "run.steps=4", "run.warmup_steps=1", "run.fail_at_step=2",
+                               "run.fail_mode=grow", "logger.mode=disabled"], capture_output=True, text=True,
+                              timeout=300, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        r = json.loads((tmp_path / "t" / "result.json").read_text())
+        assert r["status"] == "oom" and r["error"]["type"] == "OutOfMemory", (r["error"], proc.stdout[-2000:])
+        assert "OOM killer" in r["error"]["message"] and "after step 2 of 4" in r["error"]["message"]
+        assert "Traceback" not in proc.stdout + proc.stderr
+    finally:
+        group.rmdir()

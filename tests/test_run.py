@@ -36,6 +36,18 @@ def test_the_default_trial_succeeds_and_is_measured(default_trial):
     assert m["tokens_per_sec_per_gpu"] > 0 and 0 < m["mfu"] < 1 and m["hfu"] == pytest.approx(m["mfu"])
     assert m["tokens"] == 8 * 8 * 128  # 8 timed steps x global batch 8 x 128 tokens
     assert len(m["step_times_s"]) == 10 and m["steps"] == 10
+    # the median of the timed steps (not their mean), with its quartiles and interval
+    timed = sorted(m["step_times_s"][2:])
+    assert m["step_time_s"] == pytest.approx((timed[3] + timed[4]) / 2)
+    spread = m["step_time_spread"]
+    assert spread["n"] == 8 and spread["q1"] <= m["step_time_s"] <= spread["q3"]
+    assert (spread["ci_low"], spread["ci_high"]) == (timed[0], timed[-1])  # 8 steps: the whole range, 99 %
+    assert m["noisy"] is None or "scatter" in m["noisy"]
+    assert "the median of 8 timed steps of 10" in " ".join(stdout.split())
+    # said before it started: the plan's step, its time for run.steps, its peak
+    assert "planned:" in stdout and "for 10 steps" in stdout and "GiB free" in " ".join(stdout.split())
+    load = r["host_load"]
+    assert 0 <= load["busy_share"] <= 1 and load["cores"] >= 1 and "warning" in load
     assert "measured" in m["peak_source"]  # a CPU: MFU against a measured matmul peak, never a guess
     mem = m["memory"]
     assert mem["static_bytes"] > 0 and mem["activation_bytes"] > 0 and mem["peak_bytes"] > mem["static_bytes"]

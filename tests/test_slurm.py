@@ -25,8 +25,11 @@ pytestmark = pytest.mark.slow
 def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     """Three submissions at once; each returns before its jobs end (asserted by the tests)."""
     base = tmp_path_factory.mktemp("slurm")
+    # "pair": two one-rank trials of one array that would fit on one node together, held
+    # to one node (the others excluded): exclusive by default, they take turns.
     runs = {"zero": (["zero=stage0,stage2", 'cluster.srun_args=["--cpu-bind=cores"]'], True),
-            "dp": (["parallel.dp=1,2"], True), "one": ([], False)}
+            "dp": (["parallel.dp=1,2"], True), "one": ([], False),
+            "pair": (["parallel.dp=1", "cluster.gpus_per_node=1", "run.seed=1,2", "cluster.exclude='orch-node[2-4]'"], True)}
     for name, (extra, multirun) in runs.items():
         submit(base / name, *SMALL, *extra, multirun=multirun)
         assert not results_below(base / name)  # submitted, not waited for
@@ -64,6 +67,19 @@ def test_a_dp_sweep_submits_jobs_with_their_own_task_counts_and_each_node_times_
         tasks = subprocess.run(["sacct", "-j", f"{job['job_id']}.0", "-n", "-P", "-o", "NTasks"], capture_output=True,
                                text=True, timeout=60).stdout.split()
         assert tasks and int(tasks[0]) in (1, 2)
+
+
+def test_two_trials_of_one_array_never_share_a_node(submitted):
+    out = submitted["pair"]
+    jobs = [json.loads(p.read_text())["job_id"] for p in sorted(out.rglob("slurm.json"))]
+    assert len(jobs) == 2 and wait_cli(out).returncode == 0
+    spans = []
+    for job in jobs:
+        (node, start, end), *_ = sacct(job, "NodeList", "Start", "End")
+        spans.append((node, start, end))
+    assert spans[0][0] == spans[1][0] == "orch-node1"  # the one node they could have shared
+    (_, start_a, end_a), (_, start_b, end_b) = sorted(spans, key=lambda s: s[1])
+    assert end_a <= start_b, spans  # one after the other (ISO times compare as text)
 
 
 def test_a_trial_that_ran_every_step_is_never_reported_failed(submitted):

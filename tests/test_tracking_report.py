@@ -51,7 +51,13 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
         assert w["run_record"]["job_type"] == "trial"
         assert "parallel.dp=" in w["run_record"]["display_name"]  # named by the swept values
         groups.add(w["run_record"]["run_group"])
-    assert groups == {local_sweep.name}  # one group: the sweep
+        assert "cluster:local" in w["run_record"]["tags"] and f"sweep:{w['run_record']['run_group']}" in w["run_record"]["tags"]
+        # the median's interval beside it, and the noise verdict where there is one
+        assert w["summary"]["perf/step_time_ci_low"] <= result["metrics"]["step_time_s"] <= w["summary"]["perf/step_time_ci_high"]
+    (group,) = groups  # one group: the sweep, by its name and when it started
+    assert group.startswith("dp_bucket_local-") and len(group) == len("dp_bucket_local-2026-11-25_17-30-00")
+    # a point's directory and W&B name: what was swept, nothing fixed (run.steps=4 is not in them)
+    assert all("run.steps" not in t.name and "sweep=" not in t.name for t in trials)
 
 
 def test_the_api_key_reaches_no_file(local_sweep):
@@ -67,6 +73,8 @@ def test_report_of_the_sweep(local_sweep):
                                "predicted_step_s", "peak_bytes", "predicted_peak_bytes"} <= set(rows[0])
     speeds = [float(r["tokens_per_sec_per_gpu"]) for r in rows]
     assert speeds == sorted(speeds, reverse=True)
+    assert rows[0]["vs_best"] == "best" and {r["vs_best"] for r in rows[1:]} <= {"slower", "within noise"}
+    assert all(r["trial"] for r in rows)  # always a column that tells the rows apart
     assert "tokens/s/GPU" in proc.stdout and (local_sweep / "report.md").read_text().count("\n| ") >= 5
     import matplotlib.image as mpimg
 

@@ -1,8 +1,10 @@
 """The measured figures of result.json: what rank 0 makes of the steps every rank ran.
 
-Throughput and MFU are over the timed steps only (after run.warmup_steps); MFU and HFU
-divide by the peak `hardware.peak_tflops` gives (a preset's published figure, or on a
-CPU this machine's measured matmul rate), never a guessed one.
+Throughput and MFU are over the timed steps only (after run.warmup_steps): the median
+step and the median step's throughput, with their spread and the median's 95 % interval
+(orchestrator/timing_stats.py), and a verdict where the steps scatter past what a quiet
+machine shows. MFU and HFU divide by the peak `hardware.peak_tflops` gives (a preset's
+published figure, or on a CPU this machine's measured matmul rate), never a guessed one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from orchestrator import hardware
 from orchestrator.plan.flops import flops_per_token
 from orchestrator.spec import TrialSpec
+from orchestrator.timing_stats import spread
 from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload.device import Device
 
@@ -27,20 +30,25 @@ def summarize(spec: TrialSpec, history: list[dict], world: int, device: Device, 
     """The measured figures of result.json, over the timed steps."""
     run = spec.cfg.run
     timed = [h for h in history if h["timed"]]
-    seconds = sum(h["step_time_s"] for h in timed)
     tokens = sum(h["global_batch_size"] for h in timed) * spec.cfg.model.seq_len
     model_flops, hardware_flops, _ = flops_per_token(spec.cfg.model, spec.cfg.recompute.mode)
     peak_tflops, peak_source = hardware.peak_tflops(spec.cfg.hardware, spec.precision, torch.get_num_threads())
-    per_gpu = tokens / seconds / world if seconds else 0.0
+    step = spread([h["step_time_s"] for h in timed]) if timed else None
+    # A warm-up schedule changes the batch from step to step: each step's own throughput.
+    throughput = spread([h["tokens_per_sec_per_gpu"] for h in timed]) if timed else None
+    per_gpu = throughput.median if throughput else 0.0
     return {
-        "tokens_per_sec": tokens / seconds if seconds else 0.0,
+        "tokens_per_sec": per_gpu * world,
         "tokens_per_sec_per_gpu": per_gpu,
+        "tokens_per_sec_per_gpu_spread": throughput.as_dict() if throughput else None,
         "tflops_per_gpu": model_flops * per_gpu / 1e12,
         "mfu": model_flops * per_gpu / (peak_tflops * 1e12) if peak_tflops else None,  # None: no published peak
         "hfu": hardware_flops * per_gpu / (peak_tflops * 1e12) if peak_tflops else None,
         "peak_tflops": peak_tflops,
         "peak_source": peak_source,
-        "step_time_s": seconds / len(timed) if timed else None,
+        "step_time_s": step.median if step else None,
+        "step_time_spread": step.as_dict() if step else None,
+        "noisy": step.noisy() if step else None,  # why the steps cannot be read as one figure, or None
         "step_times_s": [h["step_time_s"] for h in history],
         "steps": run.steps,
         "timed_steps": len(timed),

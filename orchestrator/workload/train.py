@@ -170,10 +170,15 @@ def _fail(mode: str) -> None:
     """run.fail_at_step: fail for real, the way a crashing rank does."""
     if mode == "exit":
         os._exit(3)
-    if mode == "oom":
-        import torch
+    import torch
 
+    if mode == "oom":
         torch.empty(2**62, dtype=torch.uint8)  # a host (or device) allocation that cannot succeed
+    if mode == "grow":  # as a leak does: until the kernel's OOM killer picks this rank first
+        Path("/proc/self/oom_score_adj").write_text("1000")
+        held = []
+        while True:
+            held.append(torch.ones(2**26, dtype=torch.uint8))  # 64 MiB, every page touched
     raise RuntimeError("injected failure (run.fail_at_step)")
 
 

@@ -1,0 +1,53 @@
+"""Before a local trial times anything: how busy the host is, and whether its ranks fit in
+the memory the host has free (orchestrator/host_load.py, trial.py). Real /proc readings."""
+
+import subprocess
+import sys
+
+from orchestrator import host_load
+from orchestrator.plan.memory import GIB
+from orchestrator.spec import build_spec
+from orchestrator.trial import host_memory_refusal
+
+
+def test_a_busy_process_is_seen_and_named():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        load = host_load.measure(window_s=1.0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert any(f"pid {spinner.pid}," in who for who in load.busiest), load.busiest
+    assert 0 < load.busy_share <= 1 and load.cores >= 1
+    # a host this busy (or busier, under the other tests) warns, naming the process
+    busy = host_load.HostLoad(busy_share=0.9, cores=2, load_average=2.0, busiest=load.busiest)
+    assert f"pid {spinner.pid}" in busy.warning() and "90% of its 2 cores" in busy.warning()
+    assert host_load.HostLoad(busy_share=0.05, cores=2, load_average=0.1, busiest=[]).warning() is None
+
+
+def test_the_ranks_together_must_fit_in_the_memory_the_host_has_free():
+    assert host_load.available_bytes() > 0
+    cpu = build_spec(["hardware=cpu", "parallel.dp=2"])
+    why = host_memory_refusal(cpu, 2 * GIB, 3 * GIB)
+    assert "3.00 GiB free" in why and "needs 4.00 GiB (2 rank(s) x 2.00 GiB)" in why and "run.force=true" in why
+    assert host_memory_refusal(cpu, 2 * GIB, 5 * GIB) is None
+    gpu = build_spec(["hardware=h100-sxm", "cluster=slurm", "cluster.gpus_per_node=8", "parallel.dp=8"])
+    assert host_memory_refusal(gpu, 70 * GIB, 1 * GIB) is None  # a GPU's own memory is the plan's capacity
+
+
+def test_a_sigkilled_rank_is_oom_only_where_its_cgroup_counted_an_oom_kill(tmp_path):
+    """torchrun's failure summary as it writes it; whether the OOM killer acted comes from
+    the memory cgroup's count (orchestrator/memory_cgroup.py), read before and after."""
+    from orchestrator import memory_cgroup
+    from orchestrator.results import outcome_status
+    from orchestrator.trial_dir import TrialPaths
+
+    log = TrialPaths(tmp_path).launcher_log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-25_17:00:00\n"
+                   "  host      : localhost\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 4242)\n")
+    status, error = outcome_status(tmp_path, 1, False, oom_killed=False)
+    assert status == "failed" and error["rank"] == 1 and "no OOM kill counted" in error["message"]
+    status, error = outcome_status(tmp_path, 1, False, oom_killed=True)
+    assert status == "oom" and error["type"] == "OutOfMemory" and "OOM killer" in error["message"]
+    assert memory_cgroup.oom_kills() is not None  # this machine's kind has a counter to read

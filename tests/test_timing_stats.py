@@ -1,0 +1,67 @@
+"""A trial's timed steps as a median with its spread and interval (orchestrator/timing_stats.py),
+and the report's verdict against the best trial. Pure arithmetic, then the report on
+crafted result files."""
+
+import json
+import statistics
+
+import pytest
+
+from orchestrator.report import collect
+from orchestrator.timing_stats import NOISY_RELATIVE_IQR, beyond_noise, coverage, median_interval, spread
+
+# The issue's trial, timed while another job ran on the machine.
+BUSY = [1.089, 0.136, 0.458, 0.12, 0.536, 0.855, 0.892, 0.763]
+# A quiet run's steps (the default trial on an H100, 8 timed steps).
+QUIET = [0.1058, 0.1055, 0.1046, 0.1047, 0.1047, 0.1065, 0.1058, 0.1060]
+
+
+def test_the_median_and_its_interval_of_planted_steps():
+    s = spread(BUSY)
+    assert s.median == pytest.approx(statistics.median(BUSY)) and s.n == 8
+    assert s.q1 == pytest.approx(0.3775) and s.q3 == pytest.approx(0.86425)
+    # 8 values: only the whole range reaches 95 % (it covers 1 - 2/256)
+    assert (s.ci_low, s.ci_high, s.confidence) == (min(BUSY), max(BUSY), pytest.approx(1 - 2 / 256))
+    assert "75% of the median" in s.noisy()
+    assert spread(QUIET).noisy() is None and spread(QUIET).relative_iqr < NOISY_RELATIVE_IQR
+
+
+def test_the_interval_takes_the_binomial_ranks():
+    # n = 20: x_(6) .. x_(15), the sign-test interval of the tables (95.9 %)
+    low, high, cover = median_interval([float(i) for i in range(1, 21)])
+    assert (low, high) == (6.0, 15.0) and cover == pytest.approx(0.9586, abs=1e-4)
+    assert coverage(20, 7) < 0.95 <= coverage(20, 6)
+    # one value: an interval of no confidence; five: the range, at 94 %
+    assert median_interval([3.0]) == (3.0, 3.0, 0.0)
+    assert median_interval([5.0, 1.0, 4.0, 2.0, 3.0]) == (1.0, 5.0, pytest.approx(1 - 2 / 32))
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def test_differences_beyond_both_intervals_only_are_real():
+    fast, close, slow = spread([1.0, 1.01, 0.99, 1.02, 0.98]), spread([1.01, 1.03, 1.0, 1.02, 0.99]), spread(
+        [1.2, 1.22, 1.19, 1.21, 1.18])
+    assert not beyond_noise(fast, close) and beyond_noise(fast, slow) and beyond_noise(slow, fast)
+
+
+def _trial(directory, name, steps):
+    tps = [1000 / s for s in steps]
+    metrics = {"tokens_per_sec_per_gpu": statistics.median(tps), "step_time_s": statistics.median(steps),
+               "tokens_per_sec_per_gpu_spread": spread(tps).as_dict(), "step_time_spread": spread(steps).as_dict(),
+               "noisy": spread(steps).noisy()}
+    trial = directory / name
+    trial.mkdir()
+    (trial / "result.json").write_text(json.dumps({"status": "ok", "overrides": [f"zero.stage={name[-1]}"],
+                                                   "metrics": metrics}))
+
+
+def test_the_report_says_which_trials_differ_from_the_best_beyond_noise(tmp_path):
+    _trial(tmp_path, "stage0", [1.0, 1.01, 0.99, 1.02, 0.98, 1.0])
+    _trial(tmp_path, "stage1", [1.01, 1.03, 1.0, 1.02, 0.99, 1.01])  # as fast, within the noise
+    _trial(tmp_path, "stage2", [1.3, 1.32, 1.29, 1.31, 1.28, 1.3])  # slower beyond both intervals
+    _trial(tmp_path, "stage3", [0.9, 2.9, 0.95, 3.1, 1.0, 2.8])  # scattered: noisy
+    rows, _ = collect(tmp_path)
+    verdicts = {r["trial"]: (r["vs_best"], bool(r["noisy"])) for r in rows}
+    assert rows[0]["trial"] == "stage0" and verdicts["stage0"] == ("best", False)
+    assert verdicts["stage1"] == ("within noise", False) and verdicts["stage2"] == ("slower", False)
+    assert verdicts["stage3"][1] is True
