@@ -12,9 +12,8 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
-# A host whose cores are more than this busy before a trial starts is said to be busy: a
-# trial on an idle CI machine found 1-8 % (the orchestrator's own start-up), one started
-# beside another trial on its two cores 45-100 %.
+# A host whose cores are more than this busy before a trial starts is said to be busy: the
+# idle 2-core CI machine read 0-1 %, the same with a two-rank trial running 51-99 %.
 BUSY_SHARE = 0.25
 WINDOW_S = 0.5
 
