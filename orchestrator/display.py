@@ -232,7 +232,7 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     spread = m.get("step_time_spread") or {}
     out.print(f"[dim]peak for MFU: {m['peak_tflops']:.4g} TFLOPS ({m['peak_source']}); the median of {m['timed_steps']} "
               f"timed steps of {m['steps']}" + (f", in brackets its interval ({spread['confidence']:.0%} confidence)"
-                                               if spread else "") + f"; peak memory: {mem['peak_source']}"
+                                               if _interval(spread) else "") + f"; peak memory: {mem['peak_source']}"
               + (f"; live tensors: {mem['live_peak_source']}, reached in {' > '.join((mem.get('live_peak_at') or '?').split(' > ')[-2:])}"
                  if mem.get("live_peak_bytes") else "") + "[/dim]")
 
