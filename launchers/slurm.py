@@ -234,7 +234,7 @@ def job_state(job_id: str) -> tuple[str, str]:
 def _completed(trial_dir: Path, steps: int) -> bool:
     """Rank 0 wrote metrics.json, which it does only after the last of `steps`."""
     metrics = (read_json(TrialPaths(trial_dir).metrics) or {}).get("metrics") or {}
-    return len(metrics.get("history") or []) >= steps
+    return len(metrics.get("history") or []) >= steps or bool(metrics.get("timing_ci_met"))
 
 
 def _submitit_cause(job: dict) -> str | None:

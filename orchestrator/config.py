@@ -354,8 +354,12 @@ ADAMW_EPS = 1e-8
 
 @dataclass
 class RunConfig:
-    steps: int = 10
+    steps: int = 10  # with timing_ci: the most steps
     warmup_steps: int = 2  # timing warm-up: excluded from the measured figures
+    min_timed_steps: int = 1  # the fewest timed steps a trial reports (run.steps - warmup_steps at least this)
+    # Step on until the timed steps' median is known to within this share (its 95 % interval's
+    # half width over the median; timing_stats.py), at least min_timed_steps, at most run.steps.
+    timing_ci: Optional[float] = None
     seed: int = 1234
     # Mixed precision, as DeepSpeed spells it (bf16.enabled / fp16.enabled); both off: fp32.
     bf16: bool = True

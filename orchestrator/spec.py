@@ -227,6 +227,13 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.seed", r.seed, f"a whole number from 0 to {MAX_SEED:,} (2^32 - 1)")
     if not 0 <= r.warmup_steps < r.steps:
         raise ConfigError("run.warmup_steps", r.warmup_steps, f"0 to run.steps-1={r.steps - 1} (timing warm-up steps are not measured)")
+    if r.min_timed_steps < 1 or r.steps - r.warmup_steps < r.min_timed_steps:
+        raise ConfigError("run.steps", r.steps, f"at least run.warmup_steps + run.min_timed_steps = "
+                          f"{r.warmup_steps + max(r.min_timed_steps, 1)} (run.min_timed_steps={r.min_timed_steps} "
+                          "timed steps after the warm-up; it must be 1 or more)")
+    if r.timing_ci is not None and not 0 < r.timing_ci < 1:
+        raise ConfigError("run.timing_ci", r.timing_ci, "a share of the median in (0, 1), e.g. 0.05: step on until "
+                          "the median's 95 % interval is within 5 % of it; null: run every run.steps")
     if r.bf16 and r.fp16:
         raise ConfigError("run.fp16", True, "run.bf16 is on too; choose one precision (set the other false; both false is fp32)")
     if r.lr <= 0:

@@ -92,3 +92,12 @@ def beyond_noise(a: Spread, b: Spread) -> bool:
     """Whether two medians differ by more than either's interval allows: the intervals do
     not overlap."""
     return a.ci_high < b.ci_low or b.ci_high < a.ci_low
+
+
+def precise_enough(step_times: list[float], target: float, min_steps: int) -> bool:
+    """Whether timed steps pin their median to within `target` (the 95 % interval's half
+    width over the median) after at least `min_steps` of them: run.timing_ci's stop rule."""
+    if len(step_times) < max(min_steps, 2):
+        return False
+    s = spread(step_times)
+    return s.confidence >= CONFIDENCE and (s.ci_high - s.ci_low) / 2 <= target * s.median

@@ -65,7 +65,8 @@ def cost_line(spec: TrialSpec, plan: Plan) -> str:
     when = f"{total / 60:.1f} min" if total >= 120 else f"{total:.3g} s"
     where = (f"of {m.capacity / GIB:.2f} GiB" if spec.cfg.hardware.device.is_gpu or spec.cfg.cluster.name != "local"
              else f"x {spec.gpus_per_node} rank(s) on a host with {(host_load.available_bytes() or 0) / GIB:.2f} GiB free")
-    return (f"planned: {t.step_s:.3g} s a step, about {when} for {steps} steps (start-up not counted); "
+    up_to = "up to " if spec.cfg.run.timing_ci is not None else ""
+    return (f"planned: {t.step_s:.3g} s a step, about {when} for {up_to}{steps} steps (start-up not counted); "
             f"peak {m.total / GIB:.2f} GiB per rank {where}")
 
 

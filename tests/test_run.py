@@ -216,3 +216,21 @@ def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
     assert proc.returncode == 1
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["status"] == "timeout" and r["error"]["type"] == "Timeout" and r["metrics"] is None
+
+
+def test_a_timing_target_stops_the_ranks_together_where_rank_0s_steps_pin_the_median(tmp_path):
+    """run.timing_ci: two ranks step on until the median of rank 0's timed steps is known to
+    within 30 %, at least 6 of them, at most 40 steps. When that happens depends on the
+    machine's load, so the test replays the rule on the steps the trial recorded."""
+    from orchestrator.timing_stats import precise_enough
+
+    proc = run(tmp_path / "t", "run.steps=40", "run.warmup_steps=1", "run.min_timed_steps=6", "run.timing_ci=0.3",
+               "logger.mode=disabled")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    m = json.loads((tmp_path / "t" / "result.json").read_text())["metrics"]
+    times = [h["step_time_s"] for h in m["history"] if h["timed"]]
+    first = next((k for k in range(1, len(times) + 1) if precise_enough(times[:k], 0.3, 6)), None)
+    assert len(m["history"]) == (1 + first if first else 40) and m["steps"] == len(m["history"])
+    assert m["timing_ci_met"] == (first is not None and 1 + first < 40)
+    assert "for up to 40 steps" in proc.stdout
+

@@ -194,3 +194,11 @@ def test_choice_fields_are_typed_and_refuse_a_value_outside_their_enum(key):
 def test_a_negative_host_time_per_kernel_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"hardware.host_op_us=-1.*a time >= 0"):
         build_spec(["hardware=h100-sxm", "hardware.host_op_us=-1"])
+
+
+def test_the_timed_steps_and_the_timing_target_are_checked_naming_the_field():
+    with pytest.raises(ConfigError, match=r"run.steps=4 .*at least run.warmup_steps \+ run.min_timed_steps = 8"):
+        build_spec(["run.steps=4", "run.warmup_steps=2", "run.min_timed_steps=6"])
+    with pytest.raises(ConfigError, match=r"run.timing_ci=1.5 .*in \(0, 1\)"):
+        build_spec(["run.timing_ci=1.5"])
+    assert build_spec(["run.steps=40", "run.timing_ci=0.05", "run.min_timed_steps=6"]).cfg.run.timing_ci == 0.05

@@ -65,3 +65,12 @@ def test_the_report_says_which_trials_differ_from_the_best_beyond_noise(tmp_path
     assert rows[0]["trial"] == "stage0" and verdicts["stage0"] == ("best", False)
     assert verdicts["stage1"] == ("within noise", False) and verdicts["stage2"] == ("slower", False)
     assert verdicts["stage3"][1] is True
+
+
+def test_timing_stops_once_the_median_is_pinned_and_not_before_the_fewest_steps():
+    from orchestrator.timing_stats import precise_enough
+
+    steady = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
+    assert precise_enough(steady, 0.05, 6) and not precise_enough(steady[:5], 0.05, 5)  # 5 steps: 94 % at best
+    assert not precise_enough(steady, 0.05, 7)  # fewer than asked for
+    assert not precise_enough(BUSY, 0.05, 6) and precise_enough(BUSY, 5.0, 6)

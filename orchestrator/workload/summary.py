@@ -50,7 +50,8 @@ def summarize(spec: TrialSpec, history: list[dict], world: int, device: Device, 
         "step_time_spread": step.as_dict() if step else None,
         "noisy": step.noisy() if step else None,  # why the steps cannot be read as one figure, or None
         "step_times_s": [h["step_time_s"] for h in history],
-        "steps": run.steps,
+        "steps": len(history),  # run.steps, or fewer where run.timing_ci was met first
+        "timing_ci_met": run.timing_ci is not None and len(history) < run.steps,
         "timed_steps": len(timed),
         "tokens": tokens,
         "loss_first": history[0]["loss"],

@@ -141,7 +141,25 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                 gc.collect()
             if profiler is not None:
                 profiler.step()
+            if run.timing_ci is not None and timing_known(state.history, run, device):
+                break  # every rank at the same step: rank 0's times decide for all
     return state
+
+
+def timing_known(history: list[dict], run, device) -> bool:
+    """run.timing_ci: whether rank 0's timed steps pin the median now, agreed by every rank."""
+    import torch
+    import torch.distributed as dist
+
+    from orchestrator.timing_stats import precise_enough
+
+    timed = [h["step_time_s"] for h in history if h["timed"]]
+    known = precise_enough(timed, run.timing_ci, run.min_timed_steps)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        flag = torch.tensor([int(known)], device=device.torch)
+        dist.broadcast(flag, src=0)
+        known = bool(flag.item())
+    return known
 
 
 def _step_record(spec, engine, step: int, ran: int, seconds: float, losses: list, seen: int, started_at: float) -> dict:
