@@ -275,7 +275,10 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
             raise ConfigError(f"hardware.peak_tflops.{precision}", peak,
                               f"{'preset' if known else 'unknown hardware'} '{hw.name}' needs its dense {precision} peak in TFLOPS; "
                               "MFU never uses a guessed peak")
-        above_zero(hw.memory_gib, "hardware.memory_gib")  # a GPU's capacity cannot be read from here
+        if hw.memory_gib is None:  # a GPU's capacity cannot be read from here
+            raise ConfigError("hardware.memory_gib", None, "the GPU's memory in GiB: hardware=auto reads it from the "
+                              "device where the trial runs; with a preset named, give it (e.g. hardware.memory_gib=80)")
+        above_zero(hw.memory_gib, "hardware.memory_gib")
     if not hw.device.is_gpu and hw.memory_gib is not None:
         above_zero(hw.memory_gib, "hardware.memory_gib")
     if hw.memory_bandwidth_gbps is not None:

@@ -202,3 +202,9 @@ def test_the_timed_steps_and_the_timing_target_are_checked_naming_the_field():
     with pytest.raises(ConfigError, match=r"run.timing_ci=1.5 .*in \(0, 1\)"):
         build_spec(["run.timing_ci=1.5"])
     assert build_spec(["run.steps=40", "run.timing_ci=0.05", "run.min_timed_steps=6"]).cfg.run.timing_ci == 0.05
+
+
+def test_the_generic_gpu_preset_named_directly_asks_for_its_memory_and_says_where_auto_finds_it():
+    with pytest.raises(ConfigError, match=r"hardware.memory_gib=null .*hardware=auto reads it from the device"):
+        build_spec(["hardware=gpu"])
+    assert build_spec(["hardware=gpu", "hardware.memory_gib=80"]).cfg.hardware.memory_gib == 80
