@@ -23,7 +23,7 @@ from orchestrator import hardware
 from orchestrator.config import DeviceType
 from orchestrator.spec import TrialSpec
 from orchestrator.process import PROGRESS, die_with_parent
-from orchestrator.trial_dir import TrialPaths
+from orchestrator.trial_dir import TrialPaths, disk_full
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
 
@@ -78,7 +78,7 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
     log.parent.mkdir(parents=True, exist_ok=True)
     clear_stale_build_locks()
     start = time.monotonic()
-    with open(log, "a") as sink:
+    with _LauncherLog(log) as sink:
         # Its own session (a terminal's Ctrl-C reaches the orchestrator only, which ends
         # the ranks in order), and SIGTERM when the orchestrator dies, even by SIGKILL.
         proc = subprocess.Popen(command.argv, env=environment(command), stdout=subprocess.PIPE,
@@ -99,6 +99,36 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
     return LocalExit(returncode=proc.returncode, timed_out=timed_out, seconds=time.monotonic() - start, log=log)
 
 
+class _LauncherLog:
+    """The launcher's log, written line by line. A full disk loses lines, never the run:
+    its result, written into the space reserved for it, says what filled up."""
+
+    def __init__(self, path: Path):
+        try:
+            self._file = open(path, "a", buffering=1)
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            self._file = None
+
+    def write(self, line: str) -> None:
+        try:
+            if self._file:
+                self._file.write(line)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "_LauncherLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._file:
+                self._file.close()
+        except OSError:  # what was left in its buffer
+            pass
+
+
 def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
     """Read the launcher's output to its end, whatever happens to the log: a pipe left
     unread would block the ranks on their next write."""
@@ -109,11 +139,7 @@ def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
                 continue
             except ValueError:
                 pass
-        try:
-            sink.write(line)
-            sink.flush()
-        except OSError:  # a full disk: the line is lost, the run goes on
-            pass
+        sink.write(line)
 
 
 def _end_group(proc: subprocess.Popen) -> None:

@@ -46,6 +46,27 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, cwd=None)
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """`orchestrator ARGS` in this process: what run_cli returns, without a new interpreter
+    (2-3 s of CPU for its imports, most of a query command's cost). For the commands that
+    read directories and configs (plan, translate, status, wait, report, calibrate); a test
+    about the process itself (signals, two at once, a user's shell) keeps run_cli."""
+    from orchestrator.cli import main
+
+    def call(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+        with monkeypatch.context() as patch:
+            for name, value in (env or {}).items():
+                patch.setenv(name, value)
+            if cwd is not None:
+                patch.chdir(cwd)
+            capsys.readouterr()
+            code = main(list(args))
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["orchestrator", *args], code, out, err)
+    return call
+
+
 # Every SLURM test shares one cluster: four nodes in network namespaces, two CPUs each, links
 # shaped to 400 Mbit/s (50 MB/s each way). A single-node test runs on any one node; the
 # multi-node ones span them; calibrate --links finds the shaped rate; and four two-rank
@@ -168,6 +189,11 @@ def wandb_summary(trial_dir: Path) -> dict:
     summary["run_record"] = next(json.loads(r)["run"] for r in records if '"type":"run"' in r)
     summary["metric_records"] = [json.loads(r)["metric"] for r in records if '"type":"metric"' in r]
     return summary
+
+
+def squeue(job: str, fmt: str) -> str:
+    """What squeue says of a job in FORMAT (%T: its state, %r: why it waits)."""
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True, timeout=30).stdout.strip()
 
 
 def sacct(job_id: str, *fields: str) -> list[list[str]]:

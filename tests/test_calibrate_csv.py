@@ -11,7 +11,6 @@ import yaml
 
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
-from tests.conftest import run_cli
 
 BASE = {"model": "gpt2-350m", "hardware": "h100-sxm", "cluster": "slurm", "zero": "stage1",
         "batch.micro_batch_size": 4, "zero.reduce_bucket_size": 5000000, "logger.mode": "disabled"}
@@ -37,11 +36,10 @@ def _synthetic_rows():
 
 
 @pytest.mark.slow
-def test_calibrate_csv_recovers_the_network_a_dp_sweep_measured(tmp_path):
+def test_calibrate_csv_recovers_the_network_a_dp_sweep_measured(cli, tmp_path):
     rows = _synthetic_rows()
     path = _write(tmp_path / "runs.csv", rows)
-    proc = run_cli("calibrate", "--csv", str(path), env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")},
-                   timeout=300)
+    proc = cli("calibrate", "--csv", str(path), env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "h100-sxm-calibrated.yaml").read_text())
     # the preset says 368 GB/s and 9.6 us; the rows were measured at 40 GB/s and 30 us
@@ -69,19 +67,19 @@ def test_calibrate_csv_recovers_the_network_a_dp_sweep_measured(tmp_path):
     ("tokens_per_sec_per_gpu", "", "a measurement in every row"),
     ("tokens_per_sec_per_gpu", "fast", "a positive number"),
 ])
-def test_a_bad_row_fails_before_fitting_naming_the_row_and_the_field(tmp_path, column, value, says):
+def test_a_bad_row_fails_before_fitting_naming_the_row_and_the_field(cli, tmp_path, column, value, says):
     rows = [{**BASE, "parallel.dp": 8, "tokens_per_sec_per_gpu": 1000.0} for _ in range(3)]
     rows[1][column] = value
     for row in rows:
         row.setdefault(column, "")
     path = _write(tmp_path / "runs.csv", rows)
-    proc = run_cli("calibrate", "--csv", str(path), env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    proc = cli("calibrate", "--csv", str(path), env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "runs.csv row 3" in proc.stderr and says in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "conf").exists()  # nothing fitted, nothing written
 
 
-def test_a_csv_without_a_measurement_column_is_refused(tmp_path):
+def test_a_csv_without_a_measurement_column_is_refused(cli, tmp_path):
     path = _write(tmp_path / "runs.csv", [{**BASE, "parallel.dp": 8}])
-    proc = run_cli("calibrate", "--csv", str(path))
+    proc = cli("calibrate", "--csv", str(path))
     assert proc.returncode == 2 and "tokens_per_sec_per_gpu" in proc.stderr

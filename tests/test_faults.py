@@ -85,15 +85,15 @@ def test_an_interrupted_sweep_records_the_point_and_closes_its_wandb_run(tmp_pat
     assert not list(tmp_path.glob("1_*"))  # the sweep stopped where it was told to
 
 
-def test_a_killed_orchestrator_takes_its_ranks_along_and_status_says_interrupted(tmp_path):
+def test_a_killed_orchestrator_takes_its_ranks_along_and_status_says_interrupted(cli, tmp_path):
     proc = start("run", *LONG, "logger.mode=disabled", "--out", str(tmp_path))
     wait_for_step(proc, 3)
     os.kill(proc.pid, signal.SIGKILL)  # no handler runs: only the kernel's PDEATHSIG is left
     proc.wait(timeout=30)
     assert gone(tmp_path), "ranks outlived the orchestrator"
-    status = run_cli("status", str(tmp_path))
+    status = cli("status", str(tmp_path))
     assert status.returncode == 0 and "interrupted" in status.stdout
-    done = run_cli("wait", str(tmp_path), "--timeout", "30", timeout=60)
+    done = cli("wait", str(tmp_path), "--timeout", "30")
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
     r = strict(tmp_path / "result.json")
     assert r["status"] == "interrupted" and "ended without recording a result" in r["error"]["message"]
@@ -172,17 +172,35 @@ def test_a_read_only_directory_is_refused_without_a_traceback(mount):
     assert proc.returncode == 2 and "--out" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def fill(directory: Path) -> None:
+    """Write to DIRECTORY until its file system has no byte left."""
+    with open(directory / "filler", "wb", buffering=0) as f:
+        for chunk in (65536, 4096, 1):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError:
+                continue
+
+
 def test_a_full_disk_still_leaves_a_result(mount):
-    # W&B's files and the logs fill 1 MB long before 400 steps end; the space reserved
-    # for result.json at the start is what it is written into.
-    full = mount("1M")
-    proc = run_cli("run", "model=tiny", "run.steps=400", "run.bf16=false", "parallel.dp=1",
-                   "--out", str(full / "trial"), timeout=600)
-    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    r = strict(full / "trial" / "result.json")
-    assert r["status"] in ("ok", "failed"), r["error"]
-    if r["status"] == "failed":
-        assert "full" in r["error"]["message"] or "No space left" in r["error"]["message"], r["error"]
+    # The file system fills up while the trial trains (the test fills it once W&B's run file
+    # exists); the space reserved for result.json at the start is what it is written into.
+    # A step sleeps (run.step_sleep_s) so the trial is still training when the disk is full.
+    full = mount("4M")
+    trial = full / "trial"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "model=tiny", "run.steps=40",
+                             "run.step_sleep_s=0.1", "parallel.dp=1", "--out", str(trial)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not list((trial / "wandb").glob("offline-run-*/*.wandb")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the trial never started training"
+        time.sleep(0.2)
+    fill(full)
+    said = proc.communicate(timeout=300)[0]
+    assert "Traceback" not in said, said
+    r = strict(trial / "result.json")  # whole, and it says why the trial failed
+    assert r["status"] == "failed" and r["error"]["type"] == "DiskFull" and "is full" in r["error"]["message"], r
 
 
 def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
@@ -202,13 +220,13 @@ def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
     assert f"first at step {steps[0] + 1}" in kept.stdout
 
 
-def test_status_report_and_wait_skip_a_corrupt_file_and_report_the_rest(default_trial, tmp_path):
+def test_status_report_and_wait_skip_a_corrupt_file_and_report_the_rest(cli, default_trial, tmp_path):
     first, second = tmp_path / "0_run.seed=1", tmp_path / "1_run.seed=2"  # a sweep of two trials that ran
     for point in (first, second):
         shutil.copytree(default_trial, point)
     (first / "result.json").write_text((first / "result.json").read_text()[:100])  # truncated
     for command in (["status"], ["report"], ["wait", "--timeout", "20"]):
-        proc = run_cli(*command, str(tmp_path))
+        proc = cli(*command, str(tmp_path))
         said = proc.stdout + proc.stderr
         assert "Traceback" not in said and str(first / "result.json") in " ".join(said.split()), said
         assert second.name in said or "1 ok" in said or "ok" in said

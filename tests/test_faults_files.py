@@ -69,7 +69,7 @@ BAD_TRIALS = {  # what is done to the second of two ok trials
 }
 
 
-def test_calibrate_report_and_wait_skip_each_trial_with_bad_figures_or_files_and_use_the_rest(ok_trial, tmp_path):
+def test_calibrate_report_and_wait_skip_each_trial_with_bad_figures_or_files_and_use_the_rest(cli, ok_trial, tmp_path):
     # One sweep holding one good trial and a spoiled one per case: every command runs once.
     dirs = sweep_of(ok_trial, tmp_path / "sweep", n=1 + len(BAD_TRIALS) + 3)
     spoiled = dict(zip([*BAD_TRIALS, "config.yaml missing", "config.yaml corrupt", "trial.json corrupt"], dirs[1:]))
@@ -79,14 +79,14 @@ def test_calibrate_report_and_wait_skip_each_trial_with_bad_figures_or_files_and
     (spoiled["config.yaml corrupt"] / "config.yaml").write_text(": : not [ yaml {")
     (spoiled["trial.json corrupt"] / "trial.json").write_text("{not json")
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
-    proc = run_cli("calibrate", str(tmp_path / "sweep"), env=env)
+    proc = cli("calibrate", str(tmp_path / "sweep"), env=env)
     assert proc.returncode == 0 and "Traceback" not in said(proc), said(proc)
     unnamed = [case for case, d in spoiled.items() if str(d) not in said(proc)]
     assert not unnamed, (unnamed, said(proc))  # each spoiled trial named in a warning
     preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "cpu-calibrated.yaml").read_text())
     assert preset["calibrated_on"].startswith("1 trials")  # fitted on the good one alone
     for command in (["report"], ["wait", "--timeout", "5"], ["status"]):  # with the calibrated preset in use
-        proc = run_cli(*command, str(tmp_path / "sweep"), env=env)
+        proc = cli(*command, str(tmp_path / "sweep"), env=env)
         assert proc.returncode in (0, 1) and "Traceback" not in said(proc), (command, said(proc))
         assert f"skipped {spoiled['result a list'] / 'result.json'}" in said(proc), (command, said(proc))
 
@@ -95,7 +95,7 @@ CORRUPT_PRESETS = {"empty": b"", "comment only": b"# only the comment header\n",
                    "a word": b"a word", "a list": b"- 1\n- 2\n", "binary": b"\x00\xff\xfe binary"}
 
 
-def test_a_calibrated_preset_that_is_not_one_is_refused_by_its_file_name(ok_trial, tmp_path):
+def test_a_calibrated_preset_that_is_not_one_is_refused_by_its_file_name(cli, ok_trial, tmp_path):
     sweep_of(ok_trial, tmp_path / "sweep")
     for case, content in CORRUPT_PRESETS.items():
         conf = tmp_path / case.replace(" ", "_") / "hardware"
@@ -103,21 +103,21 @@ def test_a_calibrated_preset_that_is_not_one_is_refused_by_its_file_name(ok_tria
         path = conf / "cpu-calibrated.yaml"
         path.write_bytes(content)
         env = {"ORCHESTRATOR_USER_CONF": str(conf.parent)}
-        proc = run_cli("plan", env=env)  # hardware=auto would choose it
+        proc = cli("plan", env=env)  # hardware=auto would choose it
         assert proc.returncode == 2 and str(path) in said(proc) and "Traceback" not in said(proc), (case, said(proc))
         if case not in ("empty", "binary"):
             continue
-        proc = run_cli("report", str(tmp_path / "sweep"), env=env)  # still reports, saying why not calibrated
+        proc = cli("report", str(tmp_path / "sweep"), env=env)  # still reports, saying why not calibrated
         assert proc.returncode == 0 and "Traceback" not in said(proc) and str(path) in said(proc), (case, said(proc))
 
 
-def test_calibrate_checks_its_config_dir_before_fitting_and_writes_nowhere_else(ok_trial, tmp_path):
+def test_calibrate_checks_its_config_dir_before_fitting_and_writes_nowhere_else(cli, ok_trial, tmp_path):
     sweep_of(ok_trial, tmp_path / "sweep")
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("x")
-    proc = run_cli("calibrate", str(tmp_path / "sweep"), env={"ORCHESTRATOR_USER_CONF": str(blocked)})
+    proc = cli("calibrate", str(tmp_path / "sweep"), env={"ORCHESTRATOR_USER_CONF": str(blocked)})
     assert proc.returncode == 2 and "ORCHESTRATOR_USER_CONF" in said(proc) and "within +-25" not in said(proc)
-    proc = run_cli("plan", "hardware.name=../../../../tmp/x")
+    proc = cli("plan", "hardware.name=../../../../tmp/x")
     assert proc.returncode == 2 and "hardware.name" in said(proc)
 
 
@@ -146,10 +146,10 @@ def test_a_claim_no_live_process_can_hold_is_resolved_not_waited_for(tmp_path, c
 
 
 @pytest.mark.parametrize("timeout", ["nan", "-5", "inf", "soon"])
-def test_wait_refuses_a_timeout_that_is_not_a_duration(tmp_path, timeout):
+def test_wait_refuses_a_timeout_that_is_not_a_duration(cli, tmp_path, timeout):
     (tmp_path / "0_x").mkdir()
     (tmp_path / "0_x" / "claim.json").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-    proc = run_cli("wait", str(tmp_path), "--timeout", timeout, timeout=30)
+    proc = cli("wait", str(tmp_path), "--timeout", timeout)
     assert proc.returncode == 2 and "--timeout" in said(proc) and "Traceback" not in said(proc)
 
 
@@ -161,7 +161,7 @@ def test_wait_timeout_zero_looks_once_and_returns(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["link to a device", "link out of the tree", "too large", "a fifo"])
-def test_report_reads_no_result_through_a_link_nor_past_its_size_limit(ok_trial, tmp_path, kind):
+def test_report_reads_no_result_through_a_link_nor_past_its_size_limit(cli, ok_trial, tmp_path, kind):
     good, bad = sweep_of(ok_trial, tmp_path / "sweep")
     result = bad / "result.json"
     result.unlink()
@@ -174,15 +174,15 @@ def test_report_reads_no_result_through_a_link_nor_past_its_size_limit(ok_trial,
         result.write_text('{"status": "ok", "pad": "' + "x" * (65 * 2**20) + '"}')
     else:
         os.mkfifo(result)
-    proc = run_cli("report", str(tmp_path / "sweep"), timeout=120)
+    proc = cli("report", str(tmp_path / "sweep"))
     assert proc.returncode == 0 and "Traceback" not in said(proc), said(proc)
     assert f"skipped {result}" in said(proc)
 
 
-def test_tune_budgets_are_checked_by_their_flag_before_a_directory_is_made(tmp_path):
+def test_tune_budgets_are_checked_by_their_flag_before_a_directory_is_made(cli, tmp_path):
     for flag, value in (("--trials", "0"), ("--trials", "-1"), ("--minutes", "0"), ("--minutes", "-1"),
                         ("--minutes", "nan")):
-        proc = run_cli("tune", flag, value, "--out", str(tmp_path / "t"))
+        proc = cli("tune", flag, value, "--out", str(tmp_path / "t"))
         assert proc.returncode == 2 and f"{flag}={value}" in said(proc), said(proc)
         assert not (tmp_path / "t").exists()
 
@@ -242,20 +242,20 @@ def test_directories_that_are_not_a_new_trial_are_never_claimed(ok_trial, tmp_pa
 @pytest.mark.parametrize("args", [["run", "--out", "L"], ["run", "hydra.run.dir=L"], ["translate", "--out", "L"],
                                   ["calibrate", "L"], ["report", "L"], ["status", "L"], ["plan", "model=L"],
                                   ["plan", "K=1"], ["plan", "model=../config"]])
-def test_names_past_the_file_systems_limits_or_out_of_the_tree_exit_2(tmp_path, args):
+def test_names_past_the_file_systems_limits_or_out_of_the_tree_exit_2(cli, tmp_path, args):
     long = str(tmp_path / ("a" * 300))
     args = [a.replace("L", long) if a.endswith("L") else a.replace("K", "k" * 100_000) for a in args]
-    proc = run_cli(*args)
+    proc = cli(*args)
     assert proc.returncode == 2 and "Traceback" not in said(proc), said(proc)[:2000]
     assert len(proc.stdout + proc.stderr) < 2000  # one paragraph, the long value cut
 
 
-def test_a_sweep_says_its_size_and_a_huge_one_is_refused_unless_asked(tmp_path):
-    proc = run_cli("plan", "-m", "parallel.dp=range(1,100000)")
+def test_a_sweep_says_its_size_and_a_huge_one_is_refused_unless_asked(cli, tmp_path):
+    proc = cli("plan", "-m", "parallel.dp=range(1,100000)")
     assert proc.returncode == 2 and "99,999 points" in said(proc) and "--max-points" in said(proc)
-    proc = run_cli("run", "-m", "parallel.dp=range(1,20001)", "--out", str(tmp_path / "s"))
+    proc = cli("run", "-m", "parallel.dp=range(1,20001)", "--out", str(tmp_path / "s"))
     assert proc.returncode == 2 and not (tmp_path / "s").exists()
-    proc = run_cli("plan", "-m", "parallel.dp=1,2,3", "--max-points", "2")
+    proc = cli("plan", "-m", "parallel.dp=1,2,3", "--max-points", "2")
     assert proc.returncode == 2 and "3 points" in said(proc)
-    proc = run_cli("plan", "-m", "run.seed=range(0,100)")
+    proc = cli("plan", "-m", "run.seed=range(0,100)")
     assert proc.returncode == 0 and "sweep: 100 points" in proc.stderr

@@ -107,8 +107,8 @@ def test_both_routes_to_fsdp2_describe_the_same_sharding():
     (["zero=stage3", "engine.backend=deepspeed"], "engine.backend"),
     (["zero=stage3", "zero.offload_param=cpu", "hardware=cpu"], "zero.offload_param"),  # nothing to offload from
 ])
-def test_what_fsdp2_cannot_do_exits_2_naming_the_field(overrides, field):
-    proc = run_cli("plan", "engine=fsdp", *overrides)
+def test_what_fsdp2_cannot_do_exits_2_naming_the_field(cli, overrides, field):
+    proc = cli("plan", "engine=fsdp", *overrides)
     assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
@@ -124,8 +124,8 @@ def side_by_side(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_one_sweep_puts_zero3_and_fsdp2_side_by_side(side_by_side):
-    proc = run_cli("report", str(side_by_side), "--json")
+def test_one_sweep_puts_zero3_and_fsdp2_side_by_side(cli, side_by_side):
+    proc = cli("report", str(side_by_side), "--json")
     rows = json.loads(proc.stdout)
     assert sorted(r["engine"] for r in rows) == ["deepspeed", "fsdp"] and all(r["status"] == "ok" for r in rows)
 

@@ -108,14 +108,15 @@ def test_run_dir_and_sweep_dir_follow_hydra_with_hydra_subdirs(tmp_path):
     assert json.loads((one / "result.json").read_text())["overrides"] == FAST
 
     sweep = tmp_path / "sweep"
-    proc = run_cli("run", "-m", *FAST[:3], "parallel.dp=1,2", f"hydra.sweep.dir={sweep}",
-                   "hydra.sweep.subdir=dp${parallel.dp}", timeout=600)
+    # Two one-rank points (the sweep's layout is the point, not the ranks).
+    proc = run_cli("run", "-m", *FAST, "run.seed=1,2", f"hydra.sweep.dir={sweep}",
+                   "hydra.sweep.subdir=seed${run.seed}", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["dp1", "dp2"]
-    for dp in (1, 2):
-        point = sweep / f"dp{dp}"
-        assert json.loads((point / "result.json").read_text())["config"]["parallel"]["dp"] == dp
-        assert yaml.safe_load((point / ".hydra" / "config.yaml").read_text())["parallel"]["dp"] == dp
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["seed1", "seed2"]
+    for seed in (1, 2):
+        point = sweep / f"seed{seed}"
+        assert json.loads((point / "result.json").read_text())["config"]["run"]["seed"] == seed
+        assert yaml.safe_load((point / ".hydra" / "config.yaml").read_text())["run"]["seed"] == seed
     assert (sweep / "multirun.yaml").is_file()
 
 
@@ -126,7 +127,7 @@ SECRET = "s3cr3t-hydra"
 def default_layout_sweep(tmp_path_factory):
     """`run -m` with no --out, from a fresh directory, with a secret in a setup line."""
     cwd = tmp_path_factory.mktemp("cwd")
-    proc = run_cli("run", "-m", *FAST[:3], "parallel.dp=1,2", f"cluster.setup=['export HF_TOKEN={SECRET}']", cwd=cwd,
+    proc = run_cli("run", "-m", *FAST, "run.seed=1,2", f"cluster.setup=['export HF_TOKEN={SECRET}']", cwd=cwd,
                    timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return cwd, proc
@@ -138,7 +139,7 @@ def test_default_layout_is_outputs_date_time_and_multirun_date_time_n(default_la
     (day,) = (tmp_path / "multirun").iterdir()
     (time_dir,) = day.iterdir()
     points = sorted(p.name for p in time_dir.iterdir() if p.is_dir())
-    assert points == ["0_parallel.dp=1", "1_parallel.dp=2"]  # what was swept; the fixed overrides left out
+    assert points == ["0_run.seed=1", "1_run.seed=2"]  # what was swept; the fixed overrides left out
     assert all((time_dir / p / ".hydra" / "hydra.yaml").is_file() for p in points)
 
 

@@ -6,7 +6,6 @@ import pytest
 
 from orchestrator.links import Measurement, fit_level, fit_network, sizes
 from orchestrator.plan.collectives import Level, Network, ring_time
-from tests.conftest import run_cli
 
 
 def test_busbw_is_nccl_tests_definition():
@@ -52,6 +51,6 @@ def test_one_node_rows_fit_inside_and_several_nodes_between():
     (["--nodes", "1", "--ranks-per-node", "1"], "at least 2 ranks"),
     (["--nodes", "one"], "--nodes=one"),
 ])
-def test_bad_link_measurement_arguments_exit_2_before_measuring(argv, says):
-    proc = run_cli("calibrate", "--links", *argv)
+def test_bad_link_measurement_arguments_exit_2_before_measuring(cli, argv, says):
+    proc = cli("calibrate", "--links", *argv)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr

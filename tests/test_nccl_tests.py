@@ -13,7 +13,6 @@ import yaml
 from orchestrator.errors import ConfigError
 from orchestrator.nccl_tests import parse_run
 from orchestrator.plan import bus_table
-from tests.conftest import run_cli
 
 SIZES = [2**k for k in range(20, 31, 2)]  # 1 MiB to 1 GiB
 TYPE_BYTES = {"float": 4, "bfloat16": 2}
@@ -104,7 +103,7 @@ def test_other_collectives_and_logs_without_rank_lines_are_refused():
         parse_run(no_ranks, "no-ranks.log")
 
 
-def test_calibrate_nccl_tests_writes_the_table_into_the_calibrated_preset_and_the_plan_reads_it(tmp_path):
+def test_calibrate_nccl_tests_writes_the_table_into_the_calibrated_preset_and_the_plan_reads_it(cli, tmp_path):
     files = []
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for nodes, scale in ((2, 1.0), (4, 0.6)):
@@ -113,22 +112,22 @@ def test_calibrate_nccl_tests_writes_the_table_into_the_calibrated_preset_and_th
                                 new=op != "reduce_scatter"))
             files.append(str(path))
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
-    proc = run_cli("calibrate", "--nccl-tests", *files, "--hardware", "h100-sxm", env=env)
+    proc = cli("calibrate", "--nccl-tests", *files, "--hardware", "h100-sxm", env=env)
     assert proc.returncode == 0, proc.stderr
     preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "h100-sxm-calibrated.yaml").read_text())
     table = bus_table.load(preset["network"])
     assert set(table.curves) == {(op, n, 8) for op in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4)}
     assert table.busbw("all_reduce", 2, 8, 2**24).busbw == pytest.approx(150e9, rel=0.01)  # from the time column
-    plan = run_cli("plan", "--json", "hardware=h100-sxm-calibrated", "cluster=slurm", "cluster.gpus_per_node=8",
+    plan = cli("plan", "--json", "hardware=h100-sxm-calibrated", "cluster=slurm", "cluster.gpus_per_node=8",
                    "model=gpt2-1.3b", "parallel.dp=32", env=env)
     assert plan.returncode == 0, plan.stderr
     assert all(c["algorithm"] == "measured" for c in json.loads(plan.stdout)["comm"]["collectives"])
 
 
-def test_a_bad_log_exits_2_naming_the_file_and_line(tmp_path):
+def test_a_bad_log_exits_2_naming_the_file_and_line(cli, tmp_path):
     path = tmp_path / "mixed.log"
     path.write_text(log("all_reduce", 2, 8, curve(20, 60, 150)) + "srun: error: node-3: task 7: Exited\n")
-    proc = run_cli("calibrate", "--nccl-tests", str(path), "--hardware", "h100-sxm",
+    proc = cli("calibrate", "--nccl-tests", str(path), "--hardware", "h100-sxm",
                    env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
     assert proc.returncode == 2 and f"{path} line" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "conf").exists()  # nothing written

@@ -13,7 +13,6 @@ from orchestrator.plan.bus_table import BusRow, BusTable, alpha_beta, curve_busb
 from orchestrator.plan.collectives import Level, Network, bus_factor, call_time
 from orchestrator.plan.planner import make_plan, network_of
 from orchestrator.spec import build_spec
-from tests.conftest import run_cli
 
 MiB = 2**20
 P5 = ["hardware=h100-p5", "cluster=slurm", "cluster.gpus_per_node=8", "model=gpt2-1.3b"]
@@ -88,17 +87,17 @@ def test_a_preset_without_a_table_keeps_its_parametric_levels():
     assert {c.algorithm for c in plan.comm.collectives} <= {"ring", "tree"}
 
 
-def test_the_plan_says_when_it_extrapolates_past_the_tables_node_counts():
-    proc = run_cli("plan", *P5, "parallel.dp=512")
+def test_the_plan_says_when_it_extrapolates_past_the_tables_node_counts(cli):
+    proc = cli("plan", *P5, "parallel.dp=512")
     assert proc.returncode == 0, proc.stderr
     assert "extrapolated beyond the largest node count measured (32)" in " ".join(proc.stdout.split())
 
 
-def test_a_users_table_replaces_the_presets(tmp_path):
+def test_a_users_table_replaces_the_presets(cli, tmp_path):
     path = tmp_path / "net.csv"
     path.write_text("# my cluster\ncollective,nodes,ranks_per_node,bytes,busbw_gbps\n"
                     "all_reduce,4,8,1048576,1\nall_reduce,4,8,1073741824,2\n")
-    proc = run_cli("plan", "--json", *P5, "parallel.dp=32", f"hardware.network={path}")
+    proc = cli("plan", "--json", *P5, "parallel.dp=32", f"hardware.network={path}")
     assert proc.returncode == 0, proc.stderr
     reduce = json.loads(proc.stdout)["comm"]["collectives"][0]
     assert reduce["algorithm"] == "measured" and 1 <= reduce["busbw_gbps"] <= 2
@@ -112,24 +111,24 @@ def test_a_users_table_replaces_the_presets(tmp_path):
     ("all_reduce,2,8,2097152,10\nall_reduce,2,8,1048576,20\n", "line 4: bytes=1048576"),
     ("alltoall,2,8,1048576,10\n", "collective=alltoall"),
 ])
-def test_a_bad_table_exits_2_naming_the_file_the_row_and_the_field(tmp_path, body, says):
+def test_a_bad_table_exits_2_naming_the_file_the_row_and_the_field(cli, tmp_path, body, says):
     path = tmp_path / "net.csv"
     path.write_text("# test\ncollective,nodes,ranks_per_node,bytes,busbw_gbps\n" + body)
-    proc = run_cli("plan", *P5, f"hardware.network={path}")
+    proc = cli("plan", *P5, f"hardware.network={path}")
     assert proc.returncode == 2 and str(path) in proc.stderr and says in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("text", ["size,busbw\n1,2\n", "", "\x00\x01 not a table"])
-def test_a_file_that_is_not_a_table_exits_2(tmp_path, text):
+def test_a_file_that_is_not_a_table_exits_2(cli, tmp_path, text):
     path = tmp_path / "net.csv"
     path.write_text(text)
-    proc = run_cli("plan", *P5, f"hardware.network={path}")
+    proc = cli("plan", *P5, f"hardware.network={path}")
     assert proc.returncode == 2 and "hardware.network" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_a_missing_table_exits_2():
-    proc = run_cli("plan", *P5, "hardware.network=no-such-table.csv")
+def test_a_missing_table_exits_2(cli):
+    proc = cli("plan", *P5, "hardware.network=no-such-table.csv")
     assert proc.returncode == 2 and "hardware.network=no-such-table.csv" in proc.stderr
 
 

@@ -7,7 +7,6 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.spec import build_spec
 from orchestrator.plan.planner import make_plan
-from tests.conftest import run_cli
 
 H100 = ["hardware=h100-sxm"]
 DESIGN_KEYS = {
@@ -42,8 +41,8 @@ def test_plan_json_has_the_keys_of_the_design(capsys):
                                              + parts["overhead_s"])
 
 
-def test_plan_table_labels_figures_predicted_and_lists_assumptions():
-    result = run_cli("plan", "model=gpt2-350m", "zero=stage2", "parallel.dp=8", *H100)
+def test_plan_table_labels_figures_predicted_and_lists_assumptions(cli):
+    result = cli("plan", "model=gpt2-350m", "zero=stage2", "parallel.dp=8", *H100)
     assert result.returncode == 0
     out = result.stdout
     assert "predicted" in out and "assumptions:" in out and "989" in out and "published" in out
@@ -77,8 +76,8 @@ def test_the_optimizer_step_costs_its_memory_traffic_at_the_device_bandwidth():
     assert own.time.optimizer_s == 0 and any("not counted" in a for a in own.assumptions)
 
 
-def test_a_trial_that_does_not_fit_exits_3_with_the_breakdown():
-    result = run_cli("plan", "model=gpt2-13b", "parallel.dp=1", *H100)
+def test_a_trial_that_does_not_fit_exits_3_with_the_breakdown(cli):
+    result = cli("plan", "model=gpt2-13b", "parallel.dp=1", *H100)
     assert result.returncode == 3
     assert "DOES NOT FIT" in result.stdout and "activations" in result.stdout
     assert "do not fit" in result.stderr and "Traceback" not in result.stderr
@@ -162,8 +161,8 @@ def test_a_trial_that_does_not_fit_is_told_what_would():
     assert any(w.startswith("does not fit; not even ZeRO-3") and "parallel.dp" in w for w in huge.warnings)
 
 
-def test_sweep_view_says_what_would_fit_for_each_point_that_does_not():
-    result = run_cli("plan", "-m", "model=llama3-8b", "batch.micro_batch_size=1", "zero=stage2,stage3",
+def test_sweep_view_says_what_would_fit_for_each_point_that_does_not(cli):
+    result = cli("plan", "-m", "model=llama3-8b", "batch.micro_batch_size=1", "zero=stage2,stage3",
                      "parallel.dp=8", *H100)
     assert result.returncode == 3
     text = " ".join(result.stdout.split())  # rich wraps long lines

@@ -67,7 +67,7 @@ def test_printed_output_is_masked_even_when_a_line_arrives_in_pieces(capsys):
 
 
 @pytest.mark.slow
-def test_a_sweep_with_secrets_in_values_tags_and_setup_writes_and_prints_none(tmp_path):
+def test_a_sweep_with_secrets_in_values_tags_and_setup_writes_and_prints_none(cli, tmp_path):
     swept = ["s3cretsweep1", "s3cretsweep2"]
     setup = ",".join(f"['export A_PASSWORD={s}','export PGPASSWORD=s3cretpg']" for s in swept)
     proc = run_cli("run", "-m", "model=tiny", "run.steps=2", "run.warmup_steps=1", f"cluster.setup={setup}",
@@ -79,13 +79,13 @@ def test_a_sweep_with_secrets_in_values_tags_and_setup_writes_and_prints_none(tm
     assert list(tmp_path.glob("*/wandb/offline-run-*/run-*.wandb"))  # W&B's own file was written, and searched
     assert all("A_PASSWORD=***" in p.read_text() for p in tmp_path.glob("*/config.yaml"))  # masked, name kept
     # --cfg job (Hydra prints the config) and an error paragraph are masked too
-    proc = run_cli("plan", "cluster.setup=['export HF_TOKEN=s3cretcfg']", "--cfg", "job")
+    proc = cli("plan", "cluster.setup=['export HF_TOKEN=s3cretcfg']", "--cfg", "job")
     assert proc.returncode == 0 and "s3cretcfg" not in proc.stdout + proc.stderr and "HF_TOKEN=***" in proc.stdout
-    proc = run_cli("plan", "logger.tags=['token=s3cretlong" + "x" * 80 + "']")
+    proc = cli("plan", "logger.tags=['token=s3cretlong" + "x" * 80 + "']")
     assert proc.returncode == 2 and "s3cretlong" not in proc.stdout + proc.stderr
 
 
-def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it_would_write(tmp_path):
+def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it_would_write(cli, tmp_path):
     base = ["translate", "cluster=slurm", "hardware=cpu"]
     proc = run_cli(*base, "cluster.setup=['module load cuda','export HF_TOKEN=s3cretexport']", "--out",
                    str(tmp_path / "ok"))
@@ -97,7 +97,7 @@ def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it
                      "cluster.srun_args=['--token','s3cretsrun']", "cluster.comment='password=s3cretcomment'",
                      "+cluster.additional_parameters.my_token=s3cretparam",
                      "cluster.setup=['git clone https://me:s3creturl@example.com/r']"):
-        proc = run_cli(*base, override, "--out", str(tmp_path / "refused"))
+        proc = cli(*base, override, "--out", str(tmp_path / "refused"))
         field = override.lstrip("+").split("=")[0]
         assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, override
         assert "s3cret" not in proc.stdout + proc.stderr and not (tmp_path / "refused").exists(), override

@@ -16,7 +16,7 @@ import submitit
 
 from orchestrator.launchers import slurm
 from tests.conftest import SLURM_SMALL as SMALL
-from tests.conftest import results_below, run_cli, sacct, submit, wait_cli
+from tests.conftest import results_below, run_cli, sacct, squeue, submit, wait_cli
 
 pytestmark = pytest.mark.slow
 
@@ -125,10 +125,6 @@ def test_a_job_slurm_can_never_start_ends_at_once_with_the_reason(slurm_cluster,
         time.sleep(1)
 
 
-def _squeue(job: str, fmt: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True, timeout=30).stdout.strip()
-
-
 def test_status_shows_why_a_trial_is_still_pending(slurm_cluster, tmp_path):
     # A blocker holds the last node whole; the trial may run only there. Other tests' jobs
     # share the cluster, so the reason is whatever SLURM gives, shown as SLURM says it.
@@ -136,19 +132,19 @@ def test_status_shows_why_a_trial_is_still_pending(slurm_cluster, tmp_path):
                              capture_output=True, text=True, timeout=30, check=True).stdout.strip()
     try:
         deadline = time.monotonic() + 300
-        while _squeue(blocker, "%T") != "RUNNING":
-            assert time.monotonic() < deadline, _squeue(blocker, "%T %r")
+        while squeue(blocker, "%T") != "RUNNING":
+            assert time.monotonic() < deadline, squeue(blocker, "%T %r")
             time.sleep(1)
         submit(tmp_path, *SMALL, "cluster.exclude='orch-node[1-3]'")
         job = json.loads((tmp_path / "slurm.json").read_text())["job_id"]
-        reason = _squeue(job, "%r")
-        assert _squeue(job, "%T") == "PENDING" and reason
+        reason = squeue(job, "%r")
+        assert squeue(job, "%T") == "PENDING" and reason
         deadline, shown = time.monotonic() + 60, ""
         while f"pending ({reason})" not in shown:
             assert time.monotonic() < deadline, (reason, shown)
             time.sleep(1)
             shown = " ".join(run_cli("status", str(tmp_path)).stdout.split())
-            reason = _squeue(job, "%r") or reason
+            reason = squeue(job, "%r") or reason
     finally:
         subprocess.run(["scancel", blocker], timeout=30)
     assert wait_cli(tmp_path).returncode == 0  # and it runs once the node is free

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SLURM_SMALL as SMALL
-from tests.conftest import results_below, run_cli, submit, wait_cli
+from tests.conftest import results_below, run_cli, squeue, submit, wait_cli
 
 pytestmark = pytest.mark.slow
 SECRET = "abc123secret"
@@ -23,8 +23,10 @@ SECRET = "abc123secret"
 @pytest.fixture(scope="module")
 def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("slurm-faults")
-    runs = {"cancel": ["run.steps=100000"],
-            "sigkill": ["run.steps=100000", "run.checkpoint_every=5"],
+    # The two that run until the test ends them sleep between steps: idle, not training, so
+    # they leave the machine's cores to the other tests meanwhile.
+    runs = {"cancel": ["run.steps=100000", "run.step_sleep_s=0.5"],
+            "sigkill": ["run.steps=100000", "run.step_sleep_s=0.5", "run.checkpoint_every=5"],
             "rank1": ["run.fail_at_step=1", "run.fail_rank=1"],
             "secret": [f"cluster.setup=['export TOKEN={SECRET}','echo token-md5=$(echo $TOKEN | md5sum)']"]}
     for name, extra in runs.items():
@@ -36,9 +38,10 @@ def test_a_cancelled_job_is_recorded_as_failed_with_the_reason(submitted):
     out = submitted["cancel"]
     job = json.loads((out / "slurm.json").read_text())["job_id"]
     deadline = time.monotonic() + 300
-    while "running" not in run_cli("status", str(out)).stdout:
+    while squeue(job, "%T") != "RUNNING":  # squeue, not a CLI process a second
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(1)
+    assert "running" in run_cli("status", str(out)).stdout
     subprocess.run(["scancel", job], check=True, timeout=30)
     assert wait_cli(out).returncode == 1
     (r,) = results_below(out)

@@ -65,8 +65,8 @@ def test_the_api_key_reaches_no_file(local_sweep):
     assert leaked == []
 
 
-def test_report_of_the_sweep(local_sweep):
-    proc = run_cli("report", str(local_sweep))
+def test_report_of_the_sweep(cli, local_sweep):
+    proc = cli("report", str(local_sweep))
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader((local_sweep / "report.csv").open()))
     assert len(rows) == 4 and {"parallel.dp", "zero.reduce_bucket_size", "tokens_per_sec_per_gpu", "mfu",
@@ -83,10 +83,10 @@ def test_report_of_the_sweep(local_sweep):
         assert png.stat().st_size > 10_000, name
         pixels = mpimg.imread(png)
         assert pixels.std() > 0.05, f"{name} is blank"  # axes, labels, lines drawn
-    as_json = json.loads(run_cli("report", "--json", str(local_sweep)).stdout)
+    as_json = json.loads(cli("report", "--json", str(local_sweep)).stdout)
     assert len(as_json) == 4 and all(r["status"] == "ok" for r in as_json)
 
 
-def test_report_of_a_directory_without_results_says_so(tmp_path):
-    proc = run_cli("report", str(tmp_path))
+def test_report_of_a_directory_without_results_says_so(cli, tmp_path):
+    proc = cli("report", str(tmp_path))
     assert proc.returncode == 2 and "no result.json" in proc.stderr

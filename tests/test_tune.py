@@ -73,22 +73,22 @@ def test_calibration_on_measured_candidates_moves_the_predictions_toward_them():
     assert all(search.bound(c) > math.log(best) for c in search.next_batch(100))
 
 
-def test_a_space_where_nothing_fits_says_so_before_anything_runs(tmp_path):
+def test_a_space_where_nothing_fits_says_so_before_anything_runs(cli, tmp_path):
     out = tmp_path / "t"
-    proc = run_cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "parallel.dp=1",
+    proc = cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "parallel.dp=1",
                    "zero=stage0,stage1", "zero.offload_optimizer=none", "cluster=slurm")
     assert proc.returncode == 3, proc.stdout + proc.stderr  # the plan refuses, as `plan` says of one trial
     assert "none does" in proc.stderr and "GiB" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
-    proc = run_cli("tune", "--out", str(out), "batch.micro_batch_size=range(1,1)")
+    proc = cli("tune", "--out", str(out), "batch.micro_batch_size=range(1,1)")
     assert proc.returncode == 2 and "empty" in proc.stderr
     # a GPU space on a machine without one (this one): said before its candidates are planned
-    proc = run_cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "zero=stage0,stage1")
+    proc = cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "zero=stage0,stage1")
     assert proc.returncode == 2 and "no GPU" in proc.stderr and "candidates" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
-def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_rerunning(tmp_path):
+def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_rerunning(cli, tmp_path):
     out = tmp_path / "tune"
     # W&B offline and a secret in a setup line: it reaches no file of the search and no output.
     space = ["logger.mode=offline", "run.steps=3", "run.warmup_steps=1", "parallel.dp=1", "zero=stage0,stage1",
@@ -113,7 +113,7 @@ def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_reru
     # `report` on the tune's directory reports its trials and renders the tune's own files again
     (out / "tune.md").unlink()
     (out / "tune.png").unlink()
-    proc = run_cli("report", str(out))
+    proc = cli("report", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "report.md").is_file() and (out / "tune.png").is_file()
     assert f"{state['ran']} of" in (out / "tune.md").read_text().splitlines()[0]
