@@ -76,6 +76,8 @@ CLUSTER_SHAPE = ("--nodes", str(NODES), "--cpus-per-node", "2", "--link-mbit", s
 # A two-rank trial on one node of it, a few steps.
 SLURM_SMALL = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=2", "cluster.cpus_per_task=1", "run.steps=3",
                "run.warmup_steps=1", "logger.mode=disabled"]
+# The same with one rank, where the number of ranks is not the point (a rank costs ~7 s of CPU).
+ONE_RANK = ["parallel.dp=1", "cluster.gpus_per_node=1"]
 _STATE = Path(os.environ.get("ORCH_SLURM_STATE", "/var/lib/orchestrator-slurm"))
 _OWNER = "ORCH_TEST_RUN"  # set by the controller; the worker that starts the cluster records it
 _OWNS_CLUSTER = pytest.StashKey[bool]()

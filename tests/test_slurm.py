@@ -15,6 +15,7 @@ import pytest
 import submitit
 
 from orchestrator.launchers import slurm
+from tests.conftest import ONE_RANK
 from tests.conftest import SLURM_SMALL as SMALL
 from tests.conftest import results_below, run_cli, sacct, squeue, submit, wait_cli
 
@@ -28,7 +29,7 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     # "pair": two one-rank trials of one array that would fit on one node together, held
     # to one node (the others excluded): exclusive by default, they take turns.
     runs = {"zero": (["zero=stage0,stage2", 'cluster.srun_args=["--cpu-bind=cores"]'], True),
-            "dp": (["parallel.dp=1,2"], True), "one": ([], False),
+            "dp": (["parallel.dp=1,2"], True), "one": (ONE_RANK, False),
             "pair": (["parallel.dp=1", "cluster.gpus_per_node=1", "run.seed=1,2", "cluster.exclude='orch-node[2-4]'"], True)}
     for name, (extra, multirun) in runs.items():
         submit(base / name, *SMALL, *extra, multirun=multirun)
@@ -93,7 +94,7 @@ def test_a_trial_that_ran_every_step_is_never_reported_failed(submitted):
 
 
 def test_cluster_wait_blocks_until_the_result(slurm_cluster, tmp_path):
-    proc = run_cli("run", "--out", str(tmp_path), *SMALL, "cluster.wait=true", timeout=600)
+    proc = run_cli("run", "--out", str(tmp_path), *SMALL, *ONE_RANK, "cluster.wait=true", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results_below(tmp_path)
     assert r["status"] == "ok" and "1 ok" in proc.stdout and "tokens/s/GPU" in proc.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ONE_RANK
 from tests.conftest import SLURM_SMALL as SMALL
 from tests.conftest import results_below, run_cli, squeue, submit, wait_cli
 
@@ -25,10 +26,10 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("slurm-faults")
     # The two that run until the test ends them sleep between steps: idle, not training, so
     # they leave the machine's cores to the other tests meanwhile.
-    runs = {"cancel": ["run.steps=100000", "run.step_sleep_s=0.5"],
+    runs = {"cancel": [*ONE_RANK, "run.steps=100000", "run.step_sleep_s=0.5"],
             "sigkill": ["run.steps=100000", "run.step_sleep_s=0.5", "run.checkpoint_every=5"],
             "rank1": ["run.fail_at_step=1", "run.fail_rank=1"],
-            "secret": [f"cluster.setup=['export TOKEN={SECRET}','echo token-md5=$(echo $TOKEN | md5sum)']"]}
+            "secret": [*ONE_RANK, f"cluster.setup=['export TOKEN={SECRET}','echo token-md5=$(echo $TOKEN | md5sum)']"]}
     for name, extra in runs.items():
         submit(base / name, *SMALL, *extra)
     return {name: base / name for name in runs}
