@@ -7,6 +7,7 @@ MFU never uses a guessed peak: a GPU without a preset has to be described by the
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import os
 import platform
@@ -88,9 +89,21 @@ def local_gpu_memory_gib() -> float:
     return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
+# The device files a GPU driver makes: NVIDIA's (/dev/nvidia0, nvidiactl, MIG's caps), AMD
+# ROCm's (/dev/kfd, which torch.cuda drives too) and WSL2's (/dev/dxg). Where none exists
+# torch cannot see a GPU, and asking it would cost every `plan` torch's import (1.5 s).
+GPU_DEVICE_FILES = ("nvidia*", "kfd", "dxg")
+
+
+def gpu_driver_present(dev: Path = Path("/dev")) -> bool:
+    return any(any(dev.glob(pattern)) for pattern in GPU_DEVICE_FILES)
+
+
 @functools.cache
 def local_gpu_name() -> str | None:
     """The name of this machine's first CUDA device, or None without one."""
+    if not gpu_driver_present():
+        return None
     import torch  # imported here: composing a config must not pay for torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -125,9 +138,9 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
     thread count under ~/.cache/orchestrator/, so MFU on CPU is against what this
     machine's matmul really reaches, not a guess.
     """
-    import torch
-
     def matmul_tflops() -> float:
+        import torch
+
         # The best rate over sizes: where a dtype has no fast kernel (bf16 on a CPU without
         # AVX512-BF16 runs at 1-3 GFLOPS) small matmuls are the fastest, and a model of
         # small layers reaches more than a 512-matmul does.
@@ -143,21 +156,28 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
             best = max(best, 2 * n * n * k / _best_time(lambda: a @ w.t()) / 1e12)
         return best
 
-    key = f"{cpu_model()}|torch {torch.__version__}|{precision}|{threads} threads|linear layout, best of 64-512, k to 2048"
+    key = f"{cpu_model()}|torch {torch_version()}|{precision}|{threads} threads|linear layout, best of 64-512, k to 2048"
     return _measured(key, threads, matmul_tflops)
 
 
 def measured_cpu_bandwidth_gbps(threads: int) -> float:
     """This host's memory bandwidth in GB/s (bytes read + written by a 256 MB copy) on
     `threads` threads; cached like the peak."""
-    import torch
-
     def copy_gbps() -> float:
+        import torch
+
         src = torch.randn(2**25)
         dst = torch.empty_like(src)
         return 2 * src.numel() * src.element_size() / _best_time(lambda: dst.copy_(src)) / 1e9
 
-    return _measured(f"{cpu_model()}|torch {torch.__version__}|copy bandwidth|{threads} threads", threads, copy_gbps)
+    return _measured(f"{cpu_model()}|torch {torch_version()}|copy bandwidth|{threads} threads", threads, copy_gbps)
+
+
+@functools.cache
+def torch_version() -> str:
+    """torch.__version__, read from torch's installed metadata: a cache key must not cost
+    torch's import (1.5 s of every `plan`)."""
+    return importlib.metadata.version("torch")
 
 
 # What this process has read or measured: a plan of a CPU trial asks for a peak (and the
@@ -172,8 +192,6 @@ def _measured(key: str, threads: int, measure) -> float:
 
 
 def _measured_once(key: str, threads: int, measure) -> float:
-    import torch
-
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator" / "cpu_peak.json"
     try:
         known = json.loads(cache.read_text())
@@ -181,6 +199,8 @@ def _measured_once(key: str, threads: int, measure) -> float:
         known = {}
     if key in known:
         return known[key]
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -34,7 +34,7 @@ import functools
 import json
 import os
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
@@ -192,9 +192,7 @@ def clock(device, whole: bool = False) -> Callable[..., float]:
     set up per call) would set its pace, which inside a model the host spends issuing
     ahead. `whole` (a block, the model's ends): CUDA events around the calls, which hold
     the host's pace as the model pays it."""
-    import torch
-
-    cuda = torch.device(device).type == "cuda"
+    cuda = str(device).split(":")[0] == "cuda"  # torch is imported by the first tick, not here
 
     def wall(op, reps):  # seconds of one round of reps calls
         start = time.perf_counter()
@@ -203,6 +201,8 @@ def clock(device, whole: bool = False) -> Callable[..., float]:
         return time.perf_counter() - start
 
     def events(op, reps):
+        import torch
+
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(reps):
@@ -212,6 +212,7 @@ def clock(device, whole: bool = False) -> Callable[..., float]:
         return start.elapsed_time(end) / 1e3
 
     def device_busy(op, reps):
+        import torch
         from torch.profiler import DeviceType, ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -226,6 +227,8 @@ def clock(device, whole: bool = False) -> Callable[..., float]:
         if warm:
             op()
         if cuda:
+            import torch
+
             torch.cuda.synchronize(device)
         return min(one_round(op, reps) for _ in range(rounds)) / reps
 
@@ -295,9 +298,9 @@ def affordable(kernel: Kernel, tick: Callable) -> tuple[Kernel, Probe]:
 
 
 def device_name(device: str) -> str:
-    import torch
+    if device.split(":")[0] == "cuda":  # "cuda", "cuda:1": torch's own spelling of a device
+        import torch
 
-    if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(torch.device(device))
     from orchestrator.hardware import cpu_model
 
@@ -335,7 +338,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     whens: list[str] = []
 
     def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
-        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: quiet.first(how)(kernel, tick))
+        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: first(how)(kernel, tick))
         whens.append(when)
         return fwd, bwd
 
@@ -345,14 +348,23 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
         if kernels_s > WHOLE_MAX_S or elements > WHOLE_MAX_ELEMENTS:
             return None
         times, when = Cache.get_whole(f"{prefix}{kernel.name} rows={kernel.rows}",
-                                      lambda: quiet.first(time_whole)(kernel, whole_tick))
+                                      lambda: first(time_whole)(kernel, whole_tick))
         whens.append(when)
         return times
 
     tokens = micro * model.seq_len
     quiet = QuietCheck(tick, device)
+    # torch's threads are set at the first kernel timed: a plan whose kernels are all cached
+    # never imports torch (1.5 s of every `plan`).
+    timing = ExitStack()
+
+    def first(how: Callable) -> Callable:
+        if quiet.before is None:
+            timing.enter_context(threads(threads_per_rank))
+        return quiet.first(how)
+
     try:
-        with threads(threads_per_rank):
+        with timing:
             layer = [0.0, 0.0]
             for (n, k, conv1d, bias), count in kernels.trial_gemms(model, tokens):
                 fwd, bwd = timed(kernels.gemm(tokens, n, k, conv1d, bias, precision, device))

@@ -18,12 +18,18 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+from orchestrator.trial_dir import SweepPaths
 
-matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
 
-from orchestrator.trial_dir import SweepPaths  # noqa: E402
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, never a window), imported when a
+    plot is drawn: its import costs a command that draws none (plan, run, status) a second."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> list[Path]:
@@ -58,7 +64,7 @@ def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
     lines: dict[int, list[BucketPoint]] = defaultdict(list)
     for p in points:
         lines[p.nodes].append(p)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
     for i, (nodes, line) in enumerate(sorted(lines.items())):
         line.sort(key=lambda p: p.bucket)
         x = [p.bucket for p in line]
@@ -88,7 +94,7 @@ def scaling_plot(ok: list[dict], path: Path) -> Path:
         lines[r["config"]["zero"]["reduce_bucket_size"]].append(
             (r["config"]["parallel"]["dp"], tps, m["mfu"], plan.get("tokens_per_sec_per_gpu"), plan.get("mfu"),
              spread.get("ci_low", tps), spread.get("ci_high", tps), bool(m.get("noisy"))))
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, (a, b, c) = _pyplot().subplots(1, 3, figsize=(15, 4.5))
     above = False
     for i, (bucket, points) in enumerate(sorted(lines.items())):
         points.sort()
@@ -131,7 +137,7 @@ def scaling_plot(ok: list[dict], path: Path) -> Path:
 
 def predicted_vs_measured_plot(ok: list[dict], path: Path) -> Path:
     """Peak and activation memory, and step time: measured against the plan, with the identity line."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 5))
+    fig, (a, b) = _pyplot().subplots(1, 2, figsize=(11, 5))
     memory = []
     for key, plan_key, label in (("peak_bytes", "total", "peak"), ("activation_bytes", "activations", "activations")):
         pairs = [(r["plan"]["memory"][plan_key] / 2**20, r["metrics"]["memory"][key] / 2**20) for r in ok
@@ -158,7 +164,7 @@ def warmup_plot(ok: list[tuple[dict, str]], path: Path) -> Path:
         for size in sizes[:-1]:
             consumed.append(consumed[-1] + size * r["config"]["model"]["seq_len"])
         curves[(tuple(consumed), tuple(sizes))].append(label)
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = _pyplot().subplots(figsize=(8, 5))
     for (consumed, sizes), labels in curves.items():
         label = labels[0] if len(labels) == 1 else f"{len(labels)} trials, e.g. {labels[0]}"
         ax.step(consumed, sizes, where="post", marker=".", label=label[:90])
@@ -181,7 +187,7 @@ def save_figure(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     tmp.replace(path)
     return path
 
@@ -190,7 +196,7 @@ def tune_plot(ran: list[dict], path: Path) -> Path:
     """A tune's search: measured tokens/s/GPU of the candidates in the order they ran, with
     the best so far; and predicted (plan, calibrated) against measured. ran: tune.json's
     rows of the candidates that ran, in that order."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (a, b) = _pyplot().subplots(1, 2, figsize=(12, 4.5))
     best, running = 0.0, []
     for i, r in enumerate(ran):
         value = r["measured_tokens_per_sec_per_gpu"]

@@ -6,6 +6,8 @@ so only the choice of clock is checked for it."""
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,16 @@ def test_every_kernel_of_a_micro_batch_is_timed_once_and_cached(fresh_cache, mon
     assert measure(model, 2, "bf16", "cpu", 1, tensors) == m
     Cache._known = None
     assert measure(model, 2, "bf16", "cpu", 1, tensors).kernels == m.kernels
+    # A new process whose kernels are all cached reads them without importing torch (1.5 s
+    # of every `plan` on a machine without a GPU driver).
+    reads = ("import sys; from orchestrator.kernel_timing import measure; from orchestrator.plan.params import "
+             "parameter_tensors; from tests.test_kernel_timing import small_spec; "
+             f"model = small_spec(arch={arch!r}).cfg.model; "
+             "m = measure(model, 2, 'bf16', 'cpu', 1, [p.numel for p in parameter_tensors(model)]); "
+             "print(m.kernels.head, 'torch' in sys.modules)")
+    said = subprocess.run([sys.executable, "-c", reads], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parent.parent, env=os.environ, check=True).stdout.split()
+    assert said[-1] == "False" and m.kernels.head[0] == pytest.approx(float(said[0].strip("(,")))
     with pytest.raises(pytest.fail.Exception):  # another shape is a new kernel
         measure(dataclasses.replace(model, seq_len=16, max_positions=16), 2, "bf16", "cpu", 1, tensors)
 

@@ -106,6 +106,22 @@ def test_auto_hardware_on_a_known_gpu_picks_its_preset_and_keeps_overrides(monke
     assert spec.cfg.hardware.name == "h100-sxm" and spec.cfg.hardware.compute_efficiency == 0.4
 
 
+@pytest.mark.parametrize("files,present", [([], False), (["null", "tty0"], False), (["nvidia0", "nvidiactl"], True),
+                                           (["nvidia-caps"], True), (["kfd"], True), (["dxg"], True)])
+def test_a_gpu_is_looked_for_only_where_a_driver_made_its_device_files(tmp_path, files, present):
+    # torch is asked for a GPU only where NVIDIA's, ROCm's or WSL2's device files exist:
+    # elsewhere it cannot see one, and its import would cost every `plan` 1.5 s.
+    for name in files:
+        (tmp_path / name).touch()
+    assert hardware.gpu_driver_present(tmp_path) is present
+
+
+def test_the_cpu_peak_is_keyed_by_torchs_version_without_importing_torch():
+    import torch
+
+    assert hardware.torch_version() == torch.__version__  # the key a cached peak was written under
+
+
 def test_sweep_expands_the_product_in_hydra_order():
     points = expand_sweep(["parallel.dp=1,2", "zero=stage0,stage2", "run.steps=3"])
     assert len(points) == 4 and all("run.steps=3" in p for p in points)
