@@ -212,7 +212,7 @@ def test_expandable_segments_reach_the_ranks_environment_on_gpus(tmp_path):
 
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
     # 100,000 steps would take hours: ending within run()'s timeout is the limit at work.
-    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1")
+    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "parallel.dp=1")
     assert proc.returncode == 1
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["status"] == "timeout" and r["error"]["type"] == "Timeout" and r["metrics"] is None

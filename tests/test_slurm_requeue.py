@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ONE_RANK
 from tests.conftest import SLURM_SMALL as SMALL
 from tests.conftest import results_below, submit, wait_cli
 
@@ -23,7 +24,7 @@ TIME_LIMIT_STEPS, SAVE_WAIT_S, KILL_WAIT_S = 300, 5, 5
 @pytest.fixture(scope="module")
 def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("slurm-requeue")
-    runs = {"time-limit": ["run.bf16=false", f"run.steps={TIME_LIMIT_STEPS}", "cluster.time=1",
+    runs = {"time-limit": [*ONE_RANK, "run.bf16=false", f"run.steps={TIME_LIMIT_STEPS}", "cluster.time=1",
                            "cluster.signal_delay_s=5", "run.checkpoint_every=100", "cluster.max_requeues=10",
                            "run.step_sleep_s=0.2"],
             "deepspeed": ["engine=deepspeed", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2"],
