@@ -116,7 +116,8 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed
             first["type"], first["message"], rank, paths.rank_log(rank), host=first.get("host"))
     log = paths.rank_log(rank)
     code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"
-    message = f"rank {rank if rank is not None else '?'} exited without a Python error ({code})"
+    who = f"rank {rank}" if rank is not None else "a rank (the launcher's log does not say which)"
+    message = f"{who} exited without a Python error ({code})"
     if exits.get(rank) == -9:  # SIGKILL: the OOM killer, or someone's kill -9
         if oom_killed:
             return Status.OOM, error_record("OutOfMemory", f"rank {rank} was killed by the kernel's OOM killer (SIGKILL, "
@@ -124,7 +125,7 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed
         message += "; SIGKILL with no OOM kill counted in its memory cgroup: killed by another process or a person"
     if (free := shutil.disk_usage(trial_dir).free) < DISK_FULL_BYTES:  # it could not even write its error
         return Status.FAILED, error_record(
-            "DiskFull", f"{message}; the file system holding {trial_dir} is full ({free:,} bytes free)", rank, log)
+            "DiskFull", f"the file system holding {trial_dir} is full ({free:,} bytes free): {message}", rank, log)
     return Status.FAILED, error_record("ProcessExit", message, rank, log)
 
 

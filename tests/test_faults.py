@@ -200,7 +200,8 @@ def test_a_full_disk_still_leaves_a_result(mount):
     said = proc.communicate(timeout=300)[0]
     assert "Traceback" not in said, said
     r = strict(trial / "result.json")  # whole, and it says why the trial failed
-    assert r["status"] == "failed" and r["error"]["type"] == "DiskFull" and "is full" in r["error"]["message"], r
+    assert r["status"] == "failed" and r["error"]["type"] == "DiskFull", r
+    assert r["error"]["message"].startswith(f"the file system holding {trial} is full"), r["error"]
 
 
 def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
