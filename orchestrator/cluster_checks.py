@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.checks import above_zero, positive, time_limit_s
 from orchestrator.config import TrialConfig
 from orchestrator.errors import ConfigError
-from orchestrator.redact import redact, redact_export
+from orchestrator.redact import redact, secret_export
 
 
 def check_cluster(cfg: TrialConfig) -> None:
@@ -30,6 +30,8 @@ def check_cluster(cfg: TrialConfig) -> None:
     if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", cfg.cluster.time) or not time_limit_s(cfg.cluster.time):
         raise ConfigError("cluster.time", cfg.cluster.time, "a SLURM time limit above 0: MM, HH:MM:SS or D-HH:MM:SS")
     limit = time_limit_s(cfg.cluster.time)
+    if cfg.cluster.name == "slurm":  # only a SLURM job's files (its script, launch.json) hold these in clear
+        _check_no_secret_in_job_script(cfg.cluster)
     if cfg.cluster.name == "slurm" and cfg.cluster.signal_delay_s > limit // 2:
         # SLURM warns this long before the end: past half the limit an allocation would
         # spend more time warned (checkpointing, waiting for the requeue) than training.
@@ -55,7 +57,6 @@ def _apply_submitit_aliases(cfg: TrialConfig) -> None:
                           "takes one of --mem and --mem-per-gpu")
     if c.mem_per_gpu is not None and not re.fullmatch(r"\d+[KMGT]?", str(c.mem_per_gpu)):
         raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "a SLURM size: a number with K, M, G or T (40G)")
-    _check_no_secret_in_job_script(c)
     for key in c.additional_parameters:
         if not re.fullmatch(r"[a-z][a-z0-9_\-]*", str(key)):
             raise ConfigError(f"cluster.additional_parameters.{key}", c.additional_parameters[key],
@@ -65,9 +66,10 @@ def _apply_submitit_aliases(cfg: TrialConfig) -> None:
 def _check_no_secret_in_job_script(c: Any) -> None:
     """The sbatch script, launch.sh and launch.json are written in clear (and squeue shows
     --comment to every user): a secret may reach the job only as a setup line
-    `export NAME=VALUE`, which goes through sbatch's environment, never a file."""
+    `export NAME=VALUE` (secret in its name or its value), which goes through sbatch's
+    environment, never a file."""
     fix = "a secret reaches the job only as cluster.setup=['export NAME=VALUE'] (passed through sbatch's environment)"
-    exports = {line for line in c.setup if redact_export(line)}
+    exports = {line for line in c.setup if secret_export(line)}
     fields = {"cluster.comment": [c.comment or ""], "cluster.srun_args": list(c.srun_args),
               "cluster.setup": [line for line in c.setup if line not in exports],
               **{f"cluster.additional_parameters.{k}": [f"{k}={v}"] for k, v in c.additional_parameters.items()}}

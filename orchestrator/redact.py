@@ -13,8 +13,9 @@ a list, `--NAME` followed by its value as the next item is too.
 `RedactedOutput` applies the same to everything the CLI prints (error paragraphs, Hydra's
 `--cfg job`, tables), so a terminal, a CI log or a SLURM output file holds no secret either.
 
-The SLURM job still needs the real value of a setup line `export NAME=VALUE`: such a line
-is passed to sbatch through its environment instead of the script (secret_exports).
+The SLURM job still needs the real value of a setup line `export NAME=VALUE` that holds a
+secret (in its name or its value): such a line is passed to sbatch through its environment
+instead of the script (secret_exports).
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ SECRET_PARTS = {"key", "apikey", "token", "password", "passwd", "secret", "crede
 SECRET_ENDINGS = ("password", "passwd", "apikey", "secret", "token")
 _NAME = r"[A-Za-z_][\w.-]*"
 _VALUE = r"(?:\"[^\"]*\"|'[^']*'|[^\s,\]\[\"']+)"
-_ASSIGNMENT = re.compile(rf"({_NAME})(\s*[=:]\s*)({_VALUE})")
+# NAME=VALUE, NAME: VALUE, and the dict / JSON spelling 'NAME': 'VALUE'
+_ASSIGNMENT = re.compile(rf"({_NAME})([\"']?\s*[=:]\s*)({_VALUE})")
 _FLAG = re.compile(rf"(--?{_NAME})(\s+)({_VALUE})")
 _EXPORT = re.compile(rf"^\s*export\s+({_NAME})=({_VALUE})\s*$")
 _BEARER = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9._~+/=-]{6,})", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)(@)")
+# The password of a URL runs to its '@' (RFC 3986 forbids an unescaped '/' there, but users
+# write one: s3://ak:SEC/RET@host); a user alone as long as a token is one (https://TOKEN@host).
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"']*:)([^@\s\"']+)(@)")
+_URL_TOKEN_USER = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']{16,})(@)")
 
 
 def is_secret_name(name: str) -> bool:
@@ -45,11 +50,20 @@ def is_secret_name(name: str) -> bool:
 
 
 def redact_text(text: str) -> str:
+    """`text` with every secret masked, wherever it sits: a value that is not secret itself
+    (logger.group=URL, --url URL) is searched again, so a credential nested inside it
+    (the URL's ?api_key=..., its password) is found too."""
     def mask(m: re.Match) -> str:
-        reference = m.group(3).lstrip("\"'").startswith("$")  # $TOKEN, $(cmd): names a secret, holds none
-        return f"{m.group(1)}{m.group(2)}{MASK}" if is_secret_name(m.group(1)) and not reference else m.group(0)
+        name, sep, value = m.groups()
+        if not is_secret_name(name):
+            return f"{name}{sep}{redact_text(value)}" if value else m.group(0)
+        if value.lstrip("\"'").startswith("$"):  # $TOKEN, $(cmd): names a secret, holds none
+            return m.group(0)
+        quote = value[0] if value[0] in "\"'" else ""
+        return f"{name}{sep}{quote}{MASK}{quote}"
 
-    text = _URL_PASSWORD.sub(rf"\1{MASK}\3", _BEARER.sub(rf"\1\2{MASK}", text))
+    text = _BEARER.sub(rf"\1\2{MASK}", text)
+    text = _URL_TOKEN_USER.sub(rf"\1{MASK}\3", _URL_PASSWORD.sub(rf"\1{MASK}\3", text))
     return _FLAG.sub(mask, _ASSIGNMENT.sub(mask, text))
 
 
@@ -68,22 +82,25 @@ def redact(data: Any) -> Any:
     return data
 
 
-def redact_export(line: str) -> bool:
-    """Whether a setup line is `export NAME=VALUE` with a secret NAME (kept out of files)."""
+def secret_export(line: str) -> tuple[str, str] | None:
+    """(NAME, VALUE) of a setup line `export NAME=VALUE` that holds a secret, in its name
+    (HF_TOKEN=...) or anywhere in its value (DATABASE_URL=postgres://u:PASSWORD@db): such a
+    line reaches the job through its environment, never a file."""
     m = _EXPORT.match(line)
-    return bool(m and is_secret_name(m.group(1)))
+    if not m or redact_text(line) == line:
+        return None
+    return m.group(1), m.group(2).strip("'\"")
 
 
 def secret_exports(setup: list[str]) -> tuple[list[str], dict[str, str]]:
     """(setup lines without secret exports, those exports as environment variables)."""
     kept, env = [], {}
     for line in setup:
-        if redact_export(line):
-            m = _EXPORT.match(line)
-            env[m.group(1)] = m.group(2).strip("'\"")
-            kept.append(f"# export {m.group(1)}={MASK}  (not written to files: set in sbatch's environment)")
-        else:
+        if (export := secret_export(line)) is None:
             kept.append(line)
+            continue
+        env[export[0]] = export[1]
+        kept.append(f"# export {export[0]}={MASK}  (not written to files: set in sbatch's environment)")
     return kept, env
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.redact import MASK, RedactedOutput, redact, redact_text
+from orchestrator.redact import MASK, RedactedOutput, redact, redact_text, secret_exports
 from tests.conftest import run_cli
 
 SPELLINGS = {  # the value after each spelling is the secret
@@ -19,6 +19,13 @@ SPELLINGS = {  # the value after each spelling is the secret
     "huggingface-cli login --token hf_s3cretflag": "hf_s3cretflag",
     "--api-key=s3cretdash": "s3cretdash",
     "db.password: s3cretcolon": "s3cretcolon",
+    # nested: inside a value whose own name is not secret, and a URL password holding '/'
+    "logger.group=https://x.com/hook?api_key=s3cretquery&a=b": "s3cretquery",
+    "logger.tags=['s3://ak:s3cret/slash@host/bucket']": "s3cret/slash",
+    "export DATABASE_URL=postgres://u:s3cretdb@db/x": "s3cretdb",
+    "--url https://me:s3cretflagurl@example.com": "s3cretflagurl",
+    "{'api_key': 's3cretdict', 'steps': 3}": "s3cretdict",
+    "git clone https://ghp_s3cretusertoken1234@github.com/r": "ghp_s3cretusertoken1234",
 }
 
 
@@ -41,7 +48,8 @@ def test_each_common_spelling_of_a_secret_is_masked_and_its_name_kept(text):
 
 def test_ordinary_names_and_values_are_left_alone():
     for text in ("tokens_per_sec_per_gpu=3000", "ramp_tokens: 5", "PWD=/home/me", "model.hidden=64",
-                 "monkey=1", "keyboard=us", "a basic setup", "https://example.com/path"):
+                 "monkey=1", "keyboard=us", "a basic setup", "https://example.com/path",
+                 "http://host:8080/path", "ssh://git@github.com/r", "logger.group=https://x.com/a?b=c&d=e"):
         assert redact_text(text) == text
 
 
@@ -71,10 +79,12 @@ def test_a_sweep_with_secrets_in_values_tags_and_setup_writes_and_prints_none(cl
     swept = ["s3cretsweep1", "s3cretsweep2"]
     setup = ",".join(f"['export A_PASSWORD={s}','export PGPASSWORD=s3cretpg']" for s in swept)
     proc = run_cli("run", "-m", "model=tiny", "run.steps=2", "run.warmup_steps=1", f"cluster.setup={setup}",
-                   "logger.tags=['token=s3crettag']", "logger.mode=offline", "--out", str(tmp_path), timeout=600)
+                   "logger.tags=['token=s3crettag','s3://ak:s3cret/tagslash@h/b']",
+                   "logger.group='https://x.com/hook?api_key=s3cretgroup&a=b'",
+                   "logger.mode=offline", "--out", str(tmp_path), timeout=600)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said
-    planted = [*swept, "s3cretpg", "s3crettag"]
+    planted = [*swept, "s3cretpg", "s3crettag", "s3cret/tagslash", "s3cretgroup"]
     assert not leaks(tmp_path, *planted) and not [s for s in planted if s in said]
     assert list(tmp_path.glob("*/wandb/offline-run-*/run-*.wandb"))  # W&B's own file was written, and searched
     assert all("A_PASSWORD=***" in p.read_text() for p in tmp_path.glob("*/config.yaml"))  # masked, name kept
@@ -87,11 +97,19 @@ def test_a_sweep_with_secrets_in_values_tags_and_setup_writes_and_prints_none(cl
 
 def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it_would_write(cli, tmp_path):
     base = ["translate", "cluster=slurm", "hardware=cpu"]
-    proc = run_cli(*base, "cluster.setup=['module load cuda','export HF_TOKEN=s3cretexport']", "--out",
-                   str(tmp_path / "ok"))
+    # an export carries a secret in its name or anywhere in its value: the documented way, taken
+    setup = "cluster.setup=['module load cuda','export HF_TOKEN=s3cretexport','export DB_URL=pg://u:s3cretdb@h/x']"
+    proc = run_cli(*base, setup, "--out", str(tmp_path / "ok"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert not leaks(tmp_path, "s3cretexport") and "s3cretexport" not in proc.stdout + proc.stderr
-    assert "module load cuda" in (tmp_path / "ok" / "launch.sh").read_text()
+    assert not leaks(tmp_path, "s3cretexport", "s3cretdb") and "s3cret" not in proc.stdout + proc.stderr
+    script = (tmp_path / "ok" / "launch.sh").read_text()
+    assert "module load cuda" in script and "# export DB_URL=***" in script
+    assert secret_exports(["export DB_URL=pg://u:s3cretdb@h/x", "export OMP_NUM_THREADS=4"]) == (
+        ["# export DB_URL=***  (not written to files: set in sbatch's environment)", "export OMP_NUM_THREADS=4"],
+        {"DB_URL": "pg://u:s3cretdb@h/x"})
+    # a local trial writes no job script: nothing to refuse, and nothing about sbatch
+    proc = cli("plan", "cluster=local", "cluster.setup=['huggingface-cli login --token s3cretlocal']")
+    assert proc.returncode == 0 and "s3cretlocal" not in proc.stdout + proc.stderr
     # Anywhere else the value would be written in clear (the job script, squeue's comment)
     for override in ("cluster.setup=['huggingface-cli login --token s3cretsetup']",
                      "cluster.srun_args=['--token','s3cretsrun']", "cluster.comment='password=s3cretcomment'",

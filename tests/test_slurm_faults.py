@@ -19,6 +19,8 @@ from tests.conftest import results_below, run_cli, squeue, submit, wait_cli
 
 pytestmark = pytest.mark.slow
 SECRET = "abc123secret"
+# The password of a URL under a name that says nothing (a database URL): a secret all the same.
+URL = "postgres://u:abc/456secret@db/x"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,8 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     runs = {"cancel": [*ONE_RANK, "run.steps=100000", "run.step_sleep_s=0.5"],
             "sigkill": ["run.steps=100000", "run.step_sleep_s=0.5", "run.checkpoint_every=5"],
             "rank1": ["run.fail_at_step=1", "run.fail_rank=1"],
-            "secret": [*ONE_RANK, f"cluster.setup=['export TOKEN={SECRET}','echo token-md5=$(echo $TOKEN | md5sum)']"]}
+            "secret": [*ONE_RANK, f"cluster.setup=['export TOKEN={SECRET}','export DATABASE_URL={URL}',"
+                                  "'echo token-md5=$(echo $TOKEN | md5sum) url-md5=$(echo $DATABASE_URL | md5sum)']"]}
     for name, extra in runs.items():
         submit(base / name, *SMALL, *extra)
     return {name: base / name for name in runs}
@@ -87,7 +90,10 @@ def test_a_failure_on_rank_1_only_is_reported(submitted):
 def test_a_secret_export_reaches_the_job_but_no_file(submitted):
     out = submitted["secret"]
     assert wait_cli(out).returncode == 0
-    leaks = [p for p in out.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    leaks = [p for p in out.rglob("*") if p.is_file() and (SECRET.encode() in p.read_bytes()
+                                                           or b"456secret" in p.read_bytes())]
     assert not leaks  # trial files, sbatch script, submitit's pickles and logs
     logs = " ".join(p.read_text(errors="replace") for p in (out / "slurm-logs").rglob("*.out"))
-    assert "token-md5=" + hashlib.md5(f"{SECRET}\n".encode()).hexdigest() in logs  # the job had it, from sbatch's environment
+    # the job had both, from sbatch's environment
+    assert "token-md5=" + hashlib.md5(f"{SECRET}\n".encode()).hexdigest() in logs
+    assert "url-md5=" + hashlib.md5(f"{URL}\n".encode()).hexdigest() in logs
