@@ -9,7 +9,6 @@ Exit codes: 0 ok; 1 a trial ran and failed; 2 invalid config; 3 the plan refuses
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
 from orchestrator.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, PlanRefused, did_you_mean, one_of
-from orchestrator.files import read_json
+from orchestrator.files import read_json, strict_json
 from orchestrator.redact import redacted_output
 from orchestrator.spec import build_spec
 from orchestrator.report import collect, write_report
@@ -112,7 +111,7 @@ def report_command(args: argparse.Namespace) -> int:
 
     written += render(directory)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(strict_json(rows))
     else:
         show_report(rows, console())
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)

@@ -27,7 +27,6 @@ Hydra's private API (its argument parser) is reached through hydra_compat.py onl
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -45,7 +44,7 @@ from orchestrator.conf_tree import CONFIG_NAME, Source, current_source, use_sour
 from orchestrator.config import OBJECTIVES
 from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
-from orchestrator.files import read_json
+from orchestrator.files import read_json, strict_json
 from orchestrator.hydra_compat import hydra_arguments
 from orchestrator.hydra_errors import foreign_launcher
 from orchestrator.plan.planner import make_plan
@@ -187,7 +186,7 @@ def plan(overrides: list[str], multirun: bool, as_json: bool, most: int = MAX_PO
     if as_json:
         data = ([{"overrides": list(spec.overrides), "plan": p.as_dict()} for spec, p in points]
                 if multirun else points[0][1].as_dict())
-        print(json.dumps(data, indent=2))
+        print(strict_json(data))
     elif len(points) == 1 and not multirun:
         show_plan(*points[0], console())
     else:

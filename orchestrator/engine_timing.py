@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 
-from orchestrator.kernel_timing import Cache, KernelTimingError, Measured
+from orchestrator.kernel_timing import MAX_KERNEL_S, Cache, KernelTimingError, Measured
 
 TIMEOUT_S = 300
 PARTS = ("forward_s", "backward_s", "step_s")
@@ -35,6 +35,13 @@ def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
     return {name: (float(a), float(b)) for name, (a, b) in out["lines"].items()}, str(out["optimizer"])
 
 
+def plausible_line(intercept_s: float, slope_s: float) -> bool:
+    """An engine's (intercept, seconds per element) as a device can take them: finite, the
+    intercept within an hour either way (a fitted line may start below 0), the slope >= 0
+    and under a millisecond an element."""
+    return abs(intercept_s) <= MAX_KERNEL_S and 0.0 <= slope_s <= 1e-3
+
+
 def with_engine(measured: Measured, engine: dict, threads: int, elements: int) -> Measured:
     """`measured` with the engine's hooks per micro batch and its own step for a rank holding
     `elements` (the lines cached under the engine's settings and the device's prefix); where
@@ -48,7 +55,7 @@ def with_engine(measured: Measured, engine: dict, threads: int, elements: int) -
         for part in PARTS:
             if part not in lines and f"{key} {part}" not in Cache.known():
                 lines.update(time_engine(settings)[0])
-            a, b, when = Cache.get(f"{key} {part}", lambda: lines[part])
+            a, b, when = Cache.get(f"{key} {part}", lambda: lines[part], plausible_line)
             at[part] = max(a + b * elements, 0.0)
             whens.append(when)
     except (KernelTimingError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:

@@ -31,10 +31,14 @@ def atomic_write_text(path: Path | str, text: str) -> None:
         raise
 
 
+def strict_json(data: Any) -> str:
+    """Strict JSON: a NaN or infinity (a diverged loss) becomes null, never a bare NaN that
+    strict readers reject; whoever produced it flags it in words beside it."""
+    return json.dumps(finite(data), indent=2, sort_keys=False, default=str, allow_nan=False)
+
+
 def atomic_write_json(path: Path | str, data: Any) -> None:
-    """Strict JSON: a NaN or infinity (a diverged loss) is written as null, never as a bare
-    NaN that strict readers reject; whoever produced it flags it in words beside it."""
-    atomic_write_text(path, json.dumps(finite(data), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
+    atomic_write_text(path, strict_json(data) + "\n")
 
 
 READ_LIMIT = 64 * 2**20  # bytes: a result.json with every step's record is well under a megabyte

@@ -6,11 +6,13 @@ MFU never uses a guessed peak: a GPU without a preset has to be described by the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import yaml
 
 from orchestrator.conf_tree import current_source
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_text
+from orchestrator.files import atomic_write_text, read_json, read_text
 
 # Substrings of torch.cuda.get_device_name() -> preset. Checked in order (H100 PCIe
 # before the SXM part, whose name is just "NVIDIA H100 80GB HBM3").
@@ -131,6 +133,11 @@ def peak_tflops(hw, precision: str, threads: int) -> tuple[float | None, str]:
             f"measured {precision} matmul on this CPU, {threads} thread(s) per rank")
 
 
+# What a host's matmul and memory copy can measure: from a slow core's 10 MFLOPS and 0.1 GB/s
+# to ten times the largest server's (AMX sockets reach tens of TFLOPS; HBM-fed CPUs ~1 TB/s).
+PLAUSIBLE_TFLOPS, PLAUSIBLE_GBPS = (1e-5, 1e3), (0.1, 1e5)
+
+
 def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
     """This CPU's dense matmul rate in TFLOPS for `precision` on `threads` threads.
 
@@ -157,7 +164,7 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
         return best
 
     key = f"{cpu_model()}|torch {torch_version()}|{precision}|{threads} threads|linear layout, best of 64-512, k to 2048"
-    return _measured(key, threads, matmul_tflops)
+    return _measured(key, threads, matmul_tflops, PLAUSIBLE_TFLOPS)
 
 
 def measured_cpu_bandwidth_gbps(threads: int) -> float:
@@ -170,7 +177,8 @@ def measured_cpu_bandwidth_gbps(threads: int) -> float:
         dst = torch.empty_like(src)
         return 2 * src.numel() * src.element_size() / _best_time(lambda: dst.copy_(src)) / 1e9
 
-    return _measured(f"{cpu_model()}|torch {torch_version()}|copy bandwidth|{threads} threads", threads, copy_gbps)
+    return _measured(f"{cpu_model()}|torch {torch_version()}|copy bandwidth|{threads} threads", threads, copy_gbps,
+                     PLAUSIBLE_GBPS)
 
 
 @functools.cache
@@ -185,20 +193,25 @@ def torch_version() -> str:
 _IN_PROCESS: dict[str, float] = {}
 
 
-def _measured(key: str, threads: int, measure) -> float:
+def _measured(key: str, threads: int, measure, plausible: tuple[float, float]) -> float:
     if key not in _IN_PROCESS:
-        _IN_PROCESS[key] = _measured_once(key, threads, measure)
+        _IN_PROCESS[key] = _measured_once(key, threads, measure, plausible)
     return _IN_PROCESS[key]
 
 
-def _measured_once(key: str, threads: int, measure) -> float:
+def _measured_once(key: str, threads: int, measure, plausible: tuple[float, float]) -> float:
+    """The cached figure under `key` where it is a number within `plausible` (what any
+    device of this kind can reach), else measured now and cached. The cache is read as
+    trial files are (files.read_json: a FIFO, a link or a huge file is not read) and an
+    unusable cache (a read-only or missing directory) costs only the measurement."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator" / "cpu_peak.json"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key in known:
-        return known[key]
+    known = read_json(cache) or {}
+    value = known.get(key)
+    if value is not None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and plausible[0] <= value <= plausible[1]:
+            return float(value)
+        print(f"warning: {cache} held {str(value)[:40]!r} for {key.split('|')[-2:]}, outside "
+              f"{plausible[0]:g}-{plausible[1]:g}: measured again", file=sys.stderr)
     import torch
 
     before = torch.get_num_threads()
@@ -207,7 +220,8 @@ def _measured_once(key: str, threads: int, measure) -> float:
         known[key] = measure()
     finally:
         torch.set_num_threads(before)
-    atomic_write_text(cache, json.dumps(known, indent=1))
+    with contextlib.suppress(OSError):
+        atomic_write_text(cache, json.dumps(known, indent=1))
     return known[key]
 
 

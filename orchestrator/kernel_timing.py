@@ -77,9 +77,22 @@ class Measured:
     engine_backward_s: float = 0.0
     optimizer: str = "torch's AdamW over the rank's share"
     busy: str = ""  # the machine was busy while new kernels were timed: what showed it (they were not cached)
+    discarded: str = ""  # cached times that no device could take, dropped and timed again: which
 
     def source(self) -> str:
         return f"measured kernels: timed on {self.device} ({self.software}), {self.timed_at}"
+
+
+# What a kernel's time can be on any device: no call is shorter than 10 ns (a GPU's launch
+# takes microseconds) nor longer than an hour (PROBE_S keeps every timed call far below it).
+MIN_KERNEL_S, MAX_KERNEL_S = 1e-8, 3600.0
+
+
+def plausible_times(forward_s: float, backward_s: float) -> bool:
+    """A kernel's (forward, backward) seconds as a device can take them: finite, forward
+    within [MIN_KERNEL_S, MAX_KERNEL_S], backward 0 (none) or within the same range."""
+    return (MIN_KERNEL_S <= forward_s <= MAX_KERNEL_S
+            and (backward_s == 0.0 or MIN_KERNEL_S <= backward_s <= MAX_KERNEL_S))
 
 
 def cache_path() -> Path:
@@ -93,6 +106,7 @@ class Cache:
     _known: dict[str, list] | None = None
     _dirty = False
     _new: set[str] = set()  # timed by this process and not saved yet
+    discarded: list[str] = []  # cached entries found implausible in this process (measured again)
 
     @classmethod
     def known(cls) -> dict[str, list]:
@@ -101,9 +115,12 @@ class Cache:
         return cls._known
 
     @classmethod
-    def get(cls, key: str, measure: Callable[[], tuple[float, float]]) -> tuple[float, float, str]:
-        entry = cls.known().get(key)
-        if isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, float) for x in entry[:2]):
+    def get(cls, key: str, measure: Callable[[], tuple[float, float]],
+            plausible: Callable[[float, float], bool] | None = None) -> tuple[float, float, str]:
+        """(a, b, when timed) under `key`: cached where the entry is whole and plausible
+        (a kernel's times by default), else measured and cached."""
+        entry = cls._checked(key, plausible or plausible_times)
+        if entry is not None:
             return entry[0], entry[1], str(entry[2])
         fwd, bwd = measure()
         entry = [float(fwd), float(bwd), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())]
@@ -118,7 +135,8 @@ class Cache:
         entry = cls.known().get(key)
         if isinstance(entry, list) and len(entry) == 4 and entry[3] == TOO_LARGE:
             return None, str(entry[2])
-        if isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, float) for x in entry[:2]):
+        entry = cls._checked(key, plausible_times)
+        if entry is not None:
             return (entry[0], entry[1]), str(entry[2])
         times = measure()
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -126,6 +144,32 @@ class Cache:
         cls._dirty = True
         cls._new.add(key)
         return times, when
+
+    @classmethod
+    def _checked(cls, key: str, plausible: Callable[[float, float], bool]) -> list | None:
+        """The cached entry under `key` if it is whole and its numbers plausible; a damaged or
+        implausible one (negative, zero, NaN, infinite, faster or slower than any device) is
+        dropped, to be measured again, and said (`discarded`)."""
+        entry = cls.known().get(key)
+        if entry is None:
+            return None
+        whole = (isinstance(entry, list) and len(entry) == 3
+                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in entry[:2]))
+        if whole and plausible(float(entry[0]), float(entry[1])):
+            return entry
+        cls.discarded.append(f"{key.rsplit('|', 1)[-1]}: {str(entry)[:80]}")
+        del cls.known()[key]
+        return None
+
+    @classmethod
+    def take_discarded(cls) -> str:
+        """What `_checked` dropped since the last call, as a warning ('' if nothing)."""
+        if not cls.discarded:
+            return ""
+        said = (f"{len(cls.discarded)} cached time(s) in {cache_path()} were not plausible for any device "
+                f"(e.g. {cls.discarded[0]}): discarded and timed again")
+        cls.discarded.clear()
+        return said
 
     @classmethod
     def forget_new(cls) -> None:

@@ -46,7 +46,9 @@ _URL_TOKEN_USER = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']{16,})(@)
 def is_secret_name(name: str) -> bool:
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name.lstrip("-"))  # apiKey -> api_Key
     parts = [part.lower() for part in re.split(r"[_.\-\s]+", spaced)]
-    return any(part in SECRET_PARTS or part.endswith(SECRET_ENDINGS) for part in parts)
+    # "per token" is a unit (flops.model_per_token), not a credential
+    return any((part in SECRET_PARTS or part.endswith(SECRET_ENDINGS)) and parts[i - 1:i] != ["per"]
+               for i, part in enumerate(parts))
 
 
 def redact_text(text: str) -> str:

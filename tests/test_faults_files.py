@@ -259,3 +259,80 @@ def test_a_sweep_says_its_size_and_a_huge_one_is_refused_unless_asked(cli, tmp_p
     assert proc.returncode == 2 and "3 points" in said(proc)
     proc = cli("plan", "-m", "run.seed=range(0,100)")
     assert proc.returncode == 0 and "sweep: 100 points" in proc.stderr
+
+
+CACHE_POISONS = {  # what a damaged or hostile kernels.json may hold where a time should be
+    "negative": -29.0, "zero": 0.0, "NaN": float("nan"), "infinite": float("inf"), "denormal": 1e-300,
+    "a day": 86400.0, "text": "fast", "true": True}
+
+
+def test_cached_kernel_times_no_device_could_take_are_timed_again_and_said(tmp_path, monkeypatch):
+    """Every time read from kernels.json is checked before a plan uses it: one that no device
+    can take is dropped, timed again (here a stand-in timing: what is tested is how the
+    cache is trusted), said once as a warning, and the cache holds the new time."""
+    from orchestrator import kernel_timing
+    from orchestrator.engine_timing import plausible_line
+    from orchestrator.kernel_timing import Cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(Cache, "_known", None)
+    path = kernel_timing.cache_path()
+    path.parent.mkdir(parents=True)
+    poisoned = {f"dev|sw|gemm {name}": [value, 1e-3, "2026-01-01T00:00:00Z"] for name, value in CACHE_POISONS.items()}
+    good = {"dev|sw|gemm good": [2e-3, 4e-3, "2026-01-01T00:00:00Z"], "dev|sw|optimizer": [5e-3, 0.0, "2026-01-01"],
+            "dev|sw|engine step_s": [-0.01, 2e-8, "2026-01-01"]}  # a fitted line may start below 0
+    path.write_text(json.dumps({**poisoned, **good, "dev|sw|gemm short": [1e-3], "dev|sw|gemm bwd NaN":
+                                [1e-3, float("nan"), "x"]}))  # bare NaN, as a careless writer leaves it
+    timed_again = []
+
+    def measure():
+        timed_again.append(1)
+        return 1e-3, 2e-3
+
+    for key in [*poisoned, "dev|sw|gemm short", "dev|sw|gemm bwd NaN"]:
+        assert Cache.get(key, measure)[:2] == (1e-3, 2e-3), key
+    assert Cache.get_whole("dev|sw|block", measure)[0] == (1e-3, 2e-3)  # absent: timed
+    assert [Cache.get(k, measure, plausible_line if "engine" in k else None)[:2] for k in good] == [
+        (2e-3, 4e-3), (5e-3, 0.0), (-0.01, 2e-8)]  # plausible: used as cached, never timed
+    assert len(timed_again) == len(poisoned) + 3
+    said = Cache.take_discarded()
+    assert f"{len(poisoned) + 2} cached time(s) in {path}" in said and "timed again" in said
+    assert Cache.take_discarded() == ""  # said once
+    Cache.save()
+    rewritten = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c} in the cache"))
+    assert all(kernel_timing.plausible_times(*rewritten[k][:2]) for k in poisoned)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "a list", "a string", "negative", "NaN", "text",
+                                  "cache is a file"])
+def test_a_cached_cpu_peak_is_read_bounded_and_checked_before_use(tmp_path, monkeypatch, kind):
+    """cpu_peak.json as hostile as kernels.json: never a hang, an unbounded read or a
+    traceback; a figure out of what a CPU can reach is measured again with a warning. (The
+    measurement is a stand-in: what is tested is how the cache is read and trusted.)"""
+    import threading
+
+    from orchestrator import hardware
+
+    cache_home = tmp_path / "cache"
+    path = cache_home / "orchestrator" / "cpu_peak.json"
+    path.parent.mkdir(parents=True)
+    key = "a CPU|torch x|bf16|1 threads"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "cache is a file":
+        shutil.rmtree(cache_home)
+        cache_home.write_text("not a directory")
+    else:
+        path.write_text({"a list": "[1, 2]", "a string": '"fast"', "negative": json.dumps({key: -1.0}),
+                         "NaN": f'{{"{key}": NaN}}', "text": json.dumps({key: "fast"})}[kind])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    got = []
+    reader = threading.Thread(target=lambda: got.append(
+        hardware._measured_once(key, 1, lambda: 0.25, hardware.PLAUSIBLE_TFLOPS)), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert got == [0.25], f"{kind}: no answer in 30 s" if not got else got
+    if kind in ("negative", "NaN", "text"):  # a figure was there and was not trusted; the new one is kept
+        assert json.loads(path.read_text())[key] == 0.25

@@ -94,6 +94,8 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     plan.warnings.extend(advice.warnings(spec, plan))
     if measured and measured.busy:
         plan.warnings.append(measured.busy)
+    if measured and measured.discarded:
+        plan.warnings.append(measured.discarded)
     return plan
 
 
@@ -128,6 +130,7 @@ def measured_kernels(spec: TrialSpec, here: bool) -> tuple[Measured | None, str]
                                   spec.cfg.recompute.mode)
         if (engine := engine_settings(spec)) is not None:
             m = engine_timing.with_engine(m, engine, threads, sum(shares))
+        m = dataclasses.replace(m, discarded=kernel_timing.Cache.take_discarded())
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
