@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ from orchestrator.launchers.binding import Binding
 from orchestrator import hardware
 from orchestrator.config import DeviceType
 from orchestrator.spec import TrialSpec
-from orchestrator.process import PROGRESS, die_with_parent
+from orchestrator.process import PROGRESS, die_with_parent, end_group
 from orchestrator.trial_dir import TrialPaths, disk_full
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
@@ -91,9 +90,9 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _end_group(proc)
+            end_group(proc)
         except BaseException:  # Ctrl-C: take the ranks down with us
-            _end_group(proc)
+            end_group(proc)
             raise
         reader.join(timeout=10)
     return LocalExit(returncode=proc.returncode, timed_out=timed_out, seconds=time.monotonic() - start, log=log)
@@ -140,19 +139,6 @@ def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
             except ValueError:
                 pass
         sink.write(line)
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def clear_stale_build_locks(min_age_s: float = 60) -> list[Path]:

@@ -17,7 +17,7 @@ from orchestrator import commands
 from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
 from orchestrator.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
-from orchestrator.errors import ConfigError, Interrupted, PlanRefused, did_you_mean, one_of
+from orchestrator.errors import ConfigError, Interrupted, MeasurementFailed, PlanRefused, did_you_mean, one_of
 from orchestrator.files import read_json, strict_json
 from orchestrator.redact import redacted_output
 from orchestrator.spec import build_spec
@@ -52,7 +52,7 @@ def _command(argv: list[str]) -> int:
             raise ConfigError("command", command, f"one of {one_of(COMMANDS)}{did_you_mean(command, COMMANDS)}")
         args = _parser().parse_args(argv)
         return args.handler(args)
-    except (ConfigError, PlanRefused) as exc:
+    except (ConfigError, PlanRefused, MeasurementFailed) as exc:
         print(f"orchestrator {command}: {exc}", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:
@@ -138,17 +138,8 @@ def links_command(args: argparse.Namespace) -> int:
     from orchestrator import links  # measures with torchrun or srun: not needed by other commands
 
     links.check_hardware(args.hardware)
-    try:
-        nodes = sorted({int(n) for n in args.nodes.split(",")})
-    except ValueError:
-        raise ConfigError("--nodes", args.nodes, "node counts separated by commas, e.g. 1,2,4") from None
-    if min(nodes) < 1 or args.ranks_per_node < 1 or args.max_mb <= 0 or args.reps < 1:
-        raise ConfigError("--nodes/--ranks-per-node/--max-mb/--reps", f"{args.nodes}/{args.ranks_per_node}/"
-                          f"{args.max_mb:g}/{args.reps}", "positive numbers")
-    if max(nodes) * args.ranks_per_node < 2:
-        raise ConfigError("--ranks-per-node", args.ranks_per_node, "at least 2 ranks in all to time a collective: "
-                          "--ranks-per-node 2, or --nodes 1,2")
     device = "cuda" if build_spec([f"hardware={args.hardware}"]).cfg.hardware.device.is_gpu else "cpu"
+    nodes = links.check_arguments(args.nodes, args.ranks_per_node, args.max_mb, args.reps, args.partition, device)
     backend = "nccl" if device == "cuda" else "gloo"
     rows = links.measure(nodes, args.ranks_per_node, args.max_mb, args.reps, device, args.partition)
     inside, between = links.fit_network(rows, backend)

@@ -3,6 +3,7 @@
 ConfigError (exit 2): the input is wrong. Its message is one short paragraph that names
 the field, the value and what is allowed; the CLI prints it without a traceback.
 PlanRefused (exit 3): the input is valid but the plan predicts the trial cannot run.
+MeasurementFailed (exit 1): a measurement the command ran (calibrate --links) failed.
 Interrupted (exit 130 / 143): Ctrl-C or SIGTERM; what was running is recorded first.
 """
 
@@ -26,6 +27,13 @@ class ConfigError(ValueError):
         field = _short(str(field))
         shown = MASK if is_secret_name(str(field).rsplit(".", 1)[-1]) and value not in (None, "") else _show(value)
         super().__init__(redact_text(f"{prefix}{field}={shown} is not allowed: {allowed}"))
+
+
+class MeasurementFailed(RuntimeError):
+    """A measurement the command ran itself (calibrate --links' ranks) failed: exit 1, with
+    what its processes said."""
+
+    exit_code = 1
 
 
 class PlanRefused(RuntimeError):

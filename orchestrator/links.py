@@ -28,12 +28,14 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from orchestrator.conf_tree import presets, user_conf_dir
-from orchestrator.errors import ConfigError, one_of
+from orchestrator.errors import ConfigError, MeasurementFailed, one_of
 from orchestrator.files import atomic_write_text
 from orchestrator.hardware import calibrated_name
+from orchestrator.host_load import available_bytes
 from orchestrator.plan import bus_table
 from orchestrator.plan.bus_table import BusRow, BusTable
 from orchestrator.plan.collectives import Level, Network, bus_factor, ring_steps, ring_time
+from orchestrator.process import run_group
 from orchestrator.spec import build_spec
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -88,9 +90,69 @@ def fit_level(rows: list[Measurement], backend: str) -> Level:
     return Level(busbw=float(1 / inverse), latency=max(float(latency), 0.0))
 
 
+# Past these a measurement is a typing slip, not a network: the largest clusters' nodes,
+# the most ranks a node holds (its GPUs, or a CPU's cores), nccl-tests' usual largest buffer.
+MAX_NODES, MAX_RANKS_PER_NODE, MAX_MB, MAX_REPS = 4096, 64, 16384, 1000
+
+
+def check_arguments(nodes_text: str, ranks_per_node: int, max_mb: float, reps: int, partition: str | None,
+                    device: str) -> list[int]:
+    """The node counts of `--nodes`, every argument checked before anything runs: bounds,
+    srun where more than one node (or a partition) is asked, and on this machine's CPU the
+    buffers of its ranks within its free memory."""
+    try:
+        nodes = sorted({int(n) for n in nodes_text.split(",")})
+    except ValueError:
+        raise ConfigError("--nodes", nodes_text, "node counts separated by commas, e.g. 1,2,4") from None
+    if not 1 <= nodes[0] <= nodes[-1] <= MAX_NODES:
+        raise ConfigError("--nodes", nodes_text, f"node counts from 1 to {MAX_NODES}")
+    if not 1 <= ranks_per_node <= MAX_RANKS_PER_NODE:
+        raise ConfigError("--ranks-per-node", ranks_per_node, f"1 to {MAX_RANKS_PER_NODE} (a node's GPUs); the "
+                          f"nearest valid value is {min(max(ranks_per_node, 1), MAX_RANKS_PER_NODE)}")
+    if not (math.isfinite(max_mb) and 1 <= max_mb <= MAX_MB):
+        nearest = f"; the nearest valid value is {MAX_MB if max_mb > MAX_MB else 1}" if not math.isnan(max_mb) else ""
+        raise ConfigError("--max-mb", max_mb, f"a buffer size in MB from 1 to {MAX_MB}{nearest}")
+    if not 1 <= reps <= MAX_REPS:
+        raise ConfigError("--reps", reps, f"1 to {MAX_REPS} timed calls per size")
+    if nodes[-1] * ranks_per_node < 2:
+        raise ConfigError("--ranks-per-node", ranks_per_node, "at least 2 ranks in all to time a collective: "
+                          "--ranks-per-node 2, or --nodes 1,2")
+    if nodes[-1] > 1 or partition:
+        _check_slurm_has(nodes[-1], nodes_text, partition)
+    free = available_bytes()
+    # each rank holds the whole buffer and a rank's part of it (collective_timing.py)
+    need = ranks_per_node * 2 * max_mb * 2**20
+    if device == "cpu" and nodes[0] == 1 and partition is None and free is not None and need > free:
+        fits = max(1, int(free / (ranks_per_node * 2 * 2**20)))
+        raise ConfigError("--max-mb", max_mb, f"buffers that fit this host's free memory ({free / 2**30:.1f} GiB for "
+                          f"{ranks_per_node} rank(s), two buffers each); the nearest valid value is {fits}")
+    return nodes
+
+
+def _check_slurm_has(most: int, nodes_text: str, partition: str | None) -> None:
+    """SLURM answers here (sinfo) and has `most` nodes (in `partition`): found before the
+    one-node measurement, not after it."""
+    if shutil.which("srun") is None or shutil.which("sinfo") is None:
+        raise ConfigError("--nodes", nodes_text, "one node here (--nodes 1, no --partition), or several through "
+                          "SLURM's srun, which this machine does not have")
+    argv = ["sinfo", "--noheader", "--format=%D", *([f"--partition={partition}"] if partition else [])]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        proc = subprocess.CompletedProcess(argv, 1, "", str(exc))
+    counts = [int(line) for line in proc.stdout.split() if line.isdigit()]
+    if proc.returncode or not counts:
+        said = (proc.stderr.strip().splitlines() or ["no nodes listed"])[-1][-300:]
+        raise ConfigError("--nodes", nodes_text, f"nodes SLURM has, but it does not answer here (sinfo: {said})")
+    if most > sum(counts):
+        raise ConfigError("--nodes", nodes_text, f"at most the {sum(counts)} node(s) SLURM has"
+                          f"{f' in partition {partition}' if partition else ''}")
+
+
 def measure(node_counts: list[int], ranks_per_node: int, max_mb: float, reps: int, device: str,
             partition: str | None = None) -> list[Measurement]:
-    """Every collective and size on each node count; one node runs here unless SLURM is asked."""
+    """Every collective and size on each node count; one node runs here unless SLURM is asked.
+    The ranks end with this process (run_group): a signal to the command ends them too."""
     out = []
     for nodes in node_counts:
         ranks = nodes * ranks_per_node
@@ -98,16 +160,17 @@ def measure(node_counts: list[int], ranks_per_node: int, max_mb: float, reps: in
         if nodes == 1 and partition is None:
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *worker]
         else:
-            if shutil.which("srun") is None:
-                raise ConfigError("--nodes", nodes, "one node here, or several through SLURM (srun), which this "
-                                  "machine does not have")
             argv = ["srun", "--export=ALL,SUBMITIT_EXECUTOR=slurm", f"--nodes={nodes}", f"--ntasks={ranks}",
                     f"--ntasks-per-node={ranks_per_node}", *([f"--partition={partition}"] if partition else []),
                     sys.executable, *worker]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+        try:
+            proc = run_group(argv, timeout=3600)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise MeasurementFailed(f"{ranks} ranks on {nodes} node(s) could not be measured: {exc}") from None
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode or not lines:
-            raise RuntimeError(f"{ranks} ranks on {nodes} node(s) failed: {proc.stderr[-1500:]}")
+            said = " ".join(proc.stderr.strip().splitlines()[-3:])[-600:] or f"exit code {proc.returncode}"
+            raise MeasurementFailed(f"{ranks} ranks on {nodes} node(s) failed ({argv[0]}): {said}")
         run = json.loads(lines[-1])
         out += [Measurement(r["op"], run["world"], run["nodes"], r["bytes"], r["seconds"]) for r in run["rows"]]
     return out

@@ -4,12 +4,15 @@
 - `die_with_parent`: a child ends when the process that started it dies, even by SIGKILL.
 - `redirect_output`: a rank's stdout and stderr into its log file, file descriptors and all.
 - `leave`: exit without C++ static destructors, once everything worth keeping is flushed.
+- `end_group` / `run_group`: a launcher (torchrun, srun) and everything it started end
+  together, in order (SIGTERM, then SIGKILL), when the command that started it stops.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,3 +50,32 @@ def leave(code: int, *streams) -> None:
     for stream in (*streams, sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to `proc`'s whole process group (torchrun forwards it to its ranks, srun to its
+    tasks), SIGKILL to what is left after 15 s."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_group(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run(argv) with its output captured, in its own process group (which dies
+    with this process, even by SIGKILL): a signal, an exception or the timeout here ends the
+    group, never leaving its ranks running."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=die_with_parent)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:  # the timeout, Ctrl-C, SIGTERM (Interrupted)
+        end_group(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -336,3 +336,79 @@ def test_a_cached_cpu_peak_is_read_bounded_and_checked_before_use(tmp_path, monk
     assert got == [0.25], f"{kind}: no answer in 30 s" if not got else got
     if kind in ("negative", "NaN", "text"):  # a figure was there and was not trusted; the new one is kept
         assert json.loads(path.read_text())[key] == 0.25
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--max-mb", "inf"], "--max-mb"), (["--max-mb", "nan"], "--max-mb"), (["--max-mb", "1e9"], "--max-mb"),
+    (["--max-mb", "0"], "--max-mb"), (["--nodes", "1,100000"], "--nodes"), (["--nodes", "0"], "--nodes"),
+    (["--ranks-per-node", "100000"], "--ranks-per-node"), (["--reps", "0"], "--reps"),
+    (["--reps", "10000000"], "--reps"), (["--nodes", "1,2,3000"], "--nodes")])
+def test_calibrate_links_checks_every_argument_before_it_measures(cli, tmp_path, args, field):
+    """Each bound of calibrate --links, before any rank starts: an infinite buffer would loop
+    forever, NaN would write a 0 us latency; node counts are checked against the SLURM
+    cluster that answers here (or refused where none does) before one node is measured."""
+    proc = cli("calibrate", "--links", *args, env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "conf").exists()
+
+
+def test_calibrate_links_buffers_past_the_hosts_free_memory_are_refused(cli, tmp_path):
+    from orchestrator.host_load import available_bytes
+
+    too_many_mb = int(available_bytes() / 2**20)  # two ranks, two buffers each: four times what is free
+    proc = cli("calibrate", "--links", "--max-mb", str(min(too_many_mb, 16384)),
+               env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    assert proc.returncode == 2 and "free memory" in proc.stderr and "nearest valid value" in proc.stderr
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_calibrate_links_stopped_by_sigterm_ends_its_ranks(tmp_path):
+    """SIGTERM to calibrate --links mid-measurement: the command exits 143 with one line, and
+    torchrun and both measuring ranks end with it (real processes, found through /proc)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "calibrate", "--links", "--max-mb", "4",
+                             "--reps", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    deadline, below = time.monotonic() + 120, set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        below |= {p for p in descendants(proc.pid)
+                  if b"collective_timing" in Path(f"/proc/{p}/cmdline").read_bytes()} if alive(proc.pid) else set()
+        if len(below) >= 3:  # torchrun and its two ranks
+            break
+        time.sleep(0.5)
+    assert len(below) >= 3, f"the ranks never started: {proc.poll()}"
+    time.sleep(2)  # importing torch, joining the group: mid-measurement
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "interrupted by SIGTERM" in err and "Traceback" not in err, err
+    deadline = time.monotonic() + 30
+    while [p for p in below if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in below if alive(p)], "ranks left running"
+    assert not (tmp_path / "conf").exists()  # nothing written from a measurement cut short
