@@ -31,7 +31,9 @@ import csv
 import dataclasses
 import datetime
 import fcntl
+import io
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -43,7 +45,8 @@ from omegaconf import OmegaConf
 from orchestrator.conf_tree import user_conf_dir
 from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_json
+from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S
+from orchestrator.files import atomic_write_text, read_json, read_text
 from orchestrator.hardware import calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.spec import TrialSpec, build_spec, load_spec
@@ -201,16 +204,24 @@ def plausible_step_s(step: object) -> float:
     return float(step)  # type: ignore[arg-type]
 
 
-def csv_trials(path: Path) -> dict[str, list[Measured]]:
-    """The rows of a CSV of measured runs, each composed and validated as a trial, by hardware name."""
+def csv_trials(path: Path, max_rows: int = MAX_POINTS, warn: Callable[[str], None] = print) -> dict[str, list[Measured]]:
+    """The rows of a CSV of measured runs, each composed and validated as a trial, by hardware
+    name. Read as trial files are (files.read_text: a regular file, no link followed, bounded:
+    a FIFO or /dev/zero is refused, not waited on), a byte-order mark ignored; at most
+    `max_rows` rows (each is a plan in the fit), their validation's progress said."""
     try:
-        rows = list(csv.DictReader(path.open(newline="")))
+        text = read_text(path).removeprefix("\ufeff")  # Excel's UTF-8 CSVs start with one
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
     except (OSError, csv.Error, UnicodeDecodeError) as exc:
         raise ConfigError("--csv", str(path), f"a readable CSV file ({getattr(exc, 'strerror', None) or exc})") from None
     if not rows or not any(c in rows[0] for c in MEASURED_COLUMNS):
         raise ConfigError("--csv", str(path), f"a header of override keys and one of {', '.join(MEASURED_COLUMNS)}, "
                           "and a row per run")
+    if len(rows) > max_rows:
+        raise ConfigError("--csv", f"{path} ({len(rows):,} rows)", f"at most --max-rows={max_rows:,} rows (each is "
+                          f"validated and planned at every step of the fit); --max-rows {len(rows)} if all are meant")
     found: dict[str, list[Measured]] = {}
+    started = said = time.monotonic()
     for number, row in enumerate(rows, start=2):  # row 1 is the header
         where = f"{path.name} row {number}"
         overrides = [f"{key}={value}" for key, value in row.items()
@@ -221,6 +232,10 @@ def csv_trials(path: Path) -> dict[str, list[Measured]]:
             raise ConfigError(exc.field, exc.value, exc.allowed, where=where) from None
         step = _measured_step_s(row, spec, where)
         found.setdefault(spec.cfg.hardware.name, []).append(Measured(where, spec, step))
+        if time.monotonic() - said >= PROGRESS_EVERY_S:
+            said, done = time.monotonic(), number - 1
+            warn(f"  validated {done:,} of {len(rows):,} rows of {path.name} "
+                 f"({(len(rows) - done) * (said - started) / done:,.0f} s to go)")
     return found
 
 
@@ -244,13 +259,14 @@ def _measured_step_s(row: dict, spec: TrialSpec, where: str) -> float:
     raise ConfigError(" or ".join(MEASURED_COLUMNS), "(empty)", "a measurement in every row", where=where)
 
 
-def calibrate(dirs: list[Path], csv_path: Path | None = None, warn: Callable[[str], None] = print) -> list[Calibration]:
+def calibrate(dirs: list[Path], csv_path: Path | None = None, warn: Callable[[str], None] = print,
+              max_rows: int = MAX_POINTS) -> list[Calibration]:
     for d in dirs:
         check_path(d, "DIR")
         if not d.is_dir():
             raise ConfigError("DIR", str(d), "a directory holding trials (a run's --out, or a sweep's)")
     found = measured_trials(dirs, warn)
-    for name, rows in (csv_trials(csv_path) if csv_path else {}).items():
+    for name, rows in (csv_trials(csv_path, max_rows, warn) if csv_path else {}).items():
         found.setdefault(name, []).extend(rows)
     if not found:
         raise ConfigError("DIR", " ".join(map(str, dirs)), "no ok trial with a measured step time below it; "

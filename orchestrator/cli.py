@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import commands
+from orchestrator.compose import MAX_POINTS
 from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
 from orchestrator.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
@@ -128,7 +129,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if not args.dirs and not args.csv:
         raise ConfigError("DIR", "(none)", "a directory of trials, or --csv FILE of measured runs")
     warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    for c in calibrate([Path(d) for d in args.dirs], Path(args.csv) if args.csv else None, warn):
+    if args.max_rows < 1:
+        raise ConfigError("--max-rows", args.max_rows, f"a whole number of CSV rows >= 1 (default {MAX_POINTS:,})")
+    for c in calibrate([Path(d) for d in args.dirs], Path(args.csv) if args.csv else None, warn, args.max_rows):
         show_calibration(c, console())
     return 0
 
@@ -210,6 +213,8 @@ def _parser() -> argparse.ArgumentParser:
     calib.add_argument("--nccl-tests", nargs="+", metavar="FILE", help="nccl-tests logs (all_reduce_perf, "
                        "all_gather_perf, reduce_scatter_perf; one file per run and node count): their bus bandwidth "
                        "by size becomes the network table of --hardware's calibrated preset")
+    calib.add_argument("--max-rows", type=int, default=MAX_POINTS, help=f"--csv: refuse a file of more rows "
+                       f"than this (default {MAX_POINTS:,}; each row is planned at every step of the fit)")
     calib.add_argument("--hardware", default="cpu", help="--links, --nccl-tests: the preset whose -calibrated copy "
                        "gets the network")
     calib.add_argument("--nodes", default="1", help="--links: node counts, e.g. 1,2,4 (more than one: through srun)")

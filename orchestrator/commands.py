@@ -39,7 +39,7 @@ from omegaconf import DictConfig
 
 from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
-from orchestrator.compose import MAX_POINTS, compose_trial, expand_sweep, fixed_part
+from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S, compose_trial, expand_sweep, fixed_part
 from orchestrator.conf_tree import CONFIG_NAME, Source, current_source, use_source
 from orchestrator.config import OBJECTIVES
 from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
@@ -61,7 +61,6 @@ from orchestrator.tune.space import plan_space
 OWN_FLAGS = {"run": {"--out": True, "--overwrite": False, "--max-points": True},
              "plan": {"--json": False, "--max-points": True}, "translate": {"--out": True, "--max-points": True},
              "tune": {"--out": True, "--overwrite": False, "--trials": True, "--minutes": True}}
-PROGRESS_EVERY_S = 5.0  # a long validation says how far it is, this often
 SAY_SIZE_FROM = 100  # a sweep of this many points or more says its size before validating
 TUNER = "orchestrator_tune"  # hydra/sweeper=orchestrator_tune: hydra_plugins/orchestrator_tuner
 COMMANDS = tuple(OWN_FLAGS)

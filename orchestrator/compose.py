@@ -220,6 +220,7 @@ def fixed_part(overrides: list[str]) -> list[str]:
 
 
 MAX_POINTS = 10_000  # a sweep (or a tune's space) past this many points is refused unless --max-points says so
+PROGRESS_EVERY_S = 5.0  # a long validation (a sweep's points, a CSV's rows) says how far it is, this often
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:

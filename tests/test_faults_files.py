@@ -412,3 +412,36 @@ def test_calibrate_links_stopped_by_sigterm_ends_its_ranks(tmp_path):
         time.sleep(0.5)
     assert not [p for p in below if alive(p)], "ranks left running"
     assert not (tmp_path / "conf").exists()  # nothing written from a measurement cut short
+
+
+CSV_HEADER = "model,parallel.dp,step_time_s\n"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "a directory"])
+def test_calibrate_csv_reads_its_file_as_trial_files_are_read(cli, tmp_path, kind):
+    """--csv FILE is a regular file read to a bound: a FIFO is not waited on, a link (to
+    /dev/zero or anywhere) is not followed."""
+    path = tmp_path / "runs.csv"
+    {"fifo": lambda: os.mkfifo(path), "link to /dev/zero": lambda: path.symlink_to("/dev/zero"),
+     "a directory": lambda: path.mkdir()}[kind]()
+    proc = cli("calibrate", "--csv", str(path), env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    assert proc.returncode == 2 and "--csv" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_calibrate_csv_takes_a_byte_order_mark_limits_its_rows_and_says_its_progress(cli, tmp_path, monkeypatch):
+    from orchestrator import calibrate
+
+    env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
+    path = tmp_path / "runs.csv"
+    # Excel's UTF-8 CSV: a byte-order mark before the header. The header is read as it is
+    # meant: the bad value of row 3 is what stops it (the fit never starts), not 'model'.
+    path.write_bytes(b"\xef\xbb\xbf" + (CSV_HEADER + "tiny,2,0.05\ntiny,2,slow\n").encode())
+    monkeypatch.setattr(calibrate, "PROGRESS_EVERY_S", 0.0)  # say it at every row
+    proc = cli("calibrate", "--csv", str(path), env=env)
+    assert proc.returncode == 2 and "runs.csv row 3" in proc.stderr and "a positive number" in proc.stderr, proc.stderr
+    assert "validated 1 of 2 rows of runs.csv" in proc.stderr
+    # past --max-rows (a sweep's --max-points, 10,000 by default) refused before one row is validated
+    path.write_text(CSV_HEADER + "tiny,2,0.05\n" * 11 + "tiny,0,0.05\n")
+    proc = cli("calibrate", "--csv", str(path), "--max-rows", "10", env=env)
+    assert proc.returncode == 2 and "--max-rows=10" in proc.stderr and "12 rows" in proc.stderr, proc.stderr
+    assert "validated 1 of" not in proc.stderr and not (tmp_path / "conf").exists()
