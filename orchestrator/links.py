@@ -141,6 +141,8 @@ def _check_slurm_has(most: int, nodes_text: str, partition: str | None) -> None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         proc = subprocess.CompletedProcess(argv, 1, "", str(exc))
     counts = [int(line) for line in proc.stdout.split() if line.isdigit()]
+    if partition and not proc.returncode and not counts:
+        raise ConfigError("--partition", partition, "a partition SLURM has (sinfo lists none by that name)")
     if proc.returncode or not counts:
         said = (proc.stderr.strip().splitlines() or ["no nodes listed"])[-1][-300:]
         raise ConfigError("--nodes", nodes_text, f"nodes SLURM has, but it does not answer here (sinfo: {said})")

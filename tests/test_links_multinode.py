@@ -10,7 +10,7 @@ import yaml
 
 from orchestrator.plan import bus_table
 
-from tests.conftest import LINK_MBIT, run_cli
+from tests.conftest import LINK_MBIT, NODES, run_cli
 
 pytestmark = pytest.mark.multinode
 
@@ -37,3 +37,18 @@ def test_calibrate_links_recovers_the_shaped_rate_between_nodes(slurm_cluster, t
     assert plan.returncode == 0 and "measured: gloo" in plan.stdout
     collectives = json.loads(plan.stdout)["comm"]["collectives"]
     assert collectives and all(c["algorithm"] == "measured" for c in collectives)
+
+
+def test_calibrate_links_knows_the_clusters_nodes_first_and_says_an_srun_failure(slurm_cluster, cli, tmp_path):
+    """Node counts past what SLURM has, or a partition it lacks, are refused before the one-node
+    measurement (exit 2); ranks that fail under srun (a GPU preset on these CPU nodes) end
+    the command with srun's own words in one paragraph (exit 1), no traceback, nothing written."""
+    env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
+    proc = cli("calibrate", "--links", "--nodes", f"1,{NODES + 1}", "--max-mb", "1", env=env)
+    assert proc.returncode == 2 and f"at most the {NODES} node(s) SLURM has" in proc.stderr, proc.stderr
+    proc = cli("calibrate", "--links", "--nodes", "2", "--partition", "nosuch", env=env)
+    assert proc.returncode == 2 and "--partition=nosuch" in proc.stderr, proc.stderr
+    proc = cli("calibrate", "--links", "--hardware", "h100-sxm", "--nodes", "2", "--ranks-per-node", "1",
+               "--max-mb", "1", env=env)
+    assert proc.returncode == 1 and "failed (srun)" in proc.stderr and "Exited with exit code" in proc.stderr
+    assert "Traceback (most recent call last)" not in proc.stderr and not (tmp_path / "conf").exists()
