@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 
 def atomic_write_text(path: Path | str, text: str) -> None:
     path = Path(path)
@@ -73,6 +75,50 @@ def read_json(path: Path | str) -> dict | None:
     except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+MAX_YAML_NODES = 200_000  # a trial's config.yaml has ~300; an alias bomb expands past any bound
+
+
+def read_yaml(path: Path | str, limit: int = READ_LIMIT) -> Any:
+    """The YAML document in `path`, read as read_text reads (no link, no FIFO, bounded), and
+    parsed with its aliases bounded: a document whose aliases would expand it past
+    MAX_YAML_NODES nodes (a 'billion laughs' file), or that refers to itself, is refused
+    with ValueError before anything is built from it. yaml.YAMLError where it is not YAML."""
+    loader = yaml.SafeLoader(read_text(path, limit))
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expanded_size(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """ValueError if `root`, its aliases expanded, holds more than MAX_YAML_NODES nodes. Walks
+    the node graph once (each shared node counted from its size), with a stack, not recursion."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+    todo: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while todo:
+        node, children_done = todo.pop()
+        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if children_done:
+            visiting.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[id(node)] > MAX_YAML_NODES:
+                raise ValueError(f"its aliases expand it past {MAX_YAML_NODES:,} nodes")
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in visiting:
+            raise ValueError("an alias refers to the node that holds it")
+        visiting.add(id(node))
+        todo.append((node, True))
+        todo += [(c, False) for c in children if id(c) not in sizes]
 
 
 def finite(data: Any) -> Any:

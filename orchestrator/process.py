@@ -4,6 +4,7 @@
 - `die_with_parent`: a child ends when the process that started it dies, even by SIGKILL.
 - `redirect_output`: a rank's stdout and stderr into its log file, file descriptors and all.
 - `leave`: exit without C++ static destructors, once everything worth keeping is flushed.
+- `start_ticks`: when a process started (so a pid that was reused is told apart).
 - `end_group` / `run_group`: a launcher (torchrun, srun) and everything it started end
   together, in order (SIGTERM, then SIGKILL), when the command that started it stops.
 """
@@ -30,6 +31,18 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         return
     if os.getppid() == 1:  # the parent died before the request: nobody will send it
         os.kill(os.getpid(), sig)
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field),
+    or None where it is not running or /proc cannot say. A pid and this together name one
+    process: a pid reused by a later process has a later start."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the name, in parentheses, may hold spaces
+        return None if fields[0] == b"Z" else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def redirect_output(log: Path) -> None:

@@ -46,6 +46,8 @@ _URL_TOKEN_USER = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']{16,})(@)
 def is_secret_name(name: str) -> bool:
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name.lstrip("-"))  # apiKey -> api_Key
     parts = [part.lower() for part in re.split(r"[_.\-\s]+", spaced)]
+    if parts[-1] in ("error", "exception", "warning"):  # KeyError: 'x' names an exception, holds no key
+        return False
     # "per token" is a unit (flops.model_per_token), not a credential
     return any((part in SECRET_PARTS or part.endswith(SECRET_ENDINGS)) and parts[i - 1:i] != ["per"]
                for i, part in enumerate(parts))

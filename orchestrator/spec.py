@@ -29,7 +29,7 @@ from orchestrator.config import KernelSource, TrialConfig
 from orchestrator.checks import (above_zero, at_most, check_choice, positive, typed_config,
                                   whole_number)
 from orchestrator.errors import ConfigError, one_of
-from orchestrator.files import read_text
+from orchestrator.files import read_text, read_yaml
 from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
 from orchestrator.plan import bus_table
@@ -90,7 +90,7 @@ def load_spec(trial_dir: Path) -> TrialSpec:
     try:
         meta = json.loads(read_text(paths.meta))
         choices, overrides = dict(meta["choices"]), tuple(str(o) for o in meta["overrides"])
-        cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.create(read_text(paths.config)))
+        cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.create(read_yaml(paths.config)))
     except (OSError, ValueError, KeyError, TypeError, RecursionError, OmegaConfBaseException, yaml.YAMLError) as exc:
         raise ConfigError("trial", str(trial_dir), f"a trial directory whose {paths.config.name} and {paths.meta.name} "
                           f"can be read ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from None

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from orchestrator.errors import ConfigError
 from orchestrator.files import read_json
+from orchestrator.process import start_ticks
 
 CLAIM = "claim.json"
 SWEEP_CLAIM = "sweep.json"  # a sweep's own directory: the trials are its sub-directories
@@ -129,11 +130,21 @@ def holds_trial(path: Path) -> bool:
 
 
 def trials_below(path: Path) -> list[Path]:
-    """Every trial directory at or below `path`. A running trial deletes old checkpoints
-    while this walks, so a folder that vanishes on the way is passed over (os.walk's
-    default), never an error."""
-    markers = set(HOLDS_A_TRIAL)
-    return sorted(Path(root) for root, _, files in os.walk(path) if markers & set(files))
+    """Every trial directory at or below `path` (links not followed). A running trial
+    deletes old checkpoints while this walks, so a folder that vanishes on the way is passed
+    over, never an error."""
+    markers, found, todo = set(HOLDS_A_TRIAL), [], [str(path)]
+    while todo:  # a stack, not os.walk: Python 3.11's walk recurses, and a tree 1,500 deep ends it
+        folder = todo.pop()
+        try:
+            with os.scandir(folder) as entries:
+                names = {e.name: e.is_dir(follow_symlinks=False) for e in entries}
+        except OSError:
+            continue
+        if markers & {name for name, is_dir in names.items() if not is_dir}:
+            found.append(Path(folder))
+        todo += [os.path.join(folder, name) for name, is_dir in names.items() if is_dir]
+    return sorted(found)
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # bytes: Linux's limits on a file name and a whole path
@@ -227,20 +238,25 @@ def writable_dir(path: Path, field: str) -> Path:
 
 
 def claim_record() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
+    return {"pid": os.getpid(), "pid_start": start_ticks(os.getpid()), "host": socket.gethostname(),
             "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def claimant_gone(record: dict) -> bool:
     """Whether the process that claimed a trial has ended (only knowable on its own host).
-    A record that names no process id (not an object, a pid that is not a whole number
-    above 0) cannot be held by a live run: gone."""
+    The process is its pid and its start time (`pid_start`): a live process under the same
+    pid that started at another time (the pid reused, or a claim naming pid 1) is not it.
+    A record that names no process (not an object, no whole pid above 0, no start time
+    where /proc has them) cannot be held by a live run: gone."""
     pid = record.get("pid") if isinstance(record, dict) else None
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return True
     if record.get("host") != socket.gethostname():
         return False
-    try:
+    if start_ticks(os.getpid()) is not None:  # /proc tells each process's start
+        running = start_ticks(pid)
+        return running is None or record.get("pid_start") != running
+    try:  # no /proc (not Linux): the pid alone
         os.kill(pid, 0)
     except ProcessLookupError:
         return True

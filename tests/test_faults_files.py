@@ -133,8 +133,18 @@ def test_two_calibrates_at_once_never_both_say_they_wrote(ok_trial, tmp_path):
     assert yaml.safe_load((tmp_path / "conf" / "hardware" / "cpu-calibrated.yaml").read_text())["calibrated_on"]
 
 
-@pytest.mark.parametrize("claim", [[1, 2], {"pid": "x", "host": socket.gethostname()},
-                                   {"pid": -4, "host": "another-host"}, "not json"])
+def live_claim() -> dict:
+    """A claim that this test's own (live) process holds, as claim_record writes one."""
+    from orchestrator.process import start_ticks
+
+    return {"pid": os.getpid(), "pid_start": start_ticks(os.getpid()), "host": socket.gethostname()}
+
+
+@pytest.mark.parametrize("claim", [
+    [1, 2], {"pid": "x", "host": socket.gethostname()}, {"pid": -4, "host": "another-host"}, "not json",
+    # a live process, but not the claimant: pid 1 (started long before), a pid reused since
+    {"pid": 1, "host": socket.gethostname(), "started_at": "2026-01-01T00:00:00+00:00"},
+    {"pid": os.getpid(), "pid_start": 1, "host": socket.gethostname()}])
 def test_a_claim_no_live_process_can_hold_is_resolved_not_waited_for(tmp_path, claim):
     trial = tmp_path / "sweep" / "0_x"
     trial.mkdir(parents=True)
@@ -148,15 +158,15 @@ def test_a_claim_no_live_process_can_hold_is_resolved_not_waited_for(tmp_path, c
 @pytest.mark.parametrize("timeout", ["nan", "-5", "inf", "soon"])
 def test_wait_refuses_a_timeout_that_is_not_a_duration(cli, tmp_path, timeout):
     (tmp_path / "0_x").mkdir()
-    (tmp_path / "0_x" / "claim.json").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    (tmp_path / "0_x" / "claim.json").write_text(json.dumps(live_claim()))
     proc = cli("wait", str(tmp_path), "--timeout", timeout)
     assert proc.returncode == 2 and "--timeout" in said(proc) and "Traceback" not in said(proc)
 
 
 def test_wait_timeout_zero_looks_once_and_returns(tmp_path):
     (tmp_path / "0_x").mkdir()
-    (tmp_path / "0_x" / "claim.json").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-    proc = run_cli("wait", str(tmp_path), "--timeout", "0", timeout=30)  # this test's pid: a live claimant
+    (tmp_path / "0_x" / "claim.json").write_text(json.dumps(live_claim()))
+    proc = run_cli("wait", str(tmp_path), "--timeout", "0", timeout=30)  # this test's process: a live claimant
     assert proc.returncode == 1 and "still not done" in said(proc)
 
 
@@ -445,3 +455,29 @@ def test_calibrate_csv_takes_a_byte_order_mark_limits_its_rows_and_says_its_prog
     proc = cli("calibrate", "--csv", str(path), "--max-rows", "10", env=env)
     assert proc.returncode == 2 and "--max-rows=10" in proc.stderr and "12 rows" in proc.stderr, proc.stderr
     assert "validated 1 of" not in proc.stderr and not (tmp_path / "conf").exists()
+
+
+def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_path):
+    """A trial 1,500 folders down (deeper than Python's recursion) is found by every reading
+    command; a config.yaml that is a YAML alias bomb is refused as unreadable (a warning
+    naming it) instead of expanding without end; both with a bounded --timeout that holds."""
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(1500):  # os.makedirs recurses too: one level at a time
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    bottom = Path(f"/proc/self/fd/{fd}").resolve()
+    os.close(fd)
+    shutil.copytree(ok_trial, bottom / "t1")
+    bomb = sweep_of(ok_trial, tmp_path / "bomb", 2)[1] / "config.yaml"
+    bomb.write_text("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)))
+    env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
+    for command in (["status"], ["report"], ["wait", "--timeout", "5"], ["calibrate"]):
+        proc = run_cli(*command, str(deep), env=env, timeout=120)
+        assert proc.returncode == 0 and "RecursionError" not in said(proc), (command, said(proc))
+        assert " ok " in said(proc) or "calibrated" in said(proc), (command, said(proc))  # the trial found
+    proc = run_cli("calibrate", str(tmp_path / "bomb"), env=env, timeout=120)
+    assert proc.returncode == 0 and "1_trial" in said(proc) and "aliases expand it past" in said(proc), said(proc)

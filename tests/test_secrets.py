@@ -49,7 +49,8 @@ def test_each_common_spelling_of_a_secret_is_masked_and_its_name_kept(text):
 def test_ordinary_names_and_values_are_left_alone():
     for text in ("tokens_per_sec_per_gpu=3000", "ramp_tokens: 5", "PWD=/home/me", "model.hidden=64",
                  "monkey=1", "keyboard=us", "a basic setup", "https://example.com/path",
-                 "http://host:8080/path", "ssh://git@github.com/r", "logger.group=https://x.com/a?b=c&d=e"):
+                 "http://host:8080/path", "ssh://git@github.com/r", "logger.group=https://x.com/a?b=c&d=e",
+                 "ConfigKeyError: 'str' object", "KeyError: 'model'", "model_per_token: 1.2e6"):
         assert redact_text(text) == text
 
 
