@@ -457,12 +457,13 @@ def test_calibrate_csv_takes_a_byte_order_mark_limits_its_rows_and_says_its_prog
     assert "validated 1 of" not in proc.stderr and not (tmp_path / "conf").exists()
 
 
-def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_path):
+def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_path, request):
     """A trial 1,500 folders down (deeper than Python's recursion) is found by every reading
     command; a config.yaml that is a YAML alias bomb is refused as unreadable (a warning
     naming it) instead of expanding without end; both with a bounded --timeout that holds."""
     deep = tmp_path / "deep"
     deep.mkdir()
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(deep)]))  # pytest's own cleanup recurses
     fd = os.open(deep, os.O_RDONLY)
     for _ in range(1500):  # os.makedirs recurses too: one level at a time
         os.mkdir("d", dir_fd=fd)
