@@ -47,23 +47,17 @@ from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
 from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S
 from orchestrator.files import atomic_write_text, read_json, read_text
-from orchestrator.hardware import calibrated_name, calibrated_preset
+from orchestrator.hardware import PLAUSIBLE, calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.spec import TrialSpec, build_spec, load_spec
 from orchestrator.trial_dir import TrialPaths, check_path, trials_below, writable_dir
 
 FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency",
           "attention_backward_efficiency", "memory_efficiency", "op_overhead_us")
-# Physically plausible ranges: a share of a peak is at most 0.9 of it, a GEMM saturates
-# somewhere below a few thousand rows, a kernel's fixed cost is under a few milliseconds
-# even for an eager CPU op with engine hooks.
-BOUNDS = {"compute_efficiency": (0.02, 0.9), "gemm_kn_efficiency": (0.02, 0.9), "gemm_half_dim": (0.0, 4096.0),
-          "attention_efficiency": (0.02, 0.9), "attention_backward_efficiency": (0.02, 0.9),
-          "memory_efficiency": (0.05, 0.9), "op_overhead_us": (0.0, 2000.0),
-          # the network: a bus bandwidth from a slow Ethernet to NVSwitch; a hop from RDMA to TCP
-          "intra_node.busbw_gbps": (0.05, 1000.0), "inter_node.busbw_gbps": (0.01, 1000.0),
-          "inter_node.latency_us": (0.5, 5000.0), "collective_overhead_us": (0.0, 20000.0)}
+# A fit stays within what the config accepts (hardware.PLAUSIBLE): a calibrated preset is
+# always one the plan takes.
 LINK_PARAMS = ("intra_node.busbw_gbps", "inter_node.busbw_gbps", "inter_node.latency_us", "collective_overhead_us")
+BOUNDS = {name: PLAUSIBLE[name] for name in FITTED + LINK_PARAMS}
 MEASURED_COLUMNS = ("tokens_per_sec_per_gpu", "step_time_s")
 STEP_RANGE_S = (1e-5, 1e5)  # a step from ten microseconds to a day: outside it, a figure is not a measurement
 SENSITIVITY = 0.01  # a parameter that moves no trial's step time by 1 % (for a x4 change) is not seen

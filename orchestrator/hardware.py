@@ -10,6 +10,7 @@ import contextlib
 import functools
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import sys
@@ -34,6 +35,35 @@ _GPU_PRESETS = (
 
 
 CALIBRATED = "-calibrated"  # the preset `orchestrator calibrate` writes for NAME is NAME-calibrated
+
+
+# What each planning figure of a hardware preset can be on any device this tool plans: the
+# config refuses a value outside it (a bus bandwidth of 1e-320 GB/s plans an infinite step)
+# and calibrate fits within it, so a fitted preset is always a valid one. Bus bandwidths
+# from a slow Ethernet to NVSwitch, hop latencies from RDMA to TCP across a building.
+PLAUSIBLE = {"compute_efficiency": (0.02, 1.0), "gemm_kn_efficiency": (0.02, 1.0), "gemm_half_dim": (0.0, 8192.0),
+             "attention_efficiency": (0.02, 1.0), "attention_backward_efficiency": (0.02, 1.0),
+             "memory_efficiency": (0.05, 1.0), "op_overhead_us": (0.0, 2000.0), "host_op_us": (0.0, 2000.0),
+             "intra_node.busbw_gbps": (0.01, 5000.0), "inter_node.busbw_gbps": (0.01, 5000.0),
+             "intra_node.latency_us": (0.0, 5000.0), "inter_node.latency_us": (0.0, 5000.0),
+             "collective_overhead_us": (0.0, 20000.0), "memory_bandwidth_gbps": (0.1, 1e5),
+             "host_memory_bandwidth_gbps": (0.1, 1e5), "host_link_gbps": (0.01, 5000.0), "memory_gib": (0.01, 1e6)}
+
+
+def check_plausible(hw) -> None:
+    """ConfigError naming the first of `hw`'s figures outside PLAUSIBLE, with the nearest
+    valid value; a null (measured on the device) passes."""
+    for name, (low, high) in PLAUSIBLE.items():
+        value = hw
+        for part in name.split("."):
+            value = getattr(value, part, None)
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or not low <= value <= high:
+            nearest = f"; the nearest valid value is {min(max(value, low), high):g}" if number or (
+                isinstance(value, float) and not math.isnan(value)) else ""
+            raise ConfigError(f"hardware.{name}", value, f"a number from {low:g} to {high:g}{nearest}")
 
 
 def calibrated_name(name: str) -> str:

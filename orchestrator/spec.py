@@ -199,12 +199,16 @@ def _check_zero_only_knobs(cfg: TrialConfig, overrides: tuple[str, ...]) -> None
 
 def _check_grad_accum(cfg: TrialConfig, precision: str) -> None:
     z = cfg.zero
-    if z.grad_accum_dtype not in (None, precision) and not (z.stage == 1 and precision == "bf16"):
+    bf16_optimizer = z.stage == 1 and precision == "bf16" and z.grad_accum_dtype == "fp32"
+    if z.grad_accum_dtype not in (None, precision) and not bf16_optimizer:
         # DeepSpeed runs other mixes as "unsupported mix of model_dtype and grad_accum_dtype"
         # (stage 0), or ignores the setting (stages 2 and 3 accumulate in their partitions).
-        raise ConfigError("zero.grad_accum_dtype", z.grad_accum_dtype, f"null or {precision} (the training precision) "
-                          f"at zero.stage={z.stage}; fp32 accumulation of bf16 gradients runs at zero.stage=1 "
-                          "(DeepSpeed's BF16_Optimizer)")
+        if z.stage == 1 and precision == "bf16":
+            allowed = "null, bf16 (the training precision) or fp32 (DeepSpeed's BF16_Optimizer) at zero.stage=1"
+        else:
+            allowed = (f"null or {precision} (the training precision) at zero.stage={z.stage}; fp32 accumulation "
+                       "of bf16 gradients runs at zero.stage=1 (DeepSpeed's BF16_Optimizer)")
+        raise ConfigError("zero.grad_accum_dtype", z.grad_accum_dtype, allowed)
 
 
 def _check_engine(cfg: TrialConfig) -> None:
@@ -281,28 +285,9 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
         above_zero(hw.memory_gib, "hardware.memory_gib")
     if not hw.device.is_gpu and hw.memory_gib is not None:
         above_zero(hw.memory_gib, "hardware.memory_gib")
-    if hw.memory_bandwidth_gbps is not None:
-        above_zero(hw.memory_bandwidth_gbps, "hardware.memory_bandwidth_gbps")
-    for share in ("compute_efficiency", "attention_efficiency", "attention_backward_efficiency", "memory_efficiency"):
-        if not 0 < getattr(hw, share) <= 1:
-            raise ConfigError(f"hardware.{share}", getattr(hw, share), "a share in (0, 1]")
-    if hw.gemm_kn_efficiency is not None and not 0 < hw.gemm_kn_efficiency <= 1:
-        raise ConfigError("hardware.gemm_kn_efficiency", hw.gemm_kn_efficiency,
-                          "a share in (0, 1], or null for every other GEMM's (hardware.compute_efficiency)")
     if hw.gemm_cache_mb is not None:
         above_zero(hw.gemm_cache_mb, "hardware.gemm_cache_mb")
-    if hw.gemm_half_dim < 0:
-        raise ConfigError("hardware.gemm_half_dim", hw.gemm_half_dim, "a matrix dimension >= 0 (0: no saturation)")
-    if hw.op_overhead_us < 0:
-        raise ConfigError("hardware.op_overhead_us", hw.op_overhead_us, "a time >= 0")
-    if hw.host_op_us < 0:
-        raise ConfigError("hardware.host_op_us", hw.host_op_us, "a time >= 0 (microseconds the host takes to issue one kernel)")
-    for link in ("intra_node", "inter_node"):
-        above_zero(getattr(hw, link).busbw_gbps, f"hardware.{link}.busbw_gbps")
-        if getattr(hw, link).latency_us < 0:
-            raise ConfigError(f"hardware.{link}.latency_us", getattr(hw, link).latency_us, "a latency >= 0")
-    if hw.collective_overhead_us < 0:
-        raise ConfigError("hardware.collective_overhead_us", hw.collective_overhead_us, "a time >= 0")
+    hardware.check_plausible(hw)
 
 
 def _with_network_table(cfg: TrialConfig) -> TrialConfig:

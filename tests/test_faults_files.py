@@ -482,3 +482,21 @@ def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_
         assert " ok " in said(proc) or "calibrated" in said(proc), (command, said(proc))  # the trial found
     proc = run_cli("calibrate", str(tmp_path / "bomb"), env=env, timeout=120)
     assert proc.returncode == 0 and "1_trial" in said(proc) and "aliases expand it past" in said(proc), said(proc)
+
+
+@pytest.mark.parametrize("override, says", [
+    ("hardware.inter_node.busbw_gbps=1e-320", "nearest valid value is 0.01"),  # planned an infinite step
+    ("hardware.intra_node.busbw_gbps=1e300", "nearest valid value is 5000"),
+    ("hardware.inter_node.latency_us=-3", "nearest valid value is 0"),
+    ("hardware.compute_efficiency=1e-9", "nearest valid value is 0.02"),
+    ("hardware.op_overhead_us=1e12", "nearest valid value is 2000"),
+    ("hardware.memory_bandwidth_gbps=1e-30", "nearest valid value is 0.1"),
+    ("hardware.collective_overhead_us=inf", "finite"),
+    ("hardware.intra_node.latency_us=nan", "finite"),
+    ("zero=stage1 zero.grad_accum_dtype=fp16", "or fp32 (DeepSpeed's BF16_Optimizer) at zero.stage=1")])
+def test_a_figure_no_device_has_is_refused_before_planning(cli, override, says):
+    """Every hardware figure within what a device can be (hardware.PLAUSIBLE: the ranges
+    calibrate fits within too), and DeepSpeed's dtype mixes as its own check says."""
+    proc = cli("plan", *override.split())
+    field = override.split()[-1].split("=")[0]
+    assert proc.returncode == 2 and field in proc.stderr and says in proc.stderr, proc.stderr
