@@ -171,11 +171,12 @@ ZERO_ONLY = ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_siz
 
 
 def _check_fsdp(cfg: TrialConfig) -> None:
-    """What FSDP2 cannot do, refused by name; engine=fsdp shards at stage 2 or 3 only."""
+    """What FSDP2 cannot do, refused by name; engine=fsdp shards at stage 2 or 3 only (3 where
+    no zero preset is chosen: conf/engine/fsdp.yaml)."""
     z = cfg.zero
     if cfg.engine.name == "fsdp" and z.stage not in (2, 3):
-        raise ConfigError("zero.stage", z.stage, "2 or 3 with engine=fsdp (3: reshard_after_forward, ZeRO-3's "
-                          "pattern; 2: parameters kept from forward to backward); zero.stage=0 is DDP (engine=accelerate)")
+        raise ConfigError("zero.stage", z.stage, "2 or 3 with engine=fsdp (3, its default: reshard_after_forward, "
+                          "ZeRO-3's pattern; 2: parameters kept from forward to backward); the nearest valid value is 2")
     if z.offload_optimizer != "none" and z.offload_param == "none":
         raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "none with FSDP: FSDP2 offloads parameters, "
                           "gradients and the optimizer step together (zero.offload_param=cpu), never the optimizer alone")
@@ -217,8 +218,16 @@ def _check_engine(cfg: TrialConfig) -> None:
                           "(FSDP2 under torchrun) or engine=accelerate")
     if cfg.engine.name == "fsdp" and cfg.engine.backend != "fsdp":
         raise ConfigError("engine.backend", cfg.engine.backend, "fsdp with engine=fsdp")
-    if cfg.engine.backend == "fsdp" and cfg.zero.stage == 1:
-        raise ConfigError("zero.stage", 1, "FSDP shards nothing, grads and optimizer, or everything: zero.stage 0, 2 or 3")
+    if cfg.engine.name == "accelerate" and cfg.engine.backend == "fsdp":
+        if cfg.zero.stage == 1:
+            raise ConfigError("zero.stage", 1, "0 (DDP), 2 or 3 with engine.backend=fsdp: FSDP shards nothing, "
+                              "gradients and optimizer states, or everything")
+        if cfg.zero.stage and not cfg.hardware.device.is_gpu:
+            # a config no machine runs as asked: plan refuses it as run does
+            raise ConfigError("engine.backend", "fsdp", f"accelerate applies FSDP only on GPUs (on a CPU it quietly "
+                              f"runs DDP instead, so zero.stage={cfg.zero.stage} would not be what runs); use "
+                              "engine=fsdp (FSDP2 itself, under torchrun), engine.backend=deepspeed, or zero.stage=0 "
+                              "for DDP")
     if cfg.engine.backend == "fsdp":
         _check_fsdp(cfg)
 

@@ -75,11 +75,6 @@ def check_runnable_here(spec: TrialSpec) -> None:
     if spec.cfg.cluster.name == "local" and spec.cfg.hardware.device.is_gpu and hardware.local_gpu_name() is None:
         raise ConfigError("hardware", spec.cfg.hardware.name, "this machine has no GPU to run it on; use hardware=auto "
                           "or cpu here (plan and translate take any hardware)")
-    if (spec.cfg.engine.name == "accelerate" and spec.cfg.engine.backend == "fsdp" and spec.cfg.zero.stage
-            and not spec.cfg.hardware.device.is_gpu):
-        raise ConfigError("engine.backend", "fsdp", f"accelerate applies FSDP only on GPUs (on a CPU it quietly runs "
-                          f"DDP instead, so zero.stage={spec.cfg.zero.stage} would not be what runs); use "
-                          "engine=fsdp here (FSDP2 itself, under torchrun), engine.backend=deepspeed, or zero.stage=0 for DDP")
 
 
 def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,

@@ -10,6 +10,7 @@ from orchestrator.plan.collectives import network
 from orchestrator.plan.fsdp import fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.params import parameter_tensors
 from orchestrator.plan.planner import make_plan
+from orchestrator.compose import expand_sweep
 from orchestrator.spec import build_spec
 from tests.conftest import run_cli
 
@@ -110,6 +111,21 @@ def test_both_routes_to_fsdp2_describe_the_same_sharding():
 def test_what_fsdp2_cannot_do_exits_2_naming_the_field(cli, overrides, field):
     proc = cli("plan", "engine=fsdp", *overrides)
     assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_choosing_fsdp2_alone_shards_fully_and_a_stage_given_is_kept(cli):
+    """engine=fsdp means sharding: FULL_SHARD (zero.stage 3) unless a stage is asked for,
+    as torchtitan and Accelerate default; an explicit stage 0 or 1 is refused without
+    offering stage 0 (which is DDP, another engine)."""
+    for overrides, stage in ([[], 3], [["zero=stage2"], 2], [["zero.stage=2"], 2]):
+        proc = cli("plan", "engine=fsdp", *overrides)
+        assert proc.returncode == 0 and f"engine=fsdp zero.stage={stage}" in proc.stdout, (overrides, proc.stderr)
+    # a sweep over engines: each keeps its own default
+    specs = [build_spec(point) for point in expand_sweep(["engine=fsdp,deepspeed"])]
+    assert [(s.cfg.engine.name, s.cfg.zero.stage) for s in specs] == [("fsdp", 3), ("deepspeed", 0)]
+    for explicit in ("zero=stage0", "zero.stage=1"):
+        proc = cli("plan", "engine=fsdp", explicit)
+        assert proc.returncode == 2 and "2 or 3 with engine=fsdp" in proc.stderr and "DDP" not in proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -184,10 +184,15 @@ def test_accelerate_runs_ddp_on_cpu_with_the_plans_buckets(tmp_path):
     assert engine["ddp_bucket_bytes"] == 1_000_000 * 2
 
 
-def test_accelerate_fsdp_says_clearly_that_the_cpu_cannot_run_it(tmp_path):
+def test_accelerate_fsdp_says_clearly_that_the_cpu_cannot_run_it(cli, tmp_path):
     proc = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage3")
     assert proc.returncode == 2 and "FSDP only on GPUs" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "logs").exists()
+    # plan agrees with run: refused on a CPU device, planned on a GPU one
+    plan = cli("plan", "engine=accelerate", "engine.backend=fsdp", "zero=stage3")
+    assert plan.returncode == 2 and "FSDP only on GPUs" in plan.stderr
+    assert cli("plan", "engine=accelerate", "engine.backend=fsdp", "zero=stage3", "hardware=h100-sxm",
+               "hardware.memory_gib=80").returncode == 0
 
 
 def test_tuning_knobs_are_applied_and_recorded_and_profile_writes_a_trace(knobs_trial):
