@@ -35,7 +35,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
@@ -61,6 +61,21 @@ from orchestrator.tune.space import plan_space
 OWN_FLAGS = {"run": {"--out": True, "--overwrite": False, "--max-points": True},
              "plan": {"--json": False, "--max-points": True}, "translate": {"--out": True, "--max-points": True},
              "tune": {"--out": True, "--overwrite": False, "--trials": True, "--minutes": True}}
+# What each command's --help says of its own flags (conf/config.yaml's help template asks
+# for them through the orchestrator.flags resolver): one command's flags, not every one's.
+FLAGS_HELP = {
+    "run": "--out DIR      where the trial (or, with -m, the sweep) goes: hydra.run.dir / hydra.sweep.dir\n"
+           "  --overwrite    replace the trial a directory already holds\n"
+           "  --max-points N refuse a sweep of more points (default 10,000)",
+    "plan": "--json         the plan (or every point's) as strict JSON on stdout\n"
+            "  --max-points N refuse a sweep of more points (default 10,000)",
+    "translate": "--out DIR      where the files go (required): config.yaml, ds_config.json, launch.sh, ...\n"
+                 "  --max-points N refuse a sweep of more points (default 10,000)",
+    "tune": "--out DIR      the search's directory; the same --out again resumes it\n"
+            "  --overwrite    start over in a directory that holds a search\n"
+            "  --trials N     run at most N candidates for real (default 8)\n"
+            "  --minutes M    start no new round after M minutes"}
+assert set(FLAGS_HELP) == set(OWN_FLAGS)
 SAY_SIZE_FROM = 100  # a sweep of this many points or more says its size before validating
 TUNER = "orchestrator_tune"  # hydra/sweeper=orchestrator_tune: hydra_plugins/orchestrator_tuner
 COMMANDS = tuple(OWN_FLAGS)
@@ -121,6 +136,7 @@ def _hydra(command: str, argv: list[str], task) -> None:
     # hydra_plugins namespace from its scan, so they are registered by hand (public API).
     Plugins.instance().register(OrchestratorLauncher)
     Plugins.instance().register(TuneSweeper)
+    OmegaConf.register_new_resolver("orchestrator.flags", lambda name: FLAGS_HELP.get(name, ""), replace=True)
     source = current_source()
     saved = sys.argv
     sys.argv = [f"orchestrator {command}", *with_overrides(argv, [f"hydra.job.name={command}"])]

@@ -25,7 +25,12 @@ FLAGS = [
     (["run", "--cfg", "job", "--resolve", "model=llama3-8b"], ["arch: llama", "hidden: 4096"], []),
     (["plan", "--info"], ["Config search path", "orchestrator"], []),
     (["plan", "--info", "defaults"], ["model/tiny", "hydra/launcher/orchestrator"], []),
-    (["run", "--help"], ["--out", "--multirun", "OVERRIDE", "model: ", "gpt2-350m", "Exit codes"], []),
+    (["run", "--help"], ["--out", "--overwrite", "--multirun", "OVERRIDE", "model: ", "gpt2-350m", "Exit codes"],
+     ["--json", "--trials"]),
+    # each command's help shows its own flags, not another's
+    (["plan", "--help"], ["plan's own flags", "--json", "--max-points"], ["--trials", "--overwrite", "--out DIR"]),
+    (["tune", "--help"], ["tune's own flags", "--trials N", "--minutes M", "--out DIR"], ["--json"]),
+    (["translate", "--help"], ["--out DIR", "(required)"], ["--json", "--trials"]),
     (["plan", "--hydra-help"], ["--shell-completion", "--config-dir"], []),
     (["run", "--shell-completion", "install=bash"], ["complete", "hydra_bash_completion"], []),
 ]
