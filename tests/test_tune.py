@@ -34,6 +34,20 @@ def test_a_candidate_leaves_out_the_axes_its_stage_does_not_read():
     assert all("allgather" not in o for k in keys for o in k)  # stage 3 has no allgather bucket
 
 
+def test_candidates_the_same_in_effect_are_planned_and_run_once():
+    """On the tiny model every default bucket (5e7 and up) holds the whole model, and on a
+    CPU device offload moves nothing: of 3 x 3 buckets x 2 offloads one candidate runs, the
+    others say which it is. On a GPU model with buckets below its size they all differ."""
+    space = plan_space(["hardware=cpu", "model=tiny", "zero=stage2", "batch.micro_batch_size=1", "recompute=none"])
+    (kept,) = space.fitting
+    same = [c for c in space.candidates if c.status == "same in effect"]
+    assert len(same) == 3 * 3 * 2 - 1 - len([c for c in space.candidates if c.status == "invalid"])
+    assert all(f"runs as {kept.label()} does" in c.reason and "one bucket" in c.reason for c in same)
+    gpu = plan_space([*GPU, "zero=stage2", "batch.micro_batch_size=1", "recompute=none",
+                      "zero.offload_optimizer=none"])
+    assert not [c for c in gpu.candidates if c.status == "same in effect"] and len(gpu.candidates) == 3
+
+
 def test_the_space_is_planned_and_the_search_runs_the_fastest_by_the_plan_first():
     space = plan_space([*GPU, "recompute=none,full", "zero.offload_optimizer=none"])
     assert space.fitting and all(c.predicted_tokens_per_sec_per_gpu for c in space.fitting)

@@ -201,7 +201,7 @@ def show_ranking(search: Search, out: Console, top: int = 10) -> None:
     space = search.space
     dropped = len(space.candidates) - len(space.fitting)
     out.print(f"[bold]tune[/bold]: {len(space.candidates)} candidates planned, {len(space.fitting)} fit, "
-              f"{dropped} dropped (does not fit or invalid; tune.md says why each)")
+              f"{dropped} dropped (does not fit, invalid, or the same in effect as another; tune.md says why each)")
     table = Table(title=f"Fastest by the plan (predicted), of {len(space.fitting)}", title_justify="left")
     for column in ("candidate", "tokens/s/GPU", "GiB/rank"):
         table.add_column(column, justify="left" if column == "candidate" else "right")

@@ -6,8 +6,10 @@ optimizer offload (DEFAULT_AXES); an override in Hydra's sweep syntax replaces a
 (`batch.micro_batch_size=1,2,4`, `zero=range(...)` is not a thing but `zero=stage2,stage3`
 is) or adds one (`zero.overlap_comm=true,false`), and a plain override of an axis fixes it
 (`zero=stage3`). An axis a candidate's ZeRO stage does not read (prefetch below stage 3,
-allgather outside stages 1-2, offload at stage 0) is left out of that candidate, so no
-point is planned or run twice.
+allgather outside stages 1-2, offload at stage 0) is left out of that candidate, and a
+candidate the same in effect as an earlier one (every bucket past the model's size is one
+bucket of the whole model; offload moves nothing where the device is the host) is kept
+out of the search ("same in effect"), so no run is spent twice.
 
 Each candidate is composed and validated like any trial and planned (plan/): fits,
 does not fit (with the plan's numbers) or invalid (with the validation's paragraph).
@@ -28,6 +30,7 @@ from orchestrator.compose import MAX_POINTS
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.hydra_errors import config_error
 from orchestrator.plan.memory import GIB
+from orchestrator.plan.params import count_parameters
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import Plan
 from orchestrator.spec import TrialSpec, build_spec
@@ -57,7 +60,7 @@ class Candidate:
 
     key: tuple[str, ...]  # the axis overrides, what tells candidates apart
     overrides: tuple[str, ...]
-    status: str  # "fits" | "does not fit" | "invalid"
+    status: str  # "fits" | "does not fit" | "invalid" | "same in effect"
     reason: str = ""
     spec: TrialSpec | None = field(default=None, repr=False)
     predicted_tokens_per_sec_per_gpu: float | None = None  # by the plan as launched (the preset's parameters)
@@ -146,7 +149,7 @@ def _plan_space(overrides: tuple[str, ...], runnable_check: Callable[[TrialSpec]
     if size > MAX_POINTS:
         raise ConfigError("search space", f"{size:,} combinations", f"at most {MAX_POINTS:,} (each is planned "
                           "before the search starts, about 10 ms each); narrow an axis")
-    candidates = []
+    candidates, effects = [], {}
     for key in points(axes, base.cfg.zero.stage):
         overrides_ = (*fixed, *key)
         try:
@@ -154,13 +157,40 @@ def _plan_space(overrides: tuple[str, ...], runnable_check: Callable[[TrialSpec]
         except ConfigError as exc:
             candidates.append(Candidate(key, overrides_, "invalid", str(exc)))
             continue
+        effect = in_effect(key, spec)
+        if effect in effects:
+            candidates.append(Candidate(key, overrides_, "same in effect", f"runs as {effects[effect].label()} does "
+                                        f"({', '.join(why for _, why in effect if why) or 'the same settings'})"))
+            continue
         candidates.append(planned(key, overrides_, spec, make_plan(spec)))
+        effects[effect] = candidates[-1]
     space = Space(fixed, axes, candidates)
     if not space.fitting:  # the plan refuses them all (exit 3, as `plan` says), or none is valid (exit 2)
         if any(c.status == "does not fit" for c in candidates):
             raise PlanRefused(f"search space of {len(candidates)} candidates: {nothing_runs(space)}")
         raise ConfigError("search space", f"{len(candidates)} candidates", nothing_runs(space))
     return space
+
+
+BUCKET_AXES = ("zero.reduce_bucket_size", "zero.allgather_bucket_size", "zero.prefetch_bucket_size")
+
+
+def in_effect(key: tuple[str, ...], spec: TrialSpec) -> tuple[tuple[str, str], ...]:
+    """A candidate's axis settings as they act on this trial: a bucket of at least the
+    model's parameter count holds the whole model (any larger one is the same), and an
+    offload on a device that is the host (a CPU) moves nothing. Each setting with why it
+    was changed ('' where it acts as given)."""
+    params = count_parameters(spec.cfg.model)
+    out = []
+    for item in key:
+        name, _, value = item.partition("=")
+        if name in BUCKET_AXES and float(value) >= params:
+            out.append((f"{name}=all", f"{name} >= the model's {params:,} parameters: one bucket"))
+        elif name.startswith("zero.offload_") and not spec.cfg.hardware.device.is_gpu:
+            out.append((f"{name}=none", f"{name} on a CPU device moves nothing"))
+        else:
+            out.append((item, ""))
+    return tuple(out)
 
 
 def planned(key: tuple[str, ...], overrides: tuple[str, ...], spec: TrialSpec, plan: Plan) -> Candidate:
