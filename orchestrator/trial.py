@@ -19,7 +19,7 @@ from orchestrator.launchers import slurm
 from orchestrator.launchers.local import run_local
 from orchestrator import hardware, host_load, memory_cgroup
 from orchestrator.errors import ConfigError, Interrupted
-from orchestrator.display import show_plan, show_progress, show_result
+from orchestrator.display import show_plan, show_progress, show_result, trial_label
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import Plan
@@ -84,8 +84,11 @@ def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict |
     reserve(trial_dir, spec.cfg.run.steps)
     plan = make_plan(spec)
     if message := refusal(spec, plan, nodes):
-        show_plan(spec, plan, out)
-        out.print(f"[red]refused:[/red] {message}")
+        if sweep is None:  # one trial: its whole plan, then why; a sweep's points one line each
+            show_plan(spec, plan, out)
+            out.print(f"[red]refused:[/red] {message}")
+        else:
+            out.print(f"[red]refused:[/red] {trial_label(spec)}: {message} (its plan: result.json in {trial_dir})")
         refused = write_result(trial_dir, spec, plan.as_dict(), Status.REFUSED, started,
                                error_record("PlanRefused", message))
         return refused, None, plan.as_dict()

@@ -200,10 +200,12 @@ def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False,
 def _claim(path: Path, field: str, overwrite: bool, marker: str, check_held: bool = True) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(field, str(path), "a directory, but it is a file; choose another path")
-    if check_held and (holds_trial(path) or SweepPaths(path).claim.exists() or (path.is_dir() and trials_below(path))):
+    below = trials_below(path) if path.is_dir() else []
+    if check_held and (holds_trial(path) or SweepPaths(path).claim.exists() or below):
         if not overwrite:
-            raise TrialDirHeld(field, str(path), "a directory that holds no trial, but it holds one; choose another "
-                               "directory, or add --overwrite to delete the old trial and run this one in its place")
+            held = "a trial" if holds_trial(path) else f"a sweep of {len(below)} trial(s)" if below else "a sweep"
+            raise TrialDirHeld(field, str(path), f"a directory no earlier run used, but it holds {held}; choose "
+                               "another directory, or add --overwrite to delete what it holds and run this in its place")
         _remove(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

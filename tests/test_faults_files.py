@@ -500,3 +500,15 @@ def test_a_figure_no_device_has_is_refused_before_planning(cli, override, says):
     proc = cli("plan", *override.split())
     field = override.split()[-1].split("=")[0]
     assert proc.returncode == 2 and field in proc.stderr and says in proc.stderr, proc.stderr
+
+
+def test_a_refused_sweep_says_why_once_per_point_and_its_directory_is_named_for_what_it_holds(tmp_path):
+    """A sweep the plan refuses prints one line per point (why, and where its plan is), not
+    every point's whole plan; the same --out again says it holds that sweep."""
+    argv = ["run", "-m", "hardware.memory_gib=0.01", "parallel.dp=1,2", "--out", str(tmp_path / "sweep")]
+    proc = run_cli(*argv, timeout=300)
+    assert proc.returncode == 3, said(proc)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("refused:")]
+    assert len(lines) == 2 and "Plan (predicted)" not in proc.stdout and "result.json in" in said(proc)
+    again = run_cli(*argv, timeout=300)
+    assert again.returncode == 2 and "it holds a sweep of 2 trial(s)" in said(again), said(again)
