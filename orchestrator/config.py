@@ -74,7 +74,10 @@ class ModelConfig:
 class WarmupConfig:
     start: Optional[int] = None  # null: micro_batch_size x dp, the smallest global batch
     end: int = 32
-    ramp_tokens: int = 16384
+    # The ramp's length: ramp_tokens tokens where set, else ramp_samples sequences (Megatron's
+    # --rampup-batch-size unit: the same share of a run for a model of any sequence length).
+    ramp_tokens: Optional[int] = None
+    ramp_samples: Optional[int] = 256
     increment: Optional[int] = None  # null: micro_batch_size x dp, the smallest step
 
 

@@ -335,6 +335,11 @@ def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
     w.start = unit if w.start is None else positive(w.start, "batch.warmup.start")
     if w.start > w.end:
         raise ConfigError("batch.warmup.start", w.start, f"at most batch.warmup.end={w.end}")
+    if w.ramp_tokens is None:  # the ramp in sequences (Megatron's samples): the same warm-up for every model
+        if w.ramp_samples is None:
+            raise ConfigError("batch.warmup.ramp_tokens", None, "a number of tokens > 0, or "
+                              "batch.warmup.ramp_samples, the ramp in sequences")
+        w.ramp_tokens = positive(w.ramp_samples, "batch.warmup.ramp_samples") * cfg.model.seq_len
     if w.ramp_tokens <= 0:
         raise ConfigError("batch.warmup.ramp_tokens", w.ramp_tokens, "a number of tokens > 0")
     if w.start % unit:

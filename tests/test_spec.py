@@ -66,6 +66,18 @@ GPT3_TABLE = {"gpt2-125m": (12, 768, 12), "gpt2-350m": (24, 1024, 16), "gpt2-1.3
               "gpt3-175b": (96, 12288, 96)}
 
 
+def test_the_warmup_preset_ramps_over_whole_batches_for_every_model():
+    """batch=warmup ramps over 256 sequences (Megatron's samples), 8 of its final batches,
+    whatever the model's sequence length; ramp_tokens given instead is taken as it is."""
+    for preset in presets("model"):
+        spec = build_spec([f"model={preset}", "batch=warmup", *GPU])
+        ramp_tokens, end = spec.schedule[-1]
+        assert end == 32 and ramp_tokens == 256 * spec.cfg.model.seq_len, preset
+        assert len(spec.schedule) > 2, preset  # a ramp, not one step at the full batch
+    spec = build_spec(["batch=warmup", "batch.warmup.ramp_tokens=4096", *GPU])
+    assert spec.schedule[-1][0] == 4096
+
+
 @pytest.mark.parametrize("preset", presets("model"))
 def test_every_model_preset_composes_and_validates(preset):
     spec = build_spec([f"model={preset}", *GPU])
