@@ -237,6 +237,28 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
                  if mem.get("live_peak_bytes") else "") + "[/dim]")
 
 
+LABEL_MAX = 48  # a trial's name longer than this is listed under its table, whole
+
+
+def _short_labels(labels: list[str]) -> tuple[list[str], list[str]]:
+    """(what the table shows, the lines under it): a long trial name (a deep path, a sweep
+    point named by many overrides) would wrap mid-name in a table and could not be copied;
+    it shows as [n] there and whole, on one line, below."""
+    shown, below = [], []
+    for label in labels:
+        if len(label) <= LABEL_MAX:
+            shown.append(label)
+        else:
+            below.append(f"[{len(below) + 1}] {label}")
+            shown.append(f"[{len(below)}]")
+    return shown, below
+
+
+def _print_below(lines: list[str], out: Console) -> None:
+    for line in lines:  # soft_wrap: no line break inserted, so the terminal's copy is the whole path
+        out.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
 def show_report(rows: list[dict], out: Console) -> None:
     """The report's table: swept values, then measured and predicted figures."""
     fixed = {"trial", *COLUMNS}
@@ -247,16 +269,18 @@ def show_report(rows: list[dict], out: Console) -> None:
     for name in ("trial", "status", *swept, "tokens/s/GPU", "vs best", "MFU", "HFU", "step s", "predicted s",
                  *(["calibrated s"] if calibrated else []), "peak", "predicted peak", "cause"):
         table.add_column(name, justify="left" if name in ("trial", "status", "cause") else "right")
-    for r in rows:
+    labels, below = _short_labels([r["trial"] for r in rows])
+    for r, label in zip(rows, labels):
         def num(key, fmt):
             return "" if r.get(key) is None else fmt.format(r[key])
-        table.add_row(r["trial"], r["status"] + (", noisy" if r.get("noisy") else ""), *[str(r.get(k, "")) for k in swept],
+        table.add_row(label, r["status"] + (", noisy" if r.get("noisy") else ""), *[str(r.get(k, "")) for k in swept],
                       num("tokens_per_sec_per_gpu", "{:,.0f}"), r.get("vs_best", ""), num("mfu", "{:.1%}"),
                       num("hfu", "{:.1%}"), num("step_time_s", "{:.4g}"),
                       num("predicted_step_s", "{:.4g}"), *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
                       human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
                       human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "", r["error"])
     out.print(table)
+    _print_below(below, out)
 
 
 def _interval(spread: dict | None) -> str:
@@ -274,10 +298,12 @@ def show_states(rows: list[tuple[str, str, str, str]], out: Console) -> None:
     table = Table(title="Trials", title_justify="left")
     for name in ("trial", "SLURM job", "state", "cause"):
         table.add_column(name)
-    for row in rows:
+    labels, below = _short_labels([row[0] for row in rows])
+    for row, label in zip(rows, labels):
         colour = {"ok": "green", "failed": "red", "oom": "red", "timeout": "red"}.get(row[2])
-        table.add_row(row[0], row[1], f"[{colour}]{row[2]}[/{colour}]" if colour else row[2], row[3])
+        table.add_row(label, row[1], f"[{colour}]{row[2]}[/{colour}]" if colour else row[2], row[3])
     out.print(table)
+    _print_below(below, out)
 
 
 def show_calibration(c, out: Console) -> None:

@@ -512,3 +512,14 @@ def test_a_refused_sweep_says_why_once_per_point_and_its_directory_is_named_for_
     assert len(lines) == 2 and "Plan (predicted)" not in proc.stdout and "result.json in" in said(proc)
     again = run_cli(*argv, timeout=300)
     assert again.returncode == 2 and "it holds a sweep of 2 trial(s)" in said(again), said(again)
+
+
+def test_a_long_trial_name_is_shown_whole_on_one_line_to_be_copied(cli, ok_trial, tmp_path):
+    """A sweep point named by many overrides would wrap mid-name in a table: status and
+    report show it as [n] in the table and whole, on one line, under it."""
+    name = "3_parallel.dp=2,zero.reduce_bucket_size=100000000,zero.allgather_bucket_size=500000000"
+    shutil.copytree(ok_trial, tmp_path / "sweep" / name)
+    shutil.copytree(ok_trial, tmp_path / "sweep" / "0_short")
+    for command in ("status", "report"):
+        out = cli(command, str(tmp_path / "sweep")).stdout
+        assert f"[1] {name}" in out.splitlines() and "0_short" in out, out
