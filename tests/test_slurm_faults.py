@@ -6,6 +6,7 @@ the test ends them come first. Mocked: nothing."""
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ONE_RANK
+from tests.conftest import CLUSTER, ONE_RANK
 from tests.conftest import SLURM_SMALL as SMALL
 from tests.conftest import results_below, run_cli, squeue, submit, wait_cli
 
@@ -97,3 +98,23 @@ def test_a_secret_export_reaches_the_job_but_no_file(submitted):
     # the job had both, from sbatch's environment
     assert "token-md5=" + hashlib.md5(f"{SECRET}\n".encode()).hexdigest() in logs
     assert "url-md5=" + hashlib.md5(f"{URL}\n".encode()).hexdigest() in logs
+
+
+def test_the_test_clusters_stop_ends_only_what_it_started(tmp_path):
+    """cluster.sh stop ends the daemons by the pids it recorded, never by name: processes
+    named slurmctld, slurmd, slurmdbd and munged that it did not start (a host's own SLURM)
+    live on. Run against a state directory of its own, which started nothing, so the
+    suite's cluster (another state) is not touched either."""
+    decoys = []
+    for name in ("slurmctld", "slurmd", "slurmdbd", "munged", "slurmstepd"):
+        shutil.copy("/bin/sleep", tmp_path / name)
+        decoys.append(subprocess.Popen([str(tmp_path / name), "600"]))
+    try:
+        proc = subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "ORCH_SLURM_STATE": str(tmp_path / "state")})
+        assert proc.returncode == 0, proc.stderr
+        assert all(d.poll() is None for d in decoys), "cluster.sh stop ended a process it did not start"
+    finally:
+        for d in decoys:
+            d.send_signal(signal.SIGKILL)
+            d.wait()

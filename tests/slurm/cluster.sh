@@ -11,8 +11,10 @@
 #                                  as orch-ctl (10.213.0.1, on the bridge); munge and
 #                                  slurmdbd shared. --link-mbit shapes each node's link
 #                                  both ways with tc tbf (netem is not in this kernel).
-#   tests/slurm/cluster.sh stop    stop every daemon; remove the namespaces, the bridge
-#                                  and the host names it added
+#   tests/slurm/cluster.sh stop    stop every daemon it started (by the pids it recorded,
+#                                  never by name: a host's own SLURM, munge or MariaDB
+#                                  stays); remove the namespaces, the bridge and the host
+#                                  names it added
 # Both wait until every node is idle. Config goes to /etc/slurm (where sbatch, sacct and
 # submitit look); state, logs and pids to $STATE. Facts from this kind of machine: the
 # packages install in ~15 s; proctrack/linuxproc + task/affinity need no cgroups; munged
@@ -123,6 +125,7 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 }
 
 network_up() {  # one namespace per node, each with a veth on the bridge; shaped if asked
+  touch "$STATE/network"  # this state's: stop takes it down (and ends what runs in it)
   ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
   ip addr replace "$SUBNET.1/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
@@ -131,6 +134,7 @@ network_up() {  # one namespace per node, each with a veth on the bridge; shaped
   local i ns burst
   for i in $(seq 1 "$NODES"); do
     ns=orch-node$i
+    ip netns del "$ns" 2>/dev/null || true  # left by a start that failed half way
     ip netns add "$ns"
     ip link add "orch-v$i" type veth peer name eth0 netns "$ns"
     ip link set "orch-v$i" master "$BRIDGE" up
@@ -147,11 +151,13 @@ network_up() {  # one namespace per node, each with a veth on the bridge; shaped
 }
 
 network_down() {  # a namespace can outlive its name here, so its link is deleted by name too
+  [ -f "$STATE/network" ] || return 0  # another state's network (or none): not ours to take down
   local ns link
   for link in $(ip -o link show 2>/dev/null | awk -F'[:@ ]+' '$2 ~ /^orch-v[0-9]+$/ {print $2}'); do ip link del "$link" || true; done
   for ns in $(ip netns list 2>/dev/null | awk '/^orch-node[0-9]+/ {print $1}'); do ip netns del "$ns" || true; done
   ip link del "$BRIDGE" 2>/dev/null || true
   sed -i "/$HOSTS_MARK/d" /etc/hosts
+  rm -f "$STATE/network"
 }
 
 shape() { echo "nodes=$NODES cpus=$CPUS link_mbit=$LINK_MBIT"; }
@@ -164,7 +170,7 @@ nodes_idle() {  # every configured node is idle
 start() {
   # The same shape with its daemons alive is up, however busy: a controller slow to answer
   # a ping under load must not be restarted under other tests' running jobs.
-  if [ "$(cat "$STATE/shape" 2>/dev/null)" = "$(shape)" ] && alive slurmctld && alive slurmd; then
+  if [ "$(cat "$STATE/shape" 2>/dev/null)" = "$(shape)" ] && ours_alive slurmctld && ours_alive slurmd; then
     wait_for 120 slurmctld scontrol ping
     echo "cluster.sh: already up ($(shape))"; return
   fi
@@ -174,16 +180,19 @@ start() {
   [ -s /etc/munge/munge.key ] || { mungekey --create --force 2>/dev/null || dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; }
   chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
   mkdir -p /run/munge && chown munge:munge /run/munge
-  alive munged || runuser -u munge -- /usr/sbin/munged
+  alive munged || { runuser -u munge -- /usr/sbin/munged && touch "$STATE/munged.ours"; }
   wait_for 10 munge munge -n
+  [ -f "$STATE/munged.ours" ] && { record munged /run/munge/munged.pid; rm -f "$STATE/munged.ours"; }
 
   chown mysql:mysql /run/mysqld
   [ -d /var/lib/mysql/mysql ] || mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
   if ! alive mariadbd; then
+    touch "$STATE/mariadbd.ours"
     (mariadbd --user=mysql --skip-networking --socket=/run/mysqld/mysqld.sock --pid-file=/run/mysqld/mariadb.pid \
       >"$STATE/mariadb.log" 2>&1 &)
   fi
   wait_for 30 MariaDB mariadb -e "select 1"
+  [ -f "$STATE/mariadbd.ours" ] && { record mariadbd /run/mysqld/mariadb.pid; rm -f "$STATE/mariadbd.ours"; }
   # A user and database of our own: a host that already runs SLURM accounting has a 'slurm'
   # user with its own password, which CREATE USER IF NOT EXISTS would keep (and must not change).
   mariadb -e "CREATE DATABASE IF NOT EXISTS orchestrator_test_acct_db;
@@ -191,7 +200,7 @@ start() {
               ALTER USER 'orchestrator_test'@'localhost' IDENTIFIED BY 'local-test-db';
               GRANT ALL ON orchestrator_test_acct_db.* TO 'orchestrator_test'@'localhost';"
 
-  alive slurmdbd || slurmdbd
+  ours_alive slurmdbd || slurmdbd
   wait_for 30 slurmdbd sacctmgr -n list cluster
   shape > "$STATE/shape"
   if [ "$NODES" -eq 0 ]; then
@@ -214,28 +223,77 @@ start() {
   echo "cluster.sh: SLURM is up ($(shape); state in $STATE)"
 }
 
-alive() {  # a process of this name that is not a zombie
+alive() {  # a process of this name that is not a zombie (anyone's: munge and MariaDB may be the host's)
   ps -C "$1" -o stat= 2>/dev/null | grep -qv '^Z'
 }
 
-stop() {
-  local pidfile name deadline
-  for pidfile in "$STATE"/slurmd*.pid "$STATE/slurmctld.pid" "$STATE/slurmdbd.pid" /run/mysqld/mariadb.pid; do
-    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+# What stop may end: only what this script started. SLURM's own daemons write their pids into
+# $STATE (slurm.conf and slurmdbd.conf say so: nobody else's are there); munged and MariaDB,
+# which the host may run already, are recorded in $STARTED ("name pid start-ticks") only
+# where this script started them; and every process in a node's network namespace (slurmd,
+# its slurmstepd and the jobs' tasks) is ours. A pid is ours only while its process is
+# still the one recorded: the same name, or the same start time.
+STARTED=$STATE/started
+
+running_as() {  # PID NAME: the process is alive (not a zombie) and named NAME
+  [ -r "/proc/$1/stat" ] && [ "$(cat "/proc/$1/comm" 2>/dev/null)" = "$2" ] \
+    && [ "$(awk '{sub(/.*\) /, ""); print $1}' "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+
+start_ticks() { awk '{sub(/.*\) /, ""); print $20}' "/proc/$1/stat" 2>/dev/null; }
+
+record() {  # NAME PIDFILE: a daemon this script just started
+  local pid
+  pid=$(cat "$2" 2>/dev/null) && [ -n "$pid" ] && echo "$1 $pid $(start_ticks "$pid")" >> "$STARTED"
+}
+
+ours() {  # the pids of every live process this script started
+  local pidfile pid name start
+  for pidfile in "$STATE"/slurmctld.pid "$STATE"/slurmdbd.pid "$STATE"/slurmd-*.pid; do
+    [ -f "$pidfile" ] || continue
+    name=$(basename "$pidfile" .pid); name=${name%%-*}
+    pid=$(cat "$pidfile" 2>/dev/null) && running_as "$pid" "$name" && echo "$pid"
   done
-  for name in slurmstepd slurmd slurmctld slurmdbd munged; do pkill -x "$name" 2>/dev/null || true; done
-  # A slurmd whose node namespace is gone can ignore SIGTERM here: after 10 s, SIGKILL.
-  for signal in TERM KILL; do
+  if [ -f "$STARTED" ]; then
+    while read -r name pid start; do
+      running_as "$pid" "$name" && [ "$(start_ticks "$pid")" = "$start" ] && echo "$pid"
+    done < "$STARTED"
+  fi
+  [ -f "$STATE/network" ] || return 0
+  for ns in $(ip netns list 2>/dev/null | awk '/^orch-node[0-9]+/ {print $1}'); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      [ "$(awk '{sub(/.*\) /, ""); print $1}' "/proc/$pid/stat" 2>/dev/null)" = Z ] || echo "$pid"
+    done
+  done
+}
+
+ours_alive() {  # NAME: a process of that name among ours
+  local pid
+  for pid in $(ours); do [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] && return 0; done
+  return 1
+}
+
+living() {  # PID...: those still alive (not zombies)
+  local pid
+  for pid in "$@"; do
+    [ -r "/proc/$pid/stat" ] && [ "$(awk '{sub(/.*\) /, ""); print $1}' "/proc/$pid/stat" 2>/dev/null)" != Z ] \
+      && echo "$pid"
+  done
+}
+
+stop() {
+  local pids signal deadline
+  # Our controller's jobs are ours: cancelled first, so that their step daemons end with them.
+  ours_alive slurmctld && { squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true; }
+  pids=$(ours | sort -u)  # taken once: a daemon removes its pid file as it ends, before it is gone
+  for signal in TERM KILL; do  # a slurmd whose node namespace is gone can ignore SIGTERM: then SIGKILL
+    [ -n "$(living $pids)" ] || break
+    kill -"$signal" $(living $pids) 2>/dev/null || true
     deadline=$((SECONDS + 10))
-    for name in slurmstepd slurmd slurmctld slurmdbd munged mariadbd; do
-      while alive "$name" && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
-    done
-    [ $signal = KILL ] || for name in slurmstepd slurmd slurmctld slurmdbd munged mariadbd; do
-      alive "$name" && pkill -KILL -x "$name" 2>/dev/null || true
-    done
+    while [ -n "$(living $pids)" ] && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
   done
   network_down
-  rm -f "$STATE/shape" "$STATE"/slurmd*.pid
+  rm -f "$STATE/shape" "$STATE"/slurmd*.pid "$STARTED"
 }
 
 usage() { echo "usage: $0 start [--nodes N] [--cpus-per-node C] [--link-mbit R] | stop" >&2; exit 2; }
