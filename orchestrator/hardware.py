@@ -21,7 +21,8 @@ import yaml
 
 from orchestrator.conf_tree import current_source
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_json, read_text
+from orchestrator.files import atomic_write_text, read_json, read_yaml
+from orchestrator.plan.bus_table import MAX_BUSBW_GBPS
 
 # Substrings of torch.cuda.get_device_name() -> preset. Checked in order (H100 PCIe
 # before the SXM part, whose name is just "NVIDIA H100 80GB HBM3").
@@ -44,10 +45,12 @@ CALIBRATED = "-calibrated"  # the preset `orchestrator calibrate` writes for NAM
 PLAUSIBLE = {"compute_efficiency": (0.02, 1.0), "gemm_kn_efficiency": (0.02, 1.0), "gemm_half_dim": (0.0, 8192.0),
              "attention_efficiency": (0.02, 1.0), "attention_backward_efficiency": (0.02, 1.0),
              "memory_efficiency": (0.05, 1.0), "op_overhead_us": (0.0, 2000.0), "host_op_us": (0.0, 2000.0),
-             "intra_node.busbw_gbps": (0.01, 5000.0), "inter_node.busbw_gbps": (0.01, 5000.0),
+             "intra_node.busbw_gbps": (0.01, MAX_BUSBW_GBPS), "inter_node.busbw_gbps": (0.01, MAX_BUSBW_GBPS),
              "intra_node.latency_us": (0.0, 5000.0), "inter_node.latency_us": (0.0, 5000.0),
              "collective_overhead_us": (0.0, 20000.0), "memory_bandwidth_gbps": (0.1, 1e5),
-             "host_memory_bandwidth_gbps": (0.1, 1e5), "host_link_gbps": (0.01, 5000.0), "memory_gib": (0.01, 1e6)}
+             "host_memory_bandwidth_gbps": (0.1, 1e5), "host_link_gbps": (0.01, MAX_BUSBW_GBPS), "memory_gib": (0.01, 1e6),
+             "gemm_cache_mb": (0.01, 1e6), "peak_tflops.bf16": (1e-5, 1e5), "peak_tflops.fp16": (1e-5, 1e5),
+             "peak_tflops.fp32": (1e-5, 1e5)}
 
 
 def check_plausible(hw) -> None:
@@ -79,8 +82,8 @@ def calibrated_preset(name: str, conf_dir: Path) -> dict | None:
     if not (path.exists() or path.is_symlink()):
         return None
     try:
-        data = yaml.safe_load(read_text(path, limit=2**20))
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+        data = read_yaml(path, limit=2**20)  # aliases bounded, like a trial's config.yaml
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
         problem = f"cannot be read ({type(exc).__name__})"
     else:
         fields = ("name", "device", "calibrated_on")

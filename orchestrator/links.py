@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.errors import ConfigError, MeasurementFailed, one_of
 from orchestrator.files import atomic_write_text
-from orchestrator.hardware import calibrated_name
+from orchestrator.hardware import calibrated_name, calibrated_preset
 from orchestrator.host_load import available_bytes
 from orchestrator.plan import bus_table
 from orchestrator.plan.bus_table import BusRow, BusTable
@@ -216,7 +216,7 @@ def table_path(hardware: str) -> Path:
 def _write_preset(hardware: str, what: str, change, table: BusTable | None) -> str:
     path = user_conf_dir() / "hardware" / f"{calibrated_name(hardware)}.yaml"
     if path.is_file():
-        data = OmegaConf.to_container(OmegaConf.load(path))
+        data = calibrated_preset(hardware, user_conf_dir())  # read and checked as the plan reads it
     else:
         data = OmegaConf.to_container(OmegaConf.structured(build_spec([f"hardware={hardware}"]).cfg.hardware),
                                       enum_to_str=True)

@@ -41,6 +41,7 @@ from orchestrator.files import atomic_write_text, read_text
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 COLUMNS = ("collective", "nodes", "ranks_per_node", "bytes", "busbw_gbps")
 MAX_BUSBW_GBPS = 10_000.0  # ten times NVLink 5's bus bandwidth: past this a figure is not a measurement
+MIN_BUSBW_GBPS = 1e-6  # a kilobyte a second: below it (1e-320) a figure plans an infinite call, not a slow one
 
 
 @dataclass(frozen=True)
@@ -192,9 +193,9 @@ def _row(line: str, n: int, where: str) -> BusRow:
         busbw = float(values["busbw_gbps"])
     except ValueError:
         busbw = math.nan
-    if not 0 < busbw <= MAX_BUSBW_GBPS:
+    if not MIN_BUSBW_GBPS <= busbw <= MAX_BUSBW_GBPS:
         raise ConfigError(f"{where} line {n}: busbw_gbps", values["busbw_gbps"],
-                          f"a bus bandwidth in GB/s above 0 and at most {MAX_BUSBW_GBPS:g}")
+                          f"a bus bandwidth in GB/s from {MIN_BUSBW_GBPS:g} to {MAX_BUSBW_GBPS:g}")
     return BusRow(values["collective"], ints["nodes"], ints["ranks_per_node"], ints["bytes"], busbw)
 
 
