@@ -364,6 +364,10 @@ class RunConfig:
     # half width over the median; timing_stats.py), at least min_timed_steps, at most run.steps.
     timing_ci: Optional[float] = None
     seed: int = 1234
+    # Which measurement of the same point this is: sweep it (run.repeat=range(3)) to run each
+    # point that many times; `report` and W&B take the repeats as one point (their timed
+    # steps pooled). It changes nothing in the trial itself.
+    repeat: int = 0
     # Mixed precision, as DeepSpeed spells it (bf16.enabled / fp16.enabled); both off: fp32.
     bf16: bool = True
     fp16: bool = False

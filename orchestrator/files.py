@@ -4,6 +4,7 @@ read only as regular files, never through a link, and up to a size limit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -75,6 +76,29 @@ def read_json(path: Path | str) -> dict | None:
     except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def remove_tree(path: Path | str) -> None:
+    """shutil.rmtree(path, ignore_errors=True) with a stack, not recursion: Python 3.11's
+    rmtree recurses, and a tree 1,500 folders deep would end it with a RecursionError.
+    Links are removed, never followed."""
+    folders, todo = [], [str(path)]
+    while todo:
+        folder = todo.pop()
+        folders.append(folder)
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)
+        except OSError:
+            continue
+    for folder in reversed(folders):  # deepest first: each is empty by its turn
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 MAX_YAML_NODES = 200_000  # a trial's config.yaml has ~300; an alias bomb expands past any bound

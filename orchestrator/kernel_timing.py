@@ -89,10 +89,10 @@ MIN_KERNEL_S, MAX_KERNEL_S = 1e-8, 3600.0
 
 
 def plausible_times(forward_s: float, backward_s: float) -> bool:
-    """A kernel's (forward, backward) seconds as a device can take them: finite, forward
-    within [MIN_KERNEL_S, MAX_KERNEL_S], backward 0 (none) or within the same range."""
-    return (MIN_KERNEL_S <= forward_s <= MAX_KERNEL_S
-            and (backward_s == 0.0 or MIN_KERNEL_S <= backward_s <= MAX_KERNEL_S))
+    """A kernel's (forward, backward) seconds as a device can take them: finite, forward (a
+    call timed) within [MIN_KERNEL_S, MAX_KERNEL_S], backward (forward and backward less the
+    forward, so as small as the clock's noise) within [0, MAX_KERNEL_S]."""
+    return MIN_KERNEL_S <= forward_s <= MAX_KERNEL_S and 0.0 <= backward_s <= MAX_KERNEL_S
 
 
 def cache_path() -> Path:

@@ -6,9 +6,12 @@ password, passwd, secret, credential(s), pat (a personal access token), auth or
 authorization, or ends in password, passwd, apikey, secret or token: WANDB_API_KEY,
 HF_TOKEN, db.password, PGPASSWORD, MYAPIKEY, GH_PAT. The parts must match whole (or end
 the part), so tokens_per_sec or ramp_tokens stay as they are. In text (setup lines, srun
-arguments, overrides, messages), `NAME=VALUE`, `NAME: VALUE`, `--NAME VALUE`,
-`Bearer VALUE` and the password of a URL (`https://user:PASSWORD@host`) are redacted; in
-a list, `--NAME` followed by its value as the next item is too.
+arguments, overrides, messages), `NAME=VALUE`, `NAME: VALUE`, `'NAME': 'VALUE'`,
+`--NAME VALUE`, `Bearer VALUE`, the password of a URL (`https://user:PASS/WORD@host`, up
+to its `@`), a token standing as a URL's user, and a token whose format names it
+(`ghp_...`, `hf_...`, `AKIA...`) are redacted wherever they sit: the value of a name that
+is not secret is searched too (`logger.group=https://x/hook?api_key=...`). In a list,
+`--NAME` followed by its value as the next item is masked too.
 
 `RedactedOutput` applies the same to everything the CLI prints (error paragraphs, Hydra's
 `--cfg job`, tables), so a terminal, a CI log or a SLURM output file holds no secret either.
@@ -41,6 +44,10 @@ _BEARER = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9._~+/=-]{6,})", re.IGNORE
 # write one: s3://ak:SEC/RET@host); a user alone as long as a token is one (https://TOKEN@host).
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"']*:)([^@\s\"']+)(@)")
 _URL_TOKEN_USER = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']{16,})(@)")
+# A credential needs no name where its own format says what it is: GitHub's, Hugging Face's,
+# OpenAI's and Slack's tokens, AWS's access key ids (each service documents its prefix).
+_KNOWN_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}"
+                          r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})\b")
 
 
 def is_secret_name(name: str) -> bool:
@@ -66,7 +73,7 @@ def redact_text(text: str) -> str:
         quote = value[0] if value[0] in "\"'" else ""
         return f"{name}{sep}{quote}{MASK}{quote}"
 
-    text = _BEARER.sub(rf"\1\2{MASK}", text)
+    text = _KNOWN_TOKEN.sub(MASK, _BEARER.sub(rf"\1\2{MASK}", text))
     text = _URL_TOKEN_USER.sub(rf"\1{MASK}\3", _URL_PASSWORD.sub(rf"\1{MASK}\3", text))
     return _FLAG.sub(mask, _ASSIGNMENT.sub(mask, text))
 

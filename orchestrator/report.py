@@ -22,7 +22,7 @@ from orchestrator.compose import swept_values
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_text
 from orchestrator.plots import report_plots
-from orchestrator.timing_stats import Spread, beyond_noise
+from orchestrator.timing_stats import Spread, beyond_noise, spread
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
 
 COLUMNS = ("status", "tokens_per_sec_per_gpu", "vs_best", "noisy", "mfu", "hfu", "step_time_s", "predicted_step_s",
@@ -52,12 +52,55 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
                           for r in results])
     fitted = functools.lru_cache(maxsize=None)(lambda name: _calibrated(name, warn))  # read once per report
     rows = [_row(r, p.parent, directory, s, fitted) for r, p, s in zip(results, paths, swept)]
+    rows, results = group_repeats(rows, results)
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["status"] != "ok", -(rows[i]["tokens_per_sec_per_gpu"] or 0)))
     rows, results = [rows[i] for i in order], [results[i] for i in order]
     spreads = [_spread(_obj(r.get("metrics")).get("tokens_per_sec_per_gpu_spread")) for r in results]
     for row, spread in zip(rows, spreads):
         row["vs_best"] = against_best(spread, spreads[0]) if row["status"] == "ok" else ""
     return rows, results
+
+
+REPEAT = "run.repeat"
+
+
+def group_repeats(rows: list[dict], results: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Repeats of one point (ok trials differing only in run.repeat) as one row: its timed
+    steps pooled into one median and interval, `repeats` counting them, the largest peak.
+    Its result (for the plots) is the first repeat's with the pooled figures."""
+    if not any(REPEAT in row for row in rows):
+        return rows, results
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        point = tuple((k, v) for k, v in row.items() if k not in ("trial", REPEAT, *COLUMNS))
+        groups.setdefault(point if row["status"] == "ok" else ("not ok", i), []).append(i)
+    out_rows, out_results = [], []
+    for members in groups.values():
+        first = members[0]
+        if len(members) == 1:
+            out_rows.append({**rows[first], "repeats": 1})
+            out_results.append(results[first])
+            continue
+        steps = [h for i in members for h in _obj(results[i].get("metrics")).get("history") or []
+                 if isinstance(h, dict) and h.get("timed")]
+        step = spread([h["step_time_s"] for h in steps]) if steps else None
+        throughput = spread([h["tokens_per_sec_per_gpu"] for h in steps]) if steps else None
+        row, result = dict(rows[first]), json.loads(json.dumps(results[first]))
+        if step and throughput:
+            scale = throughput.median / row["tokens_per_sec_per_gpu"] if row["tokens_per_sec_per_gpu"] else None
+            row.update(step_time_s=step.median, tokens_per_sec_per_gpu=throughput.median, noisy=step.noisy() or "",
+                       mfu=row["mfu"] * scale if row["mfu"] and scale else row["mfu"],
+                       hfu=row["hfu"] * scale if row["hfu"] and scale else row["hfu"])
+            result["metrics"].update(step_time_s=step.median, step_time_spread=step.as_dict(),
+                                     tokens_per_sec_per_gpu=throughput.median,
+                                     tokens_per_sec_per_gpu_spread=throughput.as_dict())
+        peaks = [rows[i]["peak_bytes"] for i in members if rows[i]["peak_bytes"] is not None]
+        row.update(trial=f"{row['trial']} (+{len(members) - 1} repeats)", repeats=len(members),
+                   peak_bytes=max(peaks) if peaks else None)
+        row.pop(REPEAT, None)
+        out_rows.append(row)
+        out_results.append(result)
+    return out_rows, out_results
 
 
 def against_best(spread: Spread | None, best: Spread | None) -> str:

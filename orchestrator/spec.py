@@ -41,6 +41,7 @@ from orchestrator.trial_dir import TrialPaths
 MAX_LAYERS = 10_000
 MAX_STEPS = 10_000_000
 MAX_DP = 1_048_576
+MAX_REPEAT = 1000  # repeats of one point: past this a sweep is measuring the machine, not the trial
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed
 MAX_TAG = 64  # W&B refuses longer tags
 
@@ -238,6 +239,9 @@ def _check_run(cfg: TrialConfig) -> str:
     at_most(r.steps, "run.steps", MAX_STEPS)
     if not 0 <= r.seed <= MAX_SEED:
         raise ConfigError("run.seed", r.seed, f"a whole number from 0 to {MAX_SEED:,} (2^32 - 1)")
+    if not 0 <= r.repeat <= MAX_REPEAT:
+        raise ConfigError("run.repeat", r.repeat, f"a whole number from 0 to {MAX_REPEAT:,} (run.repeat=range(3): "
+                          "each point three times)")
     if not 0 <= r.warmup_steps < r.steps:
         raise ConfigError("run.warmup_steps", r.warmup_steps, f"0 to run.steps-1={r.steps - 1} (timing warm-up steps are not measured)")
     if r.min_timed_steps < 1 or r.steps - r.warmup_steps < r.min_timed_steps:

@@ -21,6 +21,7 @@ uploads them into the one run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -66,6 +67,20 @@ def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
     return out
 
 
+def point_type(sweep: dict) -> str:
+    """The run's W&B job_type: "trial", or where a sweep repeats its points (run.repeat) the
+    point's swept values without the repeat, so that W&B groups a point's repeats as one
+    (by job type, within the sweep's group). W&B keeps 64 characters of a job type: a
+    longer one ends in a hash of the whole."""
+    swept = sweep.get("swept") or {}
+    if "run.repeat" not in swept:
+        return "trial"
+    point = ",".join(f"{k}={v}" for k, v in swept.items() if k != "run.repeat") or "point"
+    if len(point) <= 64:
+        return point
+    return f"{point[:55]}-{hashlib.sha1(point.encode()).hexdigest()[:8]}"
+
+
 class Tracker:
     """Rank 0's W&B run; a no-op when logger.mode=disabled."""
 
@@ -81,7 +96,7 @@ class Tracker:
         self.run = wandb.init(  # names and tags masked as the config is (redact.py)
             id=run_id(trial_dir), resume="allow",
             project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
-            group=redact(logger.group or sweep.get("group")), job_type="trial", name=redact(sweep.get("name")),
+            group=redact(logger.group or sweep.get("group")), job_type=point_type(sweep), name=redact(sweep.get("name")),
             tags=redact([*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name,
                          f"cluster:{spec.cfg.cluster.name}", *([f"sweep:{sweep['group']}"] if sweep.get("group") else [])]),
             config=run_config(spec), settings=wandb.Settings(console="off"))

@@ -21,13 +21,12 @@ import errno
 import itertools
 import json
 import os
-import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.files import read_json
+from orchestrator.files import read_json, remove_tree
 from orchestrator.process import start_ticks
 
 CLAIM = "claim.json"
@@ -290,4 +289,4 @@ def _remove(path: Path) -> None:
     """Move the old trial aside in one rename, then delete it: nothing of it stays to mix."""
     aside = path.with_name(f".{path.name}.replaced-{os.getpid()}")
     os.rename(path, aside)
-    shutil.rmtree(aside, ignore_errors=True)
+    remove_tree(aside)

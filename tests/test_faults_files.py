@@ -482,6 +482,11 @@ def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_
         assert " ok " in said(proc) or "calibrated" in said(proc), (command, said(proc))  # the trial found
     proc = run_cli("calibrate", str(tmp_path / "bomb"), env=env, timeout=120)
     assert proc.returncode == 0 and "1_trial" in said(proc) and "aliases expand it past" in said(proc), said(proc)
+    # --overwrite deletes such a tree too (Python 3.11's shutil.rmtree recurses)
+    from orchestrator.files import remove_tree
+
+    remove_tree(deep)
+    assert not deep.exists()
 
 
 @pytest.mark.parametrize("override, says", [

@@ -26,6 +26,9 @@ SPELLINGS = {  # the value after each spelling is the secret
     "--url https://me:s3cretflagurl@example.com": "s3cretflagurl",
     "{'api_key': 's3cretdict', 'steps': 3}": "s3cretdict",
     "git clone https://ghp_s3cretusertoken1234@github.com/r": "ghp_s3cretusertoken1234",
+    # no name at all: the token's own format says what it is
+    "logger.tags=['ghp_s3cretBareGithubToken0123']": "ghp_s3cretBareGithubToken0123",
+    "aws s3 ls --profile x AKIAS3CRETS3CRETS3CR": "AKIAS3CRETS3CRETS3CR",
 }
 
 
@@ -50,7 +53,8 @@ def test_ordinary_names_and_values_are_left_alone():
     for text in ("tokens_per_sec_per_gpu=3000", "ramp_tokens: 5", "PWD=/home/me", "model.hidden=64",
                  "monkey=1", "keyboard=us", "a basic setup", "https://example.com/path",
                  "http://host:8080/path", "ssh://git@github.com/r", "logger.group=https://x.com/a?b=c&d=e",
-                 "ConfigKeyError: 'str' object", "KeyError: 'model'", "model_per_token: 1.2e6"):
+                 "ConfigKeyError: 'str' object", "KeyError: 'model'", "model_per_token: 1.2e6",
+                 "pip install sk-learn hf_hub", "git checkout 0123456789abcdef0123456789abcdef01234567"):
         assert redact_text(text) == text
 
 

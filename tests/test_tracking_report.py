@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 
 import pytest
 
@@ -90,3 +91,34 @@ def test_report_of_the_sweep(cli, local_sweep):
 def test_report_of_a_directory_without_results_says_so(cli, tmp_path):
     proc = cli("report", str(tmp_path))
     assert proc.returncode == 2 and "no result.json" in proc.stderr
+
+
+def test_repeats_of_a_point_are_one_row_with_their_timed_steps_pooled(cli, default_trial, tmp_path):
+    """run.repeat=range(N) measures a point N times: the report shows it once, its step the
+    median of every repeat's timed steps, `repeats` counting them; W&B's job type is the
+    point's, so its runs group by it. (Two copies of one real trial stand for the repeats,
+    the second with its steps slowed: the pooling, not the engine, is what is tested.)"""
+    import statistics
+
+    from orchestrator.tracking import point_type
+
+    sweep = tmp_path / "sweep"
+    steps = []
+    for repeat, slower in ((0, 1.0), (1, 1.5)):
+        trial = sweep / f"{repeat}_run.repeat={repeat}"
+        shutil.copytree(default_trial, trial)
+        result = json.loads((trial / "result.json").read_text())
+        result["overrides"] = [*result["overrides"], f"run.repeat={repeat}"]
+        for h in result["metrics"]["history"]:
+            h["step_time_s"] *= slower
+            h["tokens_per_sec_per_gpu"] /= slower
+            steps += [h["step_time_s"]] if h["timed"] else []
+        (trial / "result.json").write_text(json.dumps(result))
+    (row,) = json.loads(cli("report", str(sweep), "--json").stdout)
+    assert row["repeats"] == 2 and row["trial"].endswith("(+1 repeats)") and "run.repeat" not in row
+    assert row["step_time_s"] == pytest.approx(statistics.median(steps))
+    assert point_type({"swept": {"parallel.dp": 2, "run.repeat": 1}}) == "parallel.dp=2" == \
+        point_type({"swept": {"parallel.dp": 2, "run.repeat": 0}}) and point_type({"swept": {"parallel.dp": 2}}) == "trial"
+    assert len(point_type({"swept": {"x": "y" * 100, "run.repeat": 0}})) <= 64  # W&B's limit on a job type
+    # and a sweep over it is three points of one trial each
+    assert "3 plans" in cli("plan", "-m", "run.repeat=range(3)").stdout
