@@ -78,7 +78,7 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
              ("" if m.peak_phase == "backward" else "; not alive at the peak")),
             ("loss backward", m.loss_backward, "fp32 gradients of nll_loss and log_softmax, at backward's start" +
              ("" if m.peak_phase == "loss backward" else "; not alive at the peak")),
-            ("buffers", m.buffers, "unsharded root and blocks in flight, a block's gradients" if fsdp
+            ("buffers", m.buffers - m.untouched, "unsharded root and blocks in flight, a block's gradients" if fsdp
              else "reduce buckets" + (", gathered parameters" if z.stage == 3 else "")),
             ("optimizer step", m.optimizer_step + m.optimizer_temporaries,
              "fp32 gradient copy and AdamW's temporaries inside step()" +
@@ -90,8 +90,10 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
         mem.add_row("offloaded to host", gib(m.offloaded), "not on the device")
     verdict = "[green]fits[/green]" if m.fits else "[red]DOES NOT FIT[/red]"
     mem.add_row("[bold]total[/bold]", f"[bold]{gib(m.total)}[/bold]",
-                f"of {gib(m.capacity)} capacity: {verdict} ({m.total / m.capacity:.0%})")
-    mem.add_row("[dim]between steps[/dim]", f"[dim]{gib(m.static)}[/dim]",
+                f"of {gib(m.capacity)} capacity: {verdict} ({m.total / m.capacity:.0%})"
+                + (f"; buffers hold {gib(m.untouched)} GiB more allocated but never written, which a CPU "
+                   "does not commit" if m.untouched else ""))
+    mem.add_row("[dim]between steps[/dim]", f"[dim]{gib(m.static - m.untouched_static)}[/dim]",
                 "[dim]model states and kept buffers, as after step()[/dim]")
     out.print(mem)
 

@@ -193,3 +193,23 @@ def test_recompute_adds_forward_work_to_hardware_flops_only():
     assert hw_full - model_full == layer_matmul_forward_per_token(m) + attention_forward_per_token(m)
     assert model_none < hw_sel < hw_full
     assert 1.25 < hw_full / model_full < 4 / 3 + 1e-9  # "8N instead of 6N", less the lm_head
+
+
+@pytest.mark.parametrize("stage, buckets", [(1, 2), (2, 2), (3, 1)])
+def test_a_cpu_holds_only_the_written_part_of_its_reduce_buckets(stage, buckets):
+    """DeepSpeed allocates its reduce buckets whole (5e8 elements by default) and the
+    gradients write at most the model's size into each: a CPU commits only written pages,
+    so its plan's total leaves the rest out (the allocator's count keeps it, `allocated`);
+    a GPU's caching allocator holds all of it."""
+    from orchestrator.plan.planner import make_plan
+
+    cpu = make_plan(build_spec(["hardware=cpu", f"zero=stage{stage}"])).memory
+    n = count_parameters(build_spec(["hardware=cpu"]).cfg.model)
+    assert cpu.untouched == 2 * (500_000_000 - n) * buckets  # bf16 elements past the model's n
+    assert cpu.total < cpu.allocated <= cpu.total + cpu.untouched
+    assert cpu.untouched_static == (cpu.untouched if stage == 3 else 0)  # ZeRO-3 keeps its bucket between steps
+    gpu = make_plan(build_spec([*GPU, "hardware.memory_gib=80", f"zero=stage{stage}"])).memory
+    assert gpu.untouched == 0 and gpu.total == gpu.allocated
+    # a bucket smaller than the model is written whole: nothing is left out
+    small = make_plan(build_spec(["hardware=cpu", f"zero=stage{stage}", "zero.reduce_bucket_size=1e4"])).memory
+    assert small.untouched == 0 and small.total == small.allocated

@@ -17,6 +17,11 @@ dp where ZeRO partitions them, with what DeepSpeed 0.19 really does on top:
   gradients at stages 0-2 and the ipg buckets at stages 1-2; ZeRO-3 keeps its flat
   gradient partition and its reduce bucket. `static` is that figure, the one a census
   after step() measures (bench/memory_matrix.py checks it per stage).
+On a CPU a page holds memory only once written (Linux commits anonymous memory lazily): a
+reduce bucket larger than the gradients that pass through it (the 5e8-element default
+on a small model) is allocated whole, as the allocator counts it (`allocated`), but
+holds only its written part (`total`, what the OOM killer and max RSS see). On a GPU
+the caching allocator holds the whole bucket: the two are one figure.
 The peak is the largest of three moments (`phases`): the start of backward (the loss's
 fp32 gradients on top of the saved activations, before any parameter gradient or reduce
 bucket exists), inside a block's backward (the block being recomputed, every gradient
@@ -60,6 +65,7 @@ class ZeroLayout:
     offload_optimizer: bool
     offload_param: bool
     adam_foreach: bool = True  # torch's AdamW on CUDA runs all tensors at once; on a CPU tensor by tensor
+    lazy_pages: bool = False  # a CPU: a buffer's never-written part holds no memory
     fp32_grad_accum: bool = False  # stage 1, bf16, grad_accum_dtype=fp32: DeepSpeed's BF16_Optimizer
 
 
@@ -79,9 +85,12 @@ class Memory:
     static: int  # alive between optimizer steps: what a census after step() finds
     runtime: int  # CUDA context, NCCL / the Python process on CPU
     offloaded: int  # host memory per rank that offload moved off the device
-    total: int
+    total: int  # what the device holds at the peak (on a CPU: written pages only)
     capacity: int
     peak_phase: str  # "loss backward", "backward" or "optimizer step"
+    allocated: int = 0  # the peak as the allocator counts it: total plus buffers never written
+    untouched: int = 0  # of buffers, the part allocated but never written (a CPU's lazy pages)
+    untouched_static: int = 0  # of static, the same (ZeRO-3 keeps its bucket between steps)
 
     @property
     def fits(self) -> bool:
@@ -104,7 +113,7 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     low = element_bytes(z.precision)  # of a parameter and of its gradient
     mixed = z.precision != "fp32"
     dp = z.dp
-    gathered = 0
+    gathered = untouched = untouched_static = 0
     if z.stage == 0:
         params, grads = low * n, low * n
         optimizer = (4 * n if mixed else 0) + 8 * n  # fp32 master (mixed precision) + Adam m, v
@@ -121,12 +130,15 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
         grads = low * (n if z.stage == 1 else shard)  # stage 1 reduces the full gradients at the boundary
         n_buckets = 2 if z.overlap_comm else 1
         buffers = low * z.reduce_bucket_size * n_buckets if z.contiguous_gradients else 0
+        # every gradient passes through the buckets once a step: each is written up to n elements
+        untouched = low * max(0, z.reduce_bucket_size - n) * n_buckets if z.contiguous_gradients else 0
         static = params + optimizer  # gradients and the ipg buckets are released after step()
         if z.fp32_grad_accum:  # BF16_Optimizer: a whole fp32 gradient buffer, kept; no ipg buckets
-            grads, buffers, step = 4 * n, 0, 0
+            grads, buffers, step, untouched = 4 * n, 0, 0, 0
             static += grads
     else:
         shard, params, grads, optimizer, step, gathered, buffers, static = _stage3_states(model, z, tensors, low)
+        untouched = untouched_static = low * max(0, z.reduce_bucket_size - n)  # its one ipg bucket, kept
     # AdamW's denominator, sqrt(v) / bias correction, is built outside the state: one fp32
     # temporary per tensor with foreach (all at once on CUDA), two of the tensor being
     # updated tensor by tensor (on a CPU). ZeRO 1-3 hand it one flat fp32 partition.
@@ -147,7 +159,9 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
                 # ZeRO 1-2 have reduced the low-precision gradients into the fp32 partition and
                 # freed them when the optimizer runs; stage 0 steps on them, stage 3 keeps its own.
                 grads_at_step=int(grads if z.stage in (0, 3) else 0),
-                static=int(static), offloaded=int(offloaded))
+                static=int(static), offloaded=int(offloaded),
+                untouched=int(untouched if z.lazy_pages else 0),
+                untouched_static=int(untouched_static if z.lazy_pages else 0))
 
 
 # Bytes the optimizer step moves through memory per parameter it updates. torch's AdamW
@@ -301,10 +315,18 @@ def phases(states: dict[str, int], activations: int, recompute: int, loss_backwa
 
 def peak_memory(states: dict[str, int], activations: int, recompute: int, loss_backward: int, runtime: int,
                 capacity: int) -> Memory:
-    at = phases(states, activations, recompute, loss_backward)
+    at = phases(written(states), activations, recompute, loss_backward)
     phase = max(at, key=at.get)
+    allocated = phases(states, activations, recompute, loss_backward)
     return Memory(activations=activations, recompute=recompute, loss_backward=loss_backward, runtime=runtime,
-                  capacity=capacity, total=runtime + at[phase], peak_phase=phase, **states)
+                  capacity=capacity, total=runtime + at[phase], peak_phase=phase,
+                  allocated=runtime + max(allocated.values()), **{"untouched": 0, "untouched_static": 0, **states})
+
+
+def written(states: dict[str, int]) -> dict[str, int]:
+    """`states` as the device holds them: buffers less their never-written part (a CPU's)."""
+    return {**states, "buffers": states["buffers"] - states.get("untouched", 0),
+            "static": states["static"] - states.get("untouched_static", 0)}
 
 
 class SampleBytes(NamedTuple):
@@ -324,7 +346,7 @@ def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sam
     """The largest micro batch that fits at every phase: activations, the loss's gradients
     and the recomputed block grow with it, model states and buffers do not; the optimizer
     step's transient must fit as well. 0 when not even the model states fit."""
-    empty = phases(states, 0, 0, 0)
+    empty = phases(written(states), 0, 0, 0)
     if runtime + max(empty.values()) > capacity or not per_sample.inside:
         return 0
     room_start = (capacity - runtime - empty["loss backward"]) // per_sample.at_start
@@ -357,5 +379,5 @@ def zero_layout(spec: TrialSpec) -> ZeroLayout:
                       prefetch_bucket_size=z.prefetch_bucket_size, max_live_parameters=z.max_live_parameters,
                       param_persistence_threshold=z.param_persistence_threshold,
                       offload_optimizer=z.offload_optimizer != "none", offload_param=z.offload_param != "none",
-                      adam_foreach=spec.cfg.hardware.device.is_gpu,
+                      adam_foreach=spec.cfg.hardware.device.is_gpu, lazy_pages=not spec.cfg.hardware.device.is_gpu,
                       fp32_grad_accum=z.stage == 1 and spec.precision == "bf16" and z.grad_accum_dtype == "fp32")
