@@ -1,5 +1,7 @@
 """The command line: help text, exit codes and the one-paragraph error for bad input."""
 
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +115,29 @@ def test_console_script_is_installed():
     assert exe, "the orchestrator console script is not on PATH"
     result = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "config groups" in result.stdout
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_commands(words: tuple[str, ...]) -> list[list[str]]:
+    """The README's everyday commands whose command word (or flag) is one of `words`, as argv."""
+    found = []
+    for line in README.read_text().splitlines():
+        if line.startswith("orchestrator "):
+            argv = shlex.split(line.split("  #")[0])[1:]
+            if argv and (argv[0] in words or argv[-1] in words):
+                found.append(argv)
+    return found
+
+
+def test_the_readmes_planning_commands_run_here_as_it_says(cli, tmp_path):
+    """Every README line that plans, translates or asks for help, run as written (the
+    trials' own commands run in test_run, test_slurm and test_tune; those that need GPUs or
+    a cluster's nodes are planned there, not run)."""
+    commands = readme_commands(("plan", "translate", "--help"))
+    assert len(commands) >= 5, commands
+    for argv in commands:
+        proc = cli(*argv, cwd=tmp_path)
+        assert proc.returncode == 0, (argv, proc.stderr)
+    assert (tmp_path / "cfgs" / "ds_config.json").is_file()  # translate ... --out cfgs/
