@@ -294,4 +294,5 @@ def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
     if error and cause:
         error["message"] += f"; submitit: {cause}"
     return write_result(trial_dir, spec, plan, status, job["submitted_at"], error,
-                        slurm={"job_id": job["job_id"], "state": state, "reason": reason})
+                        slurm={"job_id": job["job_id"], "state": state, "reason": reason},
+                        host_load=read_json(TrialPaths(trial_dir).node_load))  # None: no rank started

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import submitit
 
+from orchestrator import host_load
 from orchestrator.config import KernelSource
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.local import WORKLOAD_MODULE, clear_stale_build_locks
@@ -64,6 +65,9 @@ class SlurmTask(submitit.helpers.Checkpointable):
         started = self._attempt_started = time.time()
         clear_stale_build_locks()  # a requeue that killed an op build mid-way left its lock
         plan_on_the_node(paths, rank)
+        if rank == 0:  # the node's load before timing, as a local trial records its host's
+            load = host_load.measure()
+            atomic_write_json(paths.node_load, {**load.as_dict(), "host": socket.gethostname()})
         # submitit ignores SIGTERM ("bypass"), so a requeue or scancel waited for SLURM's
         # SIGKILL (KillWait later, 30 s by default) after the warning's checkpoint: end now.
         signal.signal(signal.SIGTERM, self._on_sigterm)

@@ -41,7 +41,7 @@ class TrialPaths:
 
     Written before launch (translate): config.yaml, trial.json, plan.json, ds_config.json,
     accelerate_config.yaml, launch.json, launch.sh, EXPLAIN.md, and .hydra/ (Hydra's names,
-    masked); while it runs: plan-at-submit.json (SLURM), claim.json, result.reserve, logs/, errors/, checkpoint/,
+    masked); while it runs: plan-at-submit.json and node-load.json (SLURM), claim.json, result.reserve, logs/, errors/, checkpoint/,
     metrics.json (rank 0), slurm.json, wandb_run.json, wandb/, profile/; at its end: result.json."""
 
     root: Path
@@ -61,6 +61,9 @@ class TrialPaths:
     reserve = property(lambda self: self.root / "result.reserve")  # disk space held for result.json
     metrics = property(lambda self: self.root / "metrics.json")
     slurm_job = property(lambda self: self.root / "slurm.json")
+    # SLURM: how busy rank 0's node was before its ranks started (the local launcher keeps
+    # its host's in result.json directly)
+    node_load = property(lambda self: self.root / "node-load.json")
     wandb_run = property(lambda self: self.root / "wandb_run.json")  # the W&B run id a requeued job resumes
     wandb_dir = property(lambda self: self.root / "wandb")  # W&B's own files (offline runs)
     result = property(lambda self: self.root / "result.json")

@@ -50,6 +50,10 @@ def test_a_sweep_submits_returns_at_once_and_wait_collects_it(submitted):
         assert r["env"]["world_size"] == 2 and r["metrics"]["tokens_per_sec_per_gpu"] > 0
         cores = [tuple(c) for c in r["env"]["affinity"].values()]
         assert len(cores) == 2 and len(set(cores)) == 2 and all(len(c) == 1 for c in cores)  # a core of its own
+        # the node's load was read before its ranks started, on the node (these share the
+        # host's cores with the other tests, so a warning may or may not say it was busy)
+        load = r["host_load"]
+        assert load["host"].startswith("orch-node") and 0 <= load["busy_share"] <= 1 and load["cores"] >= 1
 
 
 def test_a_dp_sweep_submits_jobs_with_their_own_task_counts_and_each_node_times_its_kernels(submitted):
