@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
 from orchestrator import kernels
+from orchestrator.hardware import torch_version
 from orchestrator.config import ModelConfig
 from orchestrator.files import atomic_write_text, read_json
 from orchestrator.kernels import Kernel
@@ -355,7 +356,7 @@ def device_name(device: str) -> str:
 def software() -> str:
     from importlib.metadata import version
 
-    return f"torch {version('torch')}, transformers {version('transformers')}"
+    return f"torch {torch_version()}, transformers {version('transformers')}"
 
 
 def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:

@@ -30,15 +30,17 @@ from orchestrator.trial_dir import TrialPaths, claimant_gone, reserve, trials_be
 from orchestrator.translate import TrialFiles, write_trial_files
 
 
-def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = None) -> str | None:
-    """Why the plan (or, for SLURM, the partition's `nodes` from sinfo) refuses this trial, or None."""
+def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = None,
+            free_bytes: int | None = None) -> str | None:
+    """Why the plan (or, for SLURM, the partition's `nodes` from sinfo; for a local CPU
+    trial, the host's `free_bytes`) refuses this trial, or None."""
     if spec.cfg.run.force:
         return None
     if not plan.fits:
         return (f"does not fit: predicted {plan.memory.total / GIB:.2f} GiB per rank > "
                 f"{plan.memory.capacity / GIB:.2f} GiB capacity; {plan.fitting_changes}; "
                 "run.force=true launches anyway")
-    if why := host_memory_refusal(spec, plan.memory.total, host_load.available_bytes()):
+    if why := host_memory_refusal(spec, plan.memory.total, free_bytes):
         return why
     if nodes is not None and (why := slurm.partition_refusal(spec, nodes)):
         return f"SLURM could never start it: {why}; run.force=true submits anyway"
@@ -58,13 +60,14 @@ def host_memory_refusal(spec: TrialSpec, per_rank_bytes: int, free_bytes: int | 
             "free memory, or run.force=true launches anyway")
 
 
-def cost_line(spec: TrialSpec, plan: Plan) -> str:
-    """What the trial will cost, said before it starts: its steps' time and its peak."""
+def cost_line(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> str:
+    """What the trial will cost, said before it starts: its steps' time and its peak (for a
+    local CPU trial, its ranks' against the host's `free_bytes`)."""
     t, m, steps = plan.time, plan.memory, spec.cfg.run.steps
     total = t.step_s * steps
     when = f"{total / 60:.1f} min" if total >= 120 else f"{total:.3g} s"
     where = (f"of {m.capacity / GIB:.2f} GiB" if spec.cfg.hardware.device.is_gpu or spec.cfg.cluster.name != "local"
-             else f"x {spec.gpus_per_node} rank(s) on a host with {(host_load.available_bytes() or 0) / GIB:.2f} GiB free")
+             else f"x {spec.gpus_per_node} rank(s) on a host with {(free_bytes or 0) / GIB:.2f} GiB free")
     up_to = "up to " if spec.cfg.run.timing_ci is not None else ""
     return (f"planned: {t.step_s:.3g} s a step, about {when} for {up_to}{steps} steps (start-up not counted); "
             f"peak {m.total / GIB:.2f} GiB per rank {where}")
@@ -83,7 +86,8 @@ def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict |
     started = now()
     reserve(trial_dir, spec.cfg.run.steps)
     plan = make_plan(spec)
-    if message := refusal(spec, plan, nodes):
+    free = host_load.available_bytes()  # read once: the refusal and the cost line say the same figure
+    if message := refusal(spec, plan, nodes, free):
         if sweep is None:  # one trial: its whole plan, then why; a sweep's points one line each
             show_plan(spec, plan, out)
             out.print(f"[red]refused:[/red] {message}")
@@ -93,7 +97,7 @@ def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict |
                                error_record("PlanRefused", message))
         return refused, None, plan.as_dict()
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
-    out.print(f"[dim]{cost_line(spec, plan)}[/dim]")
+    out.print(f"[dim]{cost_line(spec, plan, free)}[/dim]")
     for warning in files.warnings:
         out.print(f"[yellow]warning:[/yellow] {warning}")
     return None, files, plan.as_dict()
