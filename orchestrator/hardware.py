@@ -62,10 +62,9 @@ def check_plausible(hw) -> None:
             value = getattr(value, part, None)
         if value is None:
             continue
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not number or not low <= value <= high:
-            nearest = f"; the nearest valid value is {min(max(value, low), high):g}" if number or (
-                isinstance(value, float) and not math.isnan(value)) else ""
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+        if not number or not low <= value <= high:  # NaN and infinity compare outside any range
+            nearest = f"; the nearest valid value is {min(max(value, low), high):g}" if number else ""
             raise ConfigError(f"hardware.{name}", value, f"a number from {low:g} to {high:g}{nearest}")
 
 
@@ -221,6 +220,11 @@ def torch_version() -> str:
     return importlib.metadata.version("torch")
 
 
+def cache_dir() -> Path:
+    """Where this machine's measurements are cached (the CPU's peak, kernels.json)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator"
+
+
 # What this process has read or measured: a plan of a CPU trial asks for a peak (and the
 # k x n layout's one-thread peak) at every point of a sweep, and need not read the file each time.
 _IN_PROCESS: dict[str, float] = {}
@@ -237,7 +241,7 @@ def _measured_once(key: str, threads: int, measure, plausible: tuple[float, floa
     device of this kind can reach), else measured now and cached. The cache is read as
     trial files are (files.read_json: a FIFO, a link or a huge file is not read) and an
     unusable cache (a read-only or missing directory) costs only the measurement."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator" / "cpu_peak.json"
+    cache = cache_dir() / "cpu_peak.json"
     known = read_json(cache) or {}
     value = known.get(key)
     if value is not None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
 from orchestrator import kernels
-from orchestrator.hardware import torch_version
+from orchestrator.hardware import cache_dir, torch_version
 from orchestrator.config import ModelConfig
 from orchestrator.files import atomic_write_text, read_json
 from orchestrator.kernels import Kernel
@@ -97,7 +96,7 @@ def plausible_times(forward_s: float, backward_s: float) -> bool:
 
 
 def cache_path() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator" / "kernels.json"
+    return cache_dir() / "kernels.json"
 
 
 class Cache:

@@ -9,6 +9,7 @@ and only then).
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
@@ -85,7 +86,7 @@ def group_repeats(rows: list[dict], results: list[dict]) -> tuple[list[dict], li
                  if isinstance(h, dict) and h.get("timed")]
         step = spread([h["step_time_s"] for h in steps]) if steps else None
         throughput = spread([h["tokens_per_sec_per_gpu"] for h in steps]) if steps else None
-        row, result = dict(rows[first]), json.loads(json.dumps(results[first]))
+        row, result = dict(rows[first]), copy.deepcopy(results[first])
         if step and throughput:
             scale = throughput.median / row["tokens_per_sec_per_gpu"] if row["tokens_per_sec_per_gpu"] else None
             row.update(step_time_s=step.median, tokens_per_sec_per_gpu=throughput.median, noisy=step.noisy() or "",

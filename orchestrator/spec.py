@@ -26,7 +26,7 @@ from orchestrator.cluster_checks import check_cluster, placement
 from orchestrator.compose import Composed, compose_trial, composing
 from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.config import KernelSource, TrialConfig
-from orchestrator.checks import (above_zero, at_most, check_choice, positive, typed_config,
+from orchestrator.checks import (at_most, check_choice, positive, typed_config,
                                   whole_number)
 from orchestrator.errors import ConfigError, one_of
 from orchestrator.files import read_text, read_yaml
@@ -295,12 +295,7 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
         if hw.memory_gib is None:  # a GPU's capacity cannot be read from here
             raise ConfigError("hardware.memory_gib", None, "the GPU's memory in GiB: hardware=auto reads it from the "
                               "device where the trial runs; with a preset named, give it (e.g. hardware.memory_gib=80)")
-        above_zero(hw.memory_gib, "hardware.memory_gib")
-    if not hw.device.is_gpu and hw.memory_gib is not None:
-        above_zero(hw.memory_gib, "hardware.memory_gib")
-    if hw.gemm_cache_mb is not None:
-        above_zero(hw.gemm_cache_mb, "hardware.gemm_cache_mb")
-    hardware.check_plausible(hw)
+    hardware.check_plausible(hw)  # every figure's range, memory_gib and gemm_cache_mb among them
 
 
 def _with_network_table(cfg: TrialConfig) -> TrialConfig:

@@ -235,12 +235,22 @@ alive() {  # a process of this name that is not a zombie (anyone's: munge and Ma
 # still the one recorded: the same name, or the same start time.
 STARTED=$STATE/started
 
-running_as() {  # PID NAME: the process is alive (not a zombie) and named NAME
-  [ -r "/proc/$1/stat" ] && [ "$(cat "/proc/$1/comm" 2>/dev/null)" = "$2" ] \
-    && [ "$(awk '{sub(/.*\) /, ""); print $1}' "/proc/$1/stat" 2>/dev/null)" != Z ]
+stat_field() {  # PID N: field N of /proc/PID/stat after the name (1: the state, 20: the start)
+  awk -v n="$2" '{sub(/.*\) /, ""); print $n}' "/proc/$1/stat" 2>/dev/null
 }
 
-start_ticks() { awk '{sub(/.*\) /, ""); print $20}' "/proc/$1/stat" 2>/dev/null; }
+living() {  # PID...: those still alive (not zombies)
+  local pid
+  for pid in "$@"; do
+    [ -r "/proc/$pid/stat" ] && [ "$(stat_field "$pid" 1)" != Z ] && echo "$pid"
+  done
+}
+
+running_as() {  # PID NAME: the process is alive and named NAME
+  [ -n "$(living "$1")" ] && [ "$(cat "/proc/$1/comm" 2>/dev/null)" = "$2" ]
+}
+
+start_ticks() { stat_field "$1" 20; }
 
 record() {  # NAME PIDFILE: a daemon this script just started
   local pid
@@ -261,9 +271,7 @@ ours() {  # the pids of every live process this script started
   fi
   [ -f "$STATE/network" ] || return 0
   for ns in $(ip netns list 2>/dev/null | awk '/^orch-node[0-9]+/ {print $1}'); do
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do
-      [ "$(awk '{sub(/.*\) /, ""); print $1}' "/proc/$pid/stat" 2>/dev/null)" = Z ] || echo "$pid"
-    done
+    living $(ip netns pids "$ns" 2>/dev/null)
   done
 }
 
@@ -271,14 +279,6 @@ ours_alive() {  # NAME: a process of that name among ours
   local pid
   for pid in $(ours); do [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] && return 0; done
   return 1
-}
-
-living() {  # PID...: those still alive (not zombies)
-  local pid
-  for pid in "$@"; do
-    [ -r "/proc/$pid/stat" ] && [ "$(awk '{sub(/.*\) /, ""); print $1}' "/proc/$pid/stat" 2>/dev/null)" != Z ] \
-      && echo "$pid"
-  done
 }
 
 stop() {
