@@ -2,10 +2,13 @@
 issue 38 (small shapes, where what happens between kernels is a large part of the step).
 
     .venv/bin/python bench/compute_check.py OUT [--runs 3] [--only NAME,...] [--fresh-cache]
+                                                [--hardware auto] [--summary FILE.json]
 
 Each trial runs `--runs` times through `orchestrator run` (hardware=cpu: kernels timed on
-this machine, nothing fitted); the measured step is the median of the runs' mean timed
-steps, the prediction the plan each trial made before launch. Run it alone: anything
+this machine, nothing fitted; `--hardware auto` on a GPU node: the GPU's kernels timed
+there); the measured step is the median of the runs' median timed steps, the prediction
+the plan each trial made before launch. `--summary` writes each trial's measured steps and
+its plan's time breakdown to one JSON file (what a GPU node sends back). Run it alone: anything
 beside it slows the measured steps (up to 1.6x) and, with an empty kernel cache, the
 timed kernels. `--fresh-cache` times every kernel again (a cache of its own under OUT).
 """
@@ -20,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-COMMON = ["hardware=cpu", "logger.mode=disabled", "run.steps=10", "run.warmup_steps=3"]
+COMMON = ["logger.mode=disabled", "run.steps=10", "run.warmup_steps=3"]
 SMALL = ["model.hidden=256", "model.heads=4", "model.kv_heads=4", "model.ffn_hidden=1024", "model.n_layers=4",
          "model.seq_len=256", "model.max_positions=256", "model.vocab=8192", "batch.micro_batch_size=2"]
 TRIALS = {
@@ -37,13 +40,20 @@ TRIALS = {
     "llama-h256-fsdp2-dp2": ["model=tiny", "model.arch=llama", *SMALL, "engine=fsdp", "zero=stage3", "parallel.dp=2"],
     "gpt2-h256-zero3-dp2": ["model=tiny", *SMALL, "zero=stage3", "parallel.dp=2"],
 }
+# Run only when named (--only): one GPU holds one rank, and the larger model is a GPU's shape.
+ONE_DEVICE = {
+    "llama-h256-fsdp2-dp1": [*TRIALS["llama-h256-fsdp2-dp2"][:-1], "parallel.dp=1"],
+    "gpt2-h256-zero3-dp1": [*TRIALS["gpt2-h256-zero3-dp2"][:-1], "parallel.dp=1"],
+    "gpt2-125m-mb8-dp1": ["model=gpt2-125m", "batch.micro_batch_size=8", "parallel.dp=1"],
+}
 TOLERANCE = 0.20
 
 
-def run(out: Path, name: str, overrides: list[str], env: dict) -> dict | None:
+def run(out: Path, name: str, overrides: list[str], env: dict, hardware: str) -> dict | None:
     trial = out / name
     if not (trial / "result.json").is_file():
-        proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), *COMMON, *overrides],
+        proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), f"hardware={hardware}",
+                               *COMMON, *overrides],
                               capture_output=True, text=True, env=env, timeout=1800)
         if proc.returncode:
             print(f"{name}: exit {proc.returncode}: {proc.stderr.strip()[-600:]}", file=sys.stderr)
@@ -67,14 +77,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", default="")
     parser.add_argument("--fresh-cache", action="store_true")
+    parser.add_argument("--hardware", default="cpu")
+    parser.add_argument("--summary", type=Path)
     args = parser.parse_args()
+    summary = {}
     env = {**os.environ, **({"XDG_CACHE_HOME": str(args.out / "cache")} if args.fresh_cache else {})}
-    names = [n for n in TRIALS if not args.only or n in args.only.split(",")]
+    trials = {**TRIALS, **ONE_DEVICE}
+    names = [n for n in trials if n in args.only.split(",")] if args.only else list(TRIALS)
     print("| trial | measured step s (runs) | predicted s | predicted / measured | |")
     print("|---|---|---:|---:|---|")
     within = 0
     for name in names:
-        results = [r for i in range(args.runs) if (r := run(args.out, f"{name}-{i}", TRIALS[name], env))]
+        results = [r for i in range(args.runs) if (r := run(args.out, f"{name}-{i}", trials[name], env, args.hardware))]
         if not results:
             print(f"| {name} | failed | | | |")
             continue
@@ -83,9 +97,15 @@ def main() -> None:
         predicted = results[0]["plan"]["time"]["step_s"]
         ratio = predicted / measured
         within += abs(ratio - 1) <= TOLERANCE
+        summary[name] = {"measured_steps_s": steps, "plan_time": results[0]["plan"]["time"],
+                         "plan_sources": results[0]["plan"].get("sources"), "device": results[0]["metrics"].get("device"),
+                         "peak_bytes": [r["metrics"].get("memory", {}).get("peak") for r in results],
+                         "plan_total_bytes": results[0]["plan"]["memory"]["total"]}
         print(f"| {name} | {measured:.4f} ({', '.join(f'{s:.4f}' for s in steps)}) | {predicted:.4f} | {ratio:.2f} | "
               f"{'ok' if abs(ratio - 1) <= TOLERANCE else 'MISS'} |", flush=True)
     print(f"\nwithin +-{TOLERANCE:.0%}: {within} of {len(names)}")
+    if args.summary:
+        args.summary.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

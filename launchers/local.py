@@ -21,7 +21,7 @@ from orchestrator.launchers.binding import Binding
 from orchestrator import hardware
 from orchestrator.config import DeviceType
 from orchestrator.spec import TrialSpec
-from orchestrator.process import PROGRESS, die_with_parent, end_group
+from orchestrator.process import PROGRESS, clear_stale_build_locks, die_with_parent, end_group
 from orchestrator.trial_dir import TrialPaths, disk_full
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
@@ -139,31 +139,3 @@ def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
             except ValueError:
                 pass
         sink.write(line)
-
-
-def clear_stale_build_locks(min_age_s: float = 60) -> list[Path]:
-    """Remove torch-extension build locks that no build holds any more.
-
-    DeepSpeed JIT-builds ops (its CPU communication op among them) under a lock file in
-    torch's extension directory; a process killed while building leaves the file behind
-    and every later build waits on it forever. A lock older than a minute while no
-    compiler runs is such a leftover.
-    """
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
-    locks = [p for p in root.glob("*/*/lock") if time.time() - p.stat().st_mtime > min_age_s]
-    if not locks or _compiler_running():
-        return []
-    for lock in locks:
-        lock.unlink(missing_ok=True)
-    return locks
-
-
-def _compiler_running() -> bool:
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv0 = cmdline.read_bytes().split(b"\0", 1)[0]
-        except OSError:
-            continue
-        if argv0.rsplit(b"/", 1)[-1] in (b"ninja", b"c++", b"g++", b"cc1plus", b"gcc"):
-            return True
-    return False

@@ -23,7 +23,8 @@ import submitit
 from orchestrator import host_load
 from orchestrator.config import KernelSource
 from orchestrator.files import atomic_write_json, read_json
-from orchestrator.launchers.local import WORKLOAD_MODULE, clear_stale_build_locks
+from orchestrator.launchers.local import WORKLOAD_MODULE
+from orchestrator.process import clear_stale_build_locks
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import load_spec
 from orchestrator.trial_dir import TrialPaths

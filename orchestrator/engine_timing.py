@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from orchestrator.kernel_timing import MAX_KERNEL_S, Cache, KernelTimingError, Measured
+from orchestrator.process import clear_stale_build_locks
 
 TIMEOUT_S = 300
 PARTS = ("forward_s", "backward_s", "step_s")
@@ -25,6 +26,7 @@ def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
     """Each of the engine's forward and backward additions and its step as a line in the
     elements a rank holds, (intercept s, s per element), and the engine's optimizer.
     KernelTimingError if it fails."""
+    clear_stale_build_locks()  # DeepSpeed builds its CPU op there first: a killed build's lock would hang it
     proc = subprocess.run([sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings)],
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

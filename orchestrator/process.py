@@ -7,6 +7,8 @@
 - `start_ticks`: when a process started (so a pid that was reused is told apart).
 - `end_group` / `run_group`: a launcher (torchrun, srun) and everything it started end
   together, in order (SIGTERM, then SIGKILL), when the command that started it stops.
+- `clear_stale_build_locks`: the lock a killed op build left, which would hang every later
+  one (before a trial's ranks start, and before the plan times the engine).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PROGRESS = "ORCH|"
@@ -92,3 +95,34 @@ def run_group(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         end_group(proc)
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def clear_stale_build_locks(min_age_s: float = 60) -> list[Path]:
+    """Remove torch-extension build locks that no build holds any more.
+
+    DeepSpeed JIT-builds ops (its CPU communication op among them) under a lock file in
+    torch's extension directory; a process killed while building leaves the file behind
+    and every later build waits on it forever. A lock older than a minute while no
+    compiler runs is such a leftover. torch builds an op in ROOT/OP/ where
+    TORCH_EXTENSIONS_DIR names the root, else in ROOT/py311_cpu/OP/ (its Python and
+    accelerator) under the user's cache: both are looked at.
+    """
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or
+                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions")
+    locks = [p for p in [*root.glob("*/lock"), *root.glob("*/*/lock")] if time.time() - p.stat().st_mtime > min_age_s]
+    if not locks or _compiler_running():
+        return []
+    for lock in locks:
+        lock.unlink(missing_ok=True)
+    return locks
+
+
+def _compiler_running() -> bool:
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv0 = cmdline.read_bytes().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if argv0.rsplit(b"/", 1)[-1] in (b"ninja", b"c++", b"g++", b"cc1plus", b"gcc"):
+            return True
+    return False

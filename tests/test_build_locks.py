@@ -3,7 +3,16 @@
 import os
 import time
 
-from orchestrator.launchers.local import clear_stale_build_locks
+import pytest
+
+from orchestrator import process
+from orchestrator.process import clear_stale_build_locks
+
+
+@pytest.fixture(autouse=True)
+def _no_build_elsewhere(monkeypatch):
+    """Another test's DeepSpeed build (a compiler running) would keep every lock, rightly."""
+    monkeypatch.setattr(process, "_compiler_running", lambda: False)
 
 
 def test_a_stale_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
@@ -17,3 +26,31 @@ def test_a_stale_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
     os.utime(stale, (past, past))
     assert clear_stale_build_locks() == [stale]
     assert not stale.exists() and fresh.exists()  # a build may hold a young lock
+
+
+def test_a_lock_is_found_where_torch_extensions_dir_names_the_ops_folder_directly(tmp_path, monkeypatch):
+    # TORCH_EXTENSIONS_DIR set: torch builds in ROOT/OP/, one folder down (unset: ROOT/py311_cpu/OP/).
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale = tmp_path / "deepspeed_shm_comm" / "lock"
+    stale.parent.mkdir()
+    stale.touch()
+    past = time.time() - 600
+    os.utime(stale, (past, past))
+    assert clear_stale_build_locks() == [stale] and not stale.exists()
+
+
+def test_the_plan_clears_a_stale_lock_before_it_times_the_engine(tmp_path, monkeypatch):
+    # The engine's timing process would build DeepSpeed's op first and wait on a leftover lock.
+    from orchestrator import engine_timing
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale = tmp_path / "deepspeed_shm_comm" / "lock"
+    stale.parent.mkdir()
+    stale.touch()
+    os.utime(stale, (time.time() - 600,) * 2)
+    seen = []
+    monkeypatch.setattr(engine_timing.subprocess, "run", lambda *a, **k: seen.append(stale.exists()) or
+                        engine_timing.subprocess.CompletedProcess(a, 1, "", "stand-in"))
+    with pytest.raises(engine_timing.KernelTimingError):
+        engine_timing.time_engine({"engine": "deepspeed"})
+    assert seen == [False]  # gone before the timing process started

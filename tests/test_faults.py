@@ -283,3 +283,22 @@ def test_a_rank_the_oom_killer_ends_is_recorded_oom_with_the_step_it_reached(tmp
         assert "Traceback" not in proc.stdout + proc.stderr
     finally:
         group.rmdir()
+
+
+@pytest.mark.parametrize("other, expected", [(None, "interrupted"), ({"type": "RuntimeError", "oom": False}, "failed"),
+                                             ({"type": "OutOfMemoryError", "oom": True}, "oom"),
+                                             ({"type": "Interrupted", "oom": False}, "interrupted")])
+def test_a_rank_ended_because_another_failed_records_that_failure(tmp_path, other, expected):
+    """torchrun SIGTERMs the survivors once a rank fails; rank 0, which holds the W&B run,
+    may see that SIGTERM before the failed collective (a race a slow host loses): its run
+    ends with the failed rank's cause, not "interrupted". A SIGTERM alone stays interrupted."""
+    from orchestrator.errors import Interrupted
+    from orchestrator.trial_dir import TrialPaths
+    from orchestrator.workload.train import ended_status
+
+    paths = TrialPaths(tmp_path)
+    if other is not None:
+        paths.rank_error(1).parent.mkdir(parents=True)
+        paths.rank_error(1).write_text(json.dumps({**other, "rank": 1}))
+    assert ended_status(Interrupted(signal.SIGTERM), paths, world=2) == expected
+    assert ended_status(RuntimeError("boom"), paths, world=2) == "failed"  # its own failure is its own

@@ -28,9 +28,12 @@ SMALL = ["model.n_layers=2", "model.hidden=64", "model.heads=2", "model.ffn_hidd
 
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
-    # DeepSpeed builds its CPU op under XDG_CACHE_HOME unless told where: keep the one built
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or
-                       str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"))
+    # DeepSpeed builds its CPU op under XDG_CACHE_HOME unless told where: keep the one the
+    # ranks built, in the folder torch names by its Python and accelerator when the variable
+    # is unset (torch.utils.cpp_extension; a CPU build of torch here), not a second build.
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
+        / f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_cpu"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(Cache, "_known", None)
     # These tests are about what is timed and cached; other tests beside them (xdist) would

@@ -94,8 +94,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     except BaseException as exc:
         if tracker:  # the W&B run ends with the cause and a non-zero exit code
             Interrupted.ignore()  # nothing more may interrupt the closing of the run
-            status = "interrupted" if isinstance(exc, Interrupted) else "oom" if is_out_of_memory(exc) else "failed"
-            tracker.finish(None, plan, status)
+            tracker.finish(None, plan, ended_status(exc, paths, world))
         raise
 
 
@@ -198,6 +197,23 @@ def _fail(mode: str) -> None:
         while True:
             held.append(torch.ones(2**26, dtype=torch.uint8))  # 64 MiB, every page touched
     raise RuntimeError("injected failure (run.fail_at_step)")
+
+
+def ended_status(exc: BaseException, paths: TrialPaths, world: int) -> str:
+    """The trial's status as this rank sees it end. A SIGTERM that follows another rank's
+    failure is the launcher ending the survivors (torchrun does so once a rank exits non-zero;
+    which of that and the failed collective reaches this rank first is a race): the trial
+    failed as that rank did, whose error file is written before it exits."""
+    if isinstance(exc, Interrupted):
+        for other in range(world):
+            try:
+                error = json.loads(paths.rank_error(other).read_text())
+            except (OSError, ValueError):
+                continue
+            if error.get("type") != Interrupted.__name__:
+                return "oom" if error.get("oom") else "failed"
+        return "interrupted"
+    return "oom" if is_out_of_memory(exc) else "failed"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
