@@ -101,11 +101,11 @@ def main() -> None:
                          "plan_sources": results[0]["plan"].get("sources"), "device": results[0]["metrics"].get("device"),
                          "peak_bytes": [r["metrics"].get("memory", {}).get("peak") for r in results],
                          "plan_total_bytes": results[0]["plan"]["memory"]["total"]}
+        if args.summary:  # after each trial: a run cut short keeps what it measured
+            args.summary.write_text(json.dumps(summary, indent=1))
         print(f"| {name} | {measured:.4f} ({', '.join(f'{s:.4f}' for s in steps)}) | {predicted:.4f} | {ratio:.2f} | "
               f"{'ok' if abs(ratio - 1) <= TOLERANCE else 'MISS'} |", flush=True)
     print(f"\nwithin +-{TOLERANCE:.0%}: {within} of {len(names)}")
-    if args.summary:
-        args.summary.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -223,6 +223,10 @@ def engine_check(out: Path) -> None:
         lines, name = engine_timing.time_engine(settings)
         elements = sum(p.numel for p in parameter_tensors(spec.cfg.model))
         stand_in = {k: a + b * elements for k, (a, b) in lines.items()}
+        # The same line through stand-ins of about the model's own size: what extrapolating
+        # from the default sizes (step_timing.SIZES) costs.
+        big, _ = engine_timing.time_engine({**settings, "sizes": [elements // 2, elements]})
+        stand_in_at_size = {k: a + b * elements for k, (a, b) in big.items()}
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
         model = build_model(spec.cfg.model, device="cuda", seed=0)
         ids = torch.randint(0, spec.cfg.model.vocab, (8, spec.cfg.model.seq_len), device="cuda")
@@ -258,11 +262,11 @@ def engine_check(out: Path) -> None:
             times = step_timing.median_times(lambda: model(input_ids=ids, labels=ids).loss,
                                              lambda loss: loss.backward(), step, "cuda")
         dist.destroy_process_group()
-        results[engine] = {"stand_in": stand_in, "optimizer": name, "real": dict(zip(("forward_s", "backward_s", "step_s"), times)),
+        results[engine] = {"stand_in": stand_in, "stand_in_at_size": stand_in_at_size, "optimizer": name, "real": dict(zip(("forward_s", "backward_s", "step_s"), times)),
                            "plain": {"forward_s": p_fwd, "backward_s": p_bwd}}
         r = results[engine]
         print(f"{engine}: stand-in adds fwd {stand_in['forward_s'] * 1e3:.1f} bwd {stand_in['backward_s'] * 1e3:.1f}, "
-              f"step {stand_in['step_s'] * 1e3:.1f} ms; real model: fwd {times[0] * 1e3:.1f} bwd {times[1] * 1e3:.1f} "
+              f"step {stand_in['step_s'] * 1e3:.1f} ms (at the model's size: step {stand_in_at_size['step_s'] * 1e3:.1f}); real model: fwd {times[0] * 1e3:.1f} bwd {times[1] * 1e3:.1f} "
               f"step {times[2] * 1e3:.1f} ms, without the engine fwd {p_fwd * 1e3:.1f} bwd {p_bwd * 1e3:.1f} ms", flush=True)
     out.write_text(json.dumps(results, indent=1))
 

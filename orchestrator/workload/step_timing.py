@@ -191,7 +191,7 @@ def main() -> None:
     dist.init_process_group(group_of(device)[0], store=dist.HashStore(), rank=0, world_size=1)
     try:
         points = []
-        for elements in SIZES[torch.device(device).type]:
+        for elements in settings.get("sizes") or SIZES[torch.device(device).type]:
             modules = scaled(settings["modules"], elements)
             times, optimizer = timed({**settings, "modules": modules})
             points.append((sum(n for _, n in modules), times))
