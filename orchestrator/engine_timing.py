@@ -37,6 +37,24 @@ def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
     return {name: (float(a), float(b)) for name, (a, b) in out["lines"].items()}, str(out["optimizer"])
 
 
+# A GPU's stand-ins, in elements: from step_timing's default sizes up to what the
+# optimizer's states of a stand-in (about 18 bytes an element) leave a GPU to spare.
+GPU_SIZES = (2**24, 2**28)
+
+
+def stand_in_sizes(device: str, elements: int) -> list[int] | None:
+    """The two sizes to time the engine's stand-in at, or None for step_timing's defaults.
+    On a GPU they bracket the rank's own share (powers of two): on an H200 a line through 16M
+    and 32M elements, extrapolated to gpt2-125m's 124M, put DeepSpeed's step at 68.6 ms in one
+    timing and 23.2 ms in the next, where 62M and 124M gave 32.4 ms and the real engine
+    28.5 ms (bench/RESULTS.md); a GPU runs such a stand-in in tens of ms. A CPU keeps its
+    small sizes: a stand-in there costs seconds, and its line held (bench/RESULTS.md)."""
+    if not device.startswith("cuda"):
+        return None
+    top = min(max(1 << max(elements - 1, 1).bit_length(), 2 * GPU_SIZES[0]), GPU_SIZES[1])
+    return [top // 2, top]
+
+
 def plausible_line(intercept_s: float, slope_s: float) -> bool:
     """An engine's (intercept, seconds per element) as a device can take them: finite, the
     intercept within an hour either way (a fitted line may start below 0), the slope >= 0
@@ -49,6 +67,9 @@ def with_engine(measured: Measured, engine: dict, threads: int, elements: int) -
     `elements` (the lines cached under the engine's settings and the device's prefix); where
     the engine cannot be timed, `measured` as it is (torch's AdamW), saying why."""
     settings = {**engine, "threads": threads}
+    sizes = stand_in_sizes(str(engine.get("device", "cpu")), elements)
+    if sizes:  # one timing per power of two of the share, cached as any other
+        settings["sizes"] = sizes
     key = (f"{measured.device}|{measured.software}|engine "
            + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16])
     lines: dict = {}

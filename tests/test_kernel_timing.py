@@ -288,3 +288,15 @@ def test_the_engine_is_timed_on_the_trials_device_with_its_backend():
     assert engine_settings(build_spec(["hardware=h100-sxm", "model.hidden=256", "model.heads=4",
                                        "model.kv_heads=null"]))["device"] == "cuda"
     assert SIZES["cuda"][0] > SIZES["cpu"][1]  # a GPU's per-element cost shows only on larger stand-ins
+
+
+def test_a_gpus_engine_is_timed_at_about_the_ranks_share_and_a_cpus_at_its_small_sizes():
+    # Pure arithmetic: no GPU needed. A line extrapolated 8x from small stand-ins moved 3x
+    # between two timings on an H200; bracketing the share keeps the extrapolation within 2x.
+    from orchestrator.engine_timing import GPU_SIZES, stand_in_sizes
+
+    assert stand_in_sizes("cpu", 124_439_808) is None  # step_timing.SIZES["cpu"]
+    assert stand_in_sizes("cuda", 124_439_808) == [2**26, 2**27]  # gpt2-125m whole on one rank
+    assert stand_in_sizes("cuda:1", 2**27) == [2**26, 2**27]  # a power of two is its own top
+    assert stand_in_sizes("cuda", 1_000) == [GPU_SIZES[0], 2 * GPU_SIZES[0]]  # never below the defaults
+    assert stand_in_sizes("cuda", 70 * 10**9) == [GPU_SIZES[1] // 2, GPU_SIZES[1]]  # a 70B share: capped
