@@ -109,12 +109,21 @@ def clear_stale_build_locks(min_age_s: float = 60) -> list[Path]:
     """
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or
                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions")
-    locks = [p for p in [*root.glob("*/lock"), *root.glob("*/*/lock")] if time.time() - p.stat().st_mtime > min_age_s]
+    locks = [p for p in [*root.glob("*/lock"), *root.glob("*/*/lock")] if _age_s(p) > min_age_s]
     if not locks or _compiler_running():
         return []
     for lock in locks:
         lock.unlink(missing_ok=True)
     return locks
+
+
+def _age_s(path: Path) -> float:
+    """Seconds since `path` was modified; 0 where it is gone (a build that ended between
+    the glob and the stat released its lock: nothing to clear)."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _compiler_running() -> bool:

@@ -54,3 +54,23 @@ def test_the_plan_clears_a_stale_lock_before_it_times_the_engine(tmp_path, monke
     with pytest.raises(engine_timing.KernelTimingError):
         engine_timing.time_engine({"engine": "deepspeed"})
     assert seen == [False]  # gone before the timing process started
+
+
+def test_a_lock_released_between_the_search_and_its_age_is_passed_over(tmp_path, monkeypatch):
+    # A build ending while the folders are searched removes its lock after the glob found it:
+    # the launcher must go on, not fail on the stat.
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale, released = tmp_path / "op_a" / "lock", tmp_path / "op_b" / "lock"
+    for lock in (stale, released):
+        lock.parent.mkdir()
+        lock.touch()
+        past = time.time() - 600
+        os.utime(lock, (past, past))
+    real_age = process._age_s
+
+    def age_after_release(path):
+        if path == released:
+            released.unlink()  # the build ends here, between the glob and the stat
+        return real_age(path)
+    monkeypatch.setattr(process, "_age_s", age_after_release)
+    assert clear_stale_build_locks() == [stale] and not stale.exists()

@@ -78,6 +78,9 @@ TaskPlugin=$tasks
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# A test cluster answers in seconds: a requeued job may start cred_expire + 1 s after its
+# requeue, and only a periodic pass (60 s main, 30 s backfill by default) starts it then.
+SchedulerParameters=sched_interval=2,bf_interval=1
 MpiDefault=none
 ReturnToService=2
 StateSaveLocation=$STATE/ctld
