@@ -50,7 +50,11 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
     peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, hardware.threads_per_rank(spec.gpus_per_node))
     bandwidth, bandwidth_note = memory_bandwidth(spec)
-    measured, compute_source = measured_kernels(spec, here=on_the_node or cfg.cluster.name == "local")
+    # A trial that will be refused for its memory is not worth timing (a 175B model's kernels
+    # on a slow CPU take most of a minute): the refusal comes at once, its time from the preset.
+    refused = not memory.fits and not cfg.run.force and peak_tflops is not None
+    measured, compute_source = measured_kernels(spec, here=on_the_node or cfg.cluster.name == "local",
+                                                refused=refused)
     if not measured and peak_tflops is None:
         raise ConfigError("hardware.peak_tflops." + spec.precision, None, f"the dense peak of this GPU: its kernels could "
                           f"not be timed ({compute_source}), and without them the plan estimates from the peak")
@@ -111,13 +115,15 @@ def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: f
     return optimizer_traffic_bytes(updated, spec.precision) / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
 
 
-def measured_kernels(spec: TrialSpec, here: bool) -> tuple[Measured | None, str]:
+def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False) -> tuple[Measured | None, str]:
     """The trial's kernels timed on this machine's device where hardware.kernels=measured
-    and the trial runs `here` (None otherwise, or where timing failed), and where the
-    compute times come from."""
+    and the trial runs `here` (None otherwise, where the plan will refuse the trial for its
+    memory, or where timing failed), and where the compute times come from."""
     hw = spec.cfg.hardware
     if hw.kernels != KernelSource.measured:
         return None, compute_assumption(hw)
+    if refused:
+        return None, f"{compute_assumption(hw)}; kernels not timed: the trial does not fit (run.force=true times them)"
     if not here:  # a login node times nothing of a compute node's
         return None, f"{compute_assumption(hw)}, until the kernels are timed on the allocated node before the ranks start"
     device = hw.device.value
