@@ -20,6 +20,7 @@ from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import ddp_bucket_mb
 from orchestrator.workload.accumulation import MicroBatches
+from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
 from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model
 from orchestrator.trial_dir import TrialPaths
@@ -31,6 +32,7 @@ class DeepSpeedEngine:
 
         deepspeed.init_distributed(dist_backend=device.backend, auto_mpi_discovery=False)
         self.config = json.loads(TrialPaths(trial_dir).ds_config.read_text())
+        import_muon_uncompiled(self.config)
         # ZeRO-3 builds the model partitioned (no rank holds it whole); the other stages
         # build it whole on the host and deepspeed.initialize moves it to the device.
         zero3 = self.config if self.config["zero_optimization"]["stage"] == 3 else None
@@ -107,6 +109,8 @@ class AccelerateEngine:
                                           weight_decay=run.weight_decay)
         if run.compile:
             model = torch.compile(model)
+        if self.deepspeed:  # accelerate's DeepSpeed plugin builds the engine in prepare
+            import_muon_uncompiled(json.loads(TrialPaths(trial_dir).ds_config.read_text()))
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.grad_clip = run.grad_clip
         self.micro_batches = MicroBatches(spec.schedule[0][1], spec.micro_batch_size, spec.world_size)

@@ -122,12 +122,15 @@ def plain(settings: dict) -> tuple[float, float]:
 def deepspeed_step(settings: dict) -> tuple[float, float, float, str]:
     import deepspeed
 
+    from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
+
     precision = settings["precision"]
     config = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
               "gradient_clipping": settings["grad_clip"], "bf16": {"enabled": precision == "bf16"},
               "fp16": {"enabled": precision == "fp16"}, "zero_optimization": settings["zero"],
               "optimizer": settings["optimizer"], "steps_per_print": 10**9, "wall_clock_breakdown": False}
     model = StandIn(settings["modules"], torch.float32)
+    import_muon_uncompiled(config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     x = torch.ones((), device=engine.device)
     fwd, bwd, step = median_times(lambda: engine(x), engine.backward, engine.step, settings["device"])
