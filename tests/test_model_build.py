@@ -29,21 +29,22 @@ from orchestrator.workload.model import build_model
 
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 rank = int(os.environ["RANK"])
-shape, out = json.loads(sys.argv[1]), sys.argv[2]
-m = ModelConfig(**shape)
+shapes, out = json.loads(sys.argv[1]), sys.argv[2]
 ds = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
       "zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
-whole = dict(build_model(m, seed=11).named_parameters())
-parted = build_model(m, seed=11, zero3_config=ds)
-held, full, equal = 0, 0, True
-for name, p in parted.named_parameters():
-    held += p.ds_tensor.numel()  # this rank's partition, before anything gathers it
-    full += p.ds_numel
-    with deepspeed.zero.GatheredParameters([p]):
-        # zero.Init keeps the bf16 of the config; DeepSpeed casts a whole-built model the same way.
-        equal &= torch.equal(p.detach(), whole[name].detach().to(p.dtype))
-with open(f"{out}/rank{rank}.json", "w") as f:
-    json.dump({"held": held, "full": full, "equal": bool(equal), "ranks": int(os.environ["WORLD_SIZE"])}, f)
+for arch, shape in shapes.items():  # one launch builds every architecture (a rank's start-up is most of its CPU)
+    m = ModelConfig(**shape)
+    whole = dict(build_model(m, seed=11).named_parameters())
+    parted = build_model(m, seed=11, zero3_config=ds)
+    held, full, equal = 0, 0, True
+    for name, p in parted.named_parameters():
+        held += p.ds_tensor.numel()  # this rank's partition, before anything gathers it
+        full += p.ds_numel
+        with deepspeed.zero.GatheredParameters([p]):
+            # zero.Init keeps the bf16 of the config; DeepSpeed casts a whole-built model the same way.
+            equal &= torch.equal(p.detach(), whole[name].detach().to(p.dtype))
+    with open(f"{out}/{arch}-rank{rank}.json", "w") as f:
+        json.dump({"held": held, "full": full, "equal": bool(equal), "ranks": int(os.environ["WORLD_SIZE"])}, f)
 torch.distributed.barrier()
 sys.stdout.flush()
 sys.stderr.flush()
@@ -51,18 +52,26 @@ os._exit(0)  # as the workload leaves: gloo's threads can abort a process in C++
 """
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_zero3_builds_partitioned_with_the_weights_of_the_whole_model(tmp_path, arch):
-    script = tmp_path / "rank.py"
+@pytest.fixture(scope="module")
+def zero3_built(tmp_path_factory):
+    """Both architectures built partitioned by two real ranks, in one torchrun launch."""
+    out = tmp_path_factory.mktemp("zero3-build")
+    script = out / "rank.py"
     script.write_text(RANK)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script), json.dumps(SHAPES[arch]), str(tmp_path)],
+                           str(script), json.dumps(SHAPES), str(out)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_zero3_builds_partitioned_with_the_weights_of_the_whole_model(zero3_built, arch):
+    ranks = [json.loads((zero3_built / f"{arch}-rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         assert r["equal"]  # gathered, every parameter is the whole-built one
         assert r["full"] / 2 <= r["held"] <= r["full"] / 2 + 64  # half of every tensor (rounded up), never the whole
+        assert r["ranks"] == 2
     assert ranks[0]["full"] == sum(p.numel() for p in build_model(ModelConfig(**SHAPES[arch])).parameters())
 
 

@@ -18,6 +18,7 @@ from tests.conftest import default_trial_stdout, results_below, run_cli, wandb_s
 
 pytestmark = pytest.mark.slow
 QUICK = ["run.steps=4", "run.warmup_steps=1"]
+NO_WANDB = "logger.mode=disabled"  # where W&B is not the point: its offline run costs rank 0 ~3 s of CPU
 METRIC_KEYS = {"tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "hfu", "step_time_s",
                "step_times_s", "steps", "tokens", "loss_first", "loss_last", "global_batch_sizes", "memory"}
 
@@ -78,7 +79,7 @@ def counting_tokens(tmp_path) -> Path:
 def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counting_tokens):
     # fp32: the engines must agree to rounding, and bf16 matmuls crawl on a CPU without AVX512-BF16.
     proc = run(tmp_path / "runs", "zero=stage0,stage1,stage2,stage3", "run.lr=1e-2", f"run.data={counting_tokens}",
-                  "run.steps=6", "run.warmup_steps=1", "run.bf16=false", multirun=True)
+                  "run.steps=6", "run.warmup_steps=1", "run.bf16=false", NO_WANDB, multirun=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = results_below(tmp_path / "runs")
     assert [r["config"]["zero"]["stage"] for r in results] == [0, 1, 2, 3]
@@ -89,7 +90,8 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
     # Accelerate's DeepSpeed ZeRO-3 as well: the model is built partitioned there too
     # (zero3_init_flag), from the same weights.
     accel = run(tmp_path / "accelerate", "engine=accelerate", "engine.backend=deepspeed", "zero=stage3",
-                   "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1", "run.bf16=false")
+                   "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1", "run.bf16=false",
+                   NO_WANDB)
     assert accel.returncode == 0, accel.stdout + accel.stderr
     (accelerated,) = results_below(tmp_path / "accelerate")
     engine = accelerated["metrics"]["engine"]
@@ -175,7 +177,7 @@ def test_a_rank_that_exits_without_a_python_error_is_named(failing_sweep):
 def test_accelerate_runs_ddp_on_cpu_with_the_plans_buckets(tmp_path):
     # (Accelerate's DeepSpeed engine on CPU: test_every_zero_stage_and_engine_trains_the_same_loss_curve.)
     proc = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage0",
-                  "zero.reduce_bucket_size=1000000", *QUICK)
+                  "zero.reduce_bucket_size=1000000", *QUICK, NO_WANDB)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results_below(tmp_path)
     engine = r["metrics"]["engine"]
@@ -217,7 +219,7 @@ def test_expandable_segments_reach_the_ranks_environment_on_gpus(tmp_path):
 
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
     # 100,000 steps would take hours: ending within run()'s timeout is the limit at work.
-    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "parallel.dp=1")
+    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "parallel.dp=1", NO_WANDB)
     assert proc.returncode == 1
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["status"] == "timeout" and r["error"]["type"] == "Timeout" and r["metrics"] is None

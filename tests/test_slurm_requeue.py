@@ -37,7 +37,9 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     # trial, once its limit has requeued it, gets a limit it cannot reach: one requeue is
     # what the test is about, and at a minute an allocation (start-up ~15-25 s on a busy
     # machine, warned 25-55 s in) trains too little to finish in fewer than 5-10 of them.
-    waiting, deadline = set(runs), time.monotonic() + 300
+    # Lifted only once the warning's save is there: a warning that comes while the rank is
+    # still starting saves nothing, and an allocation after it would start from step 0.
+    waiting, deadline = set(runs), time.monotonic() + 420
     while waiting:
         assert time.monotonic() < deadline, f"not requeued in time: {sorted(waiting)}"
         for name in sorted(waiting - {"time-limit"}):
@@ -45,7 +47,7 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
             if latest.is_file() and json.loads(latest.read_text())["step"] >= 4:
                 subprocess.run(["scontrol", "requeue", job[name]], check=True, timeout=30)
                 waiting.discard(name)
-        if "time-limit" in waiting and _restarts(job["time-limit"]) >= 1:
+        if "time-limit" in waiting and _restarts(job["time-limit"]) >= 1 and _warned_save(base / "time-limit"):
             subprocess.run(["scontrol", "update", f"JobId={job['time-limit']}", "TimeLimit=15"], check=True, timeout=30)
             waiting.discard("time-limit")
         time.sleep(0.5)
@@ -56,6 +58,13 @@ def _restarts(job_id: str) -> int:
     """How many times SLURM has requeued the job (scontrol's Restarts=N)."""
     shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
     return next((int(field.split("=", 1)[1]) for field in shown.split() if field.startswith("Restarts=")), 0)
+
+
+def _warned_save(trial: Path) -> bool:
+    """Whether the trial's latest checkpoint is the one SLURM's warning asked for (the next
+    allocation resumes from it)."""
+    latest = trial / "checkpoint" / "latest.json"
+    return latest.is_file() and bool(json.loads(latest.read_text()).get("signalled"))
 
 
 def _history_is_whole(r: dict, steps: int, ranks: int) -> None:
