@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,18 +218,29 @@ NEVER_STARTS = {
 
 
 def job_state(job_id: str) -> tuple[str, str]:
-    """(SLURM state, reason) from sacct; ("UNKNOWN", "") before sacct has the job.
+    """(SLURM state, reason) from sacct; ("UNKNOWN", "") before sacct has the job."""
+    return job_states([job_id])[job_id]
 
-    A pending job's reason comes from squeue: the controller's live one (sacct's can say
-    "None" for minutes after the scheduler has found that the job can never start)."""
-    out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State,Reason"],
+
+def job_states(job_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """(SLURM state, reason) of every job, from one sacct call (and one squeue call for the
+    pending ones), not one per job: a sweep's `wait` asks every poll, and on a shared
+    cluster each sacct is a query of slurmdbd. ("UNKNOWN", "") for a job sacct does not
+    have yet. A pending job's reason comes from squeue: the controller's live one (sacct's
+    can say "None" for minutes after the scheduler has found that the job can never start)."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    out = subprocess.run(["sacct", "-j", ",".join(ids), "-X", "-n", "-P", "-o", "JobID,State,Reason"],
                          capture_output=True, text=True, timeout=60).stdout
+    states = dict.fromkeys(ids, ("UNKNOWN", ""))
     for line in out.splitlines():
         jid, state, reason = (line.split("|") + ["", ""])[:3]
-        if jid == job_id:
-            state = state.split()[0] if state else "UNKNOWN"
-            return state, (_pending_reason(job_id) or reason) if state == "PENDING" else reason
-    return "UNKNOWN", ""
+        if jid in states:
+            states[jid] = (state.split()[0] if state else "UNKNOWN", reason)
+    live = _pending_reasons([j for j, (state, _) in states.items() if state == "PENDING"])
+    return {j: (state, live.get(j) or reason) if state == "PENDING" else (state, reason)
+            for j, (state, reason) in states.items()}
 
 
 def _completed(trial_dir: Path, steps: int) -> bool:
@@ -251,12 +263,18 @@ def _submitit_cause(job: dict) -> str | None:
     return lines[-1][:300] if lines else None
 
 
-def _pending_reason(job_id: str) -> str:
+def _pending_reasons(job_ids: list[str]) -> dict[str, str]:
+    """Why each pending job waits, as the controller says now (squeue's %r)."""
+    if not job_ids:
+        return {}
     try:
-        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%r"], capture_output=True,
+                              text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
+        return {}
+    if proc.returncode != 0:
+        return {}
+    return {jid: reason for jid, _, reason in (line.partition("|") for line in proc.stdout.splitlines()) if reason}
 
 
 def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:

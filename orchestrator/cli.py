@@ -23,7 +23,7 @@ from orchestrator.files import read_json, strict_json
 from orchestrator.redact import redacted_output
 from orchestrator.spec import build_spec
 from orchestrator.report import collect, write_report
-from orchestrator.trial import collect_state, wait_for
+from orchestrator.trial import collect_states, wait_for
 from orchestrator.trial_dir import TrialPaths, trials_below
 
 FIELDS_ONLY = "(fields, no presets)"
@@ -74,8 +74,7 @@ def status_command(args: argparse.Namespace) -> int:
         print(f"orchestrator status: {directory} holds no trial", file=sys.stderr)
         return 2
     rows = []
-    for trial_dir in dirs:
-        state, result = collect_state(trial_dir)
+    for trial_dir, (state, result) in collect_states(dirs).items():
         job = (read_json(TrialPaths(trial_dir).slurm_job) or {}).get("job_id", "")
         error = (result or {}).get("error") or {}
         if state == "unreadable":

@@ -154,10 +154,29 @@ def submit_trials(points: list[tuple[TrialSpec, Path, dict]], logs: Path, out: C
     return refused
 
 
-def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
-    """(state, result): a result's status once there is one, else the SLURM job's state,
-    else whether the local run that claimed it still runs. A file that cannot be read
-    gives the state "unreadable" and a result that names it (nothing is written)."""
+def collect_states(dirs: list[Path]) -> dict[Path, tuple[str, dict | None]]:
+    """collect_state of every trial, with SLURM asked once for all their jobs."""
+    jobs = [job for d in dirs if (job := _unfinished_job(d))]
+    known = slurm.job_states(jobs)
+    return {d: collect_state(d, known) for d in dirs}
+
+
+def _unfinished_job(trial_dir: Path) -> str | None:
+    """The SLURM job of a trial without a result yet (None: none, or not readable)."""
+    paths = TrialPaths(trial_dir)
+    try:
+        if paths.result.exists() or paths.result.is_symlink() or not paths.slurm_job.is_file():
+            return None
+        return str(json.loads(read_text(paths.slurm_job))["job_id"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None  # collect_state says what is wrong with it
+
+
+def collect_state(trial_dir: Path, known: dict[str, tuple[str, str]] | None = None) -> tuple[str, dict | None]:
+    """(state, result): a result's status once there is one, else the SLURM job's state
+    (from `known`, collect_states' one query, where it has the job), else whether the
+    local run that claimed it still runs. A file that cannot be read gives the state
+    "unreadable" and a result that names it (nothing is written)."""
     paths = TrialPaths(trial_dir)
     path = paths.result
     try:
@@ -173,7 +192,7 @@ def collect_state(trial_dir: Path) -> tuple[str, dict | None]:
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return "unreadable", {"status": "unreadable", "exit_code": 1, "error": {
             "type": "UnreadableFile", "message": f"{path}: {type(exc).__name__}: {exc}", "rank": None}}
-    state, reason = slurm.job_state(job)  # asked once per poll: finalize decides from it
+    state, reason = (known or {}).get(job) or slurm.job_state(job)  # asked once per poll: finalize decides from it
     if result := slurm.finalize(trial_dir, state, reason):
         return result["status"], result
     if state == "UNKNOWN":
@@ -210,7 +229,7 @@ def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: floa
     deadline = time.monotonic() + timeout_s if timeout_s is not None else None
     shown, warned = "", set()
     while True:
-        states = {d: collect_state(d) for d in trials_below(directory)}
+        states = collect_states(trials_below(directory))
         for d, (state, result) in states.items():
             if state == "unreadable" and d not in warned:
                 out.print(f"[yellow]warning:[/yellow] skipped {result['error']['message']}")

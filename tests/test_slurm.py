@@ -45,6 +45,10 @@ def test_a_sweep_submits_returns_at_once_and_wait_collects_it(submitted):
     assert status.returncode == 0 and jobs[0] in status.stdout
     done = wait_cli(out)
     assert done.returncode == 0, done.stdout + done.stderr
+    # every job's state from one sacct query (what `wait` and `status` ask each poll); a job
+    # sacct has never seen is UNKNOWN, not an error
+    states = slurm.job_states([*jobs, "999999"])
+    assert {j: state for j, (state, _) in states.items()} == {**dict.fromkeys(jobs, "COMPLETED"), "999999": "UNKNOWN"}
     for r in results_below(out):
         assert r["status"] == "ok" and r["slurm"]["state"] == "COMPLETED"
         assert r["env"]["world_size"] == 2 and r["metrics"]["tokens_per_sec_per_gpu"] > 0
@@ -150,6 +154,10 @@ def test_status_shows_why_a_trial_is_still_pending(slurm_cluster, tmp_path):
             time.sleep(1)
             shown = " ".join(run_cli("status", str(tmp_path)).stdout.split())
             reason = squeue(job, "%r") or reason
+        # asked with another job in one query (as `wait` asks for a sweep's), the pending one
+        # has the controller's live reason (sacct may still say the blocker is pending)
+        state, why = slurm.job_states([job, blocker])[job]
+        assert state == "PENDING" and why and why != "None"
     finally:
         subprocess.run(["scancel", blocker], timeout=30)
     assert wait_cli(tmp_path).returncode == 0  # and it runs once the node is free
