@@ -33,6 +33,7 @@ import datetime
 import fcntl
 import io
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S
 from orchestrator.files import atomic_write_text, read_json, read_text
 from orchestrator.hardware import PLAUSIBLE, calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
+from orchestrator.plan.prediction import step_s_at, timed_batches
 from orchestrator.spec import TrialSpec, build_spec, load_spec
 from orchestrator.trial_dir import TrialPaths, check_path, trials_below, writable_dir
 
@@ -68,6 +70,8 @@ class Measured:
     source: str  # the trial's directory, or "FILE row N"
     spec: TrialSpec
     step_s: float  # measured, seconds per optimizer step
+    # the global batch of each timed step (a warm-up's are smaller); () for a CSV row: the full batch
+    timed_batches: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,14 @@ def fitted_names(trials: list[Measured]) -> tuple[str, ...]:
     return FITTED + tuple(name for name in LINK_PARAMS if links[name])
 
 
-def predicted_step_s(spec: TrialSpec, params: dict) -> float:
-    return make_plan(with_params(spec, params)).time.step_s
+def predicted_step_s(spec: TrialSpec, params: dict, timed_batches: tuple[int, ...] = ()) -> float:
+    """The step `params` predict for the trial; at the timed steps' global batches where
+    they are given (a warm-up's), as the trial's measured median was taken over them."""
+    plan = make_plan(with_params(spec, params))
+    if not timed_batches:
+        return plan.time.step_s
+    at = {"batch": plan.batch, "time": {"step_s": plan.time.step_s, "added_micro_batch_s": plan.time.added_micro_batch_s}}
+    return statistics.median(step_s_at(at, b) for b in timed_batches)
 
 
 def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS, names: tuple[str, ...] = FITTED,
@@ -163,7 +173,7 @@ def fit_in_stages(trials: list[Measured], start: dict, names: tuple[str, ...]) -
 
 
 def log_error(trials: list[Measured], params: dict) -> float:
-    return sum(math.log(predicted_step_s(t.spec, params) / t.step_s) ** 2 for t in trials)
+    return sum(math.log(predicted_step_s(t.spec, params, t.timed_batches) / t.step_s) ** 2 for t in trials)
 
 
 def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, list[Measured]]:
@@ -180,10 +190,12 @@ def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, 
             continue
         if result.get("status") != "ok":
             continue
-        step = (result.get("metrics") if isinstance(result.get("metrics"), dict) else {}).get("step_time_s")
+        metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
         try:
             spec = load_spec(trial_dir)
-            found.setdefault(spec.cfg.hardware.name, []).append(Measured(str(trial_dir), spec, plausible_step_s(step)))
+            found.setdefault(spec.cfg.hardware.name, []).append(
+                Measured(str(trial_dir), spec, plausible_step_s(metrics.get("step_time_s")),
+                         tuple(timed_batches(metrics.get("history")))))
         except ConfigError as exc:
             warn(f"warning: skipped {trial_dir}: {exc}")
     return found
@@ -279,7 +291,7 @@ def calibrate_one(name: str, trials: list[Measured]) -> Calibration:
     start = current_params(hw, fitted_names(trials))
     seen, unseen = determined(trials, start)
     params = fit_in_stages(trials, start, seen)
-    ratio = lambda p: [predicted_step_s(t.spec, p) / t.step_s for t in trials]  # noqa: E731
+    ratio = lambda p: [predicted_step_s(t.spec, p, t.timed_batches) / t.step_s for t in trials]  # noqa: E731
     path = write_preset(trials[0].spec, params, len(trials), seen)
     at_bound = tuple(k for k in seen if params[k] in BOUNDS[k] and params[k] != start[k])
     return Calibration(hardware=name, params=params, trials=trials, before=ratio(start), after=ratio(params),
@@ -294,12 +306,13 @@ def determined(trials: list[Measured], params: dict) -> tuple[tuple[str, ...], t
     removed (Gram-Schmidt with pivoting), while one still moves some trial by SENSITIVITY
     with most of its effect its own, and fewer than one per trial are taken: n trials
     cannot determine more than n parameters."""
-    base = np.log([predicted_step_s(t.spec, params) for t in trials])
+    base = np.log([predicted_step_s(t.spec, params, t.timed_batches) for t in trials])
     columns = {}
     for name in params:
         low, high = BOUNDS[name]
         moves = [min(high, max(low, params[name] * f)) for f in (0.25, 4.0)] if params[name] else [0.01 * high]
-        effects = [np.log([predicted_step_s(t.spec, {**params, name: x}) for t in trials]) - base for x in moves]
+        effects = [np.log([predicted_step_s(t.spec, {**params, name: x}, t.timed_batches) for t in trials]) - base
+                   for x in moves]
         columns[name] = max(effects, key=lambda e: np.abs(e).max())
     taken: list[str] = []
     basis: list[np.ndarray] = []
@@ -364,10 +377,11 @@ def calibrated_params(hardware_name: str) -> dict | None:
             if isinstance(value(k), (int, float)) and not isinstance(value(k), bool)}
 
 
-def calibrated_step_s(trial_dir: Path, params: dict) -> float | None:
-    """The step time calibrated `params` predict for a trial that ran (report's "after")."""
+def calibrated_step_s(trial_dir: Path, params: dict, batches: tuple[int, ...] = ()) -> float | None:
+    """The step time calibrated `params` predict for a trial that ran (report's "after"),
+    at its timed steps' global `batches`."""
     try:
         spec = load_spec(trial_dir)
     except (OSError, ValueError, KeyError):
         return None
-    return predicted_step_s(spec, params)
+    return predicted_step_s(spec, params, batches)

@@ -16,7 +16,7 @@ from rich.table import Table
 from orchestrator.compose import swept_values
 from orchestrator.hardware import calibrated_name
 from orchestrator.plan.memory import GIB
-from orchestrator.plan.prediction import Plan
+from orchestrator.plan.prediction import Plan, planned_for_timed_steps
 from orchestrator.report import COLUMNS
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths
@@ -214,10 +214,12 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     table = Table(title="Measured, with the plan's prediction beside it", title_justify="left")
     for name in ("", "measured", "predicted"):
         table.add_column(name, justify="right" if name else "left")
-    pt, pm = plan.get("time", {}), plan.get("memory", {})
-    table.add_row("tokens/s/GPU", f"{m['tokens_per_sec_per_gpu']:,.0f}", f"{pt.get('tokens_per_sec_per_gpu', 0):,.0f}")
+    pm = plan.get("memory", {})
+    # the plan's figures for the steps that were timed, each at its own global batch
+    pt = planned_for_timed_steps(plan, m.get("history")) if plan.get("time") and plan.get("batch") else {}
+    table.add_row("tokens/s/GPU", f"{m['tokens_per_sec_per_gpu']:,.0f}", f"{pt.get('tokens_per_sec_per_gpu') or 0:,.0f}")
     table.add_row("step time", f"{m['step_time_s']:.4g} s" + _interval(m.get("step_time_spread")),
-                  f"{pt.get('step_s', 0):.4g} s")
+                  f"{pt.get('step_s', 0):.4g} s" + ("" if pt.get("at_full_batch", True) else " (at the timed steps' batch)"))
     table.add_row("MFU / HFU", f"{percent(m['mfu'])} / {percent(m['hfu'])}",
                   f"{percent(pt.get('mfu'))} / {percent(pt.get('hfu'))}")
     mem = m["memory"]

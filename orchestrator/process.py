@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -70,17 +71,42 @@ def leave(code: int, *streams) -> None:
 
 def end_group(proc: subprocess.Popen) -> None:
     """SIGTERM to `proc`'s whole process group (torchrun forwards it to its ranks, srun to its
-    tasks), SIGKILL to what is left after 15 s."""
+    tasks), SIGKILL to what is left after 15 s. torchrun starts each rank in a session of
+    its own, outside the group, and returns once it has signalled them: a rank inside a
+    long kernel (Python runs its handler only after it) would outlive it, so the launcher's
+    descendants are found first and any still running at the end are killed."""
+    started = {pid: start_ticks(pid) for pid in descendants(proc.pid)}
     for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
             proc.wait(timeout=wait)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    for pid, ticks in started.items():
+        if ticks is not None and start_ticks(pid) == ticks:  # the same process, not a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, theirs, ...), from /proc; [] where there is none."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
+    return found
 
 
 def run_group(argv: list[str], timeout: float) -> subprocess.CompletedProcess:

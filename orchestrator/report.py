@@ -22,6 +22,7 @@ from orchestrator.calibrate import calibrated_params, calibrated_step_s
 from orchestrator.compose import swept_values
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_text
+from orchestrator.plan.prediction import planned_for_timed_steps, timed_batches
 from orchestrator.plots import report_plots
 from orchestrator.timing_stats import Spread, beyond_noise, spread
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
@@ -150,13 +151,18 @@ def _row(result: dict, trial_dir: Path, base: Path, swept: dict, fitted) -> dict
         _obj(plan.get("memory"))
     hardware = _obj(_obj(result.get("config")).get("hardware")).get("name")
     params = fitted(hardware) if result["status"] == "ok" and isinstance(hardware, str) else None
+    history = m.get("history") if isinstance(m.get("history"), list) else None
+    planned = _num(time_.get("step_s")) is not None and all(
+        isinstance(_obj(plan.get("batch")).get(k), int) and _obj(plan.get("batch"))[k] > 0
+        for k in ("global_batch_size", "grad_accum_steps"))
     return {"trial": str(trial_dir.relative_to(base)) or ".", **swept, "status": result["status"],
             "tokens_per_sec_per_gpu": _num(m.get("tokens_per_sec_per_gpu")), "mfu": _num(m.get("mfu")),
             "hfu": _num(m.get("hfu")), "step_time_s": _num(m.get("step_time_s")),
             "noisy": m.get("noisy") if isinstance(m.get("noisy"), str) else "",
-            "predicted_step_s": _num(time_.get("step_s")),
+            # the plan's step for the steps the trial timed (a warm-up's are shorter)
+            "predicted_step_s": _num(planned_for_timed_steps(plan, history)["step_s"]) if planned else None,
             # after `orchestrator calibrate`: what the calibrated preset predicts for it now
-            "calibrated_step_s": calibrated_step_s(trial_dir, params) if params else None,
+            "calibrated_step_s": calibrated_step_s(trial_dir, params, tuple(timed_batches(history))) if params else None,
             "peak_bytes": _num(mem.get("peak_bytes")), "predicted_peak_bytes": _num(planned_mem.get("total")),
             "activation_bytes": _num(mem.get("activation_bytes")),
             "predicted_activation_bytes": _num(planned_mem.get("activations")),

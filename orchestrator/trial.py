@@ -9,6 +9,7 @@ finished job into its result.json.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,7 +23,8 @@ from orchestrator.errors import ConfigError, Interrupted
 from orchestrator.display import show_plan, show_progress, show_result, trial_label
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
-from orchestrator.plan.prediction import Plan
+from orchestrator.plan.batch import batch_sizes_per_step
+from orchestrator.plan.prediction import Plan, planned_steps_s
 from orchestrator.files import read_json, read_text
 from orchestrator.results import Status, error_record, now, outcome_status, write_result
 from orchestrator.spec import TrialSpec, load_spec
@@ -63,13 +65,16 @@ def host_memory_refusal(spec: TrialSpec, per_rank_bytes: int, free_bytes: int | 
 def cost_line(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> str:
     """What the trial will cost, said before it starts: its steps' time and its peak (for a
     local CPU trial, its ranks' against the host's `free_bytes`)."""
-    t, m, steps = plan.time, plan.memory, spec.cfg.run.steps
-    total = t.step_s * steps
+    m, steps = plan.memory, spec.cfg.run.steps
+    each = planned_steps_s(plan.as_dict(), batch_sizes_per_step(spec.schedule, steps, spec.cfg.model.seq_len))
+    total = math.fsum(each)
+    a_step = f"{each[0]:.3g}" if min(each) == max(each) else f"{min(each):.3g}-{max(each):.3g}"
+    warm = "" if min(each) == max(each) else " as the batch warms up"
     when = f"{total / 60:.1f} min" if total >= 120 else f"{total:.3g} s"
     where = (f"of {m.capacity / GIB:.2f} GiB" if spec.cfg.hardware.device.is_gpu or spec.cfg.cluster.name != "local"
              else f"x {spec.gpus_per_node} rank(s) on a host with {(free_bytes or 0) / GIB:.2f} GiB free")
     up_to = "up to " if spec.cfg.run.timing_ci is not None else ""
-    return (f"planned: {t.step_s:.3g} s a step, about {when} for {up_to}{steps} steps (start-up not counted); "
+    return (f"planned: {a_step} s a step{warm}, about {when} for {up_to}{steps} steps (start-up not counted); "
             f"peak {m.total / GIB:.2f} GiB per rank {where}")
 
 

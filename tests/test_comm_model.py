@@ -7,8 +7,11 @@ import pytest
 
 from orchestrator.plan import comm
 from orchestrator.plan.collectives import RING_BASE_US, TREE_HOP_US, call_time, network, ring_time, tree_time
+from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.plan.planner import make_plan, wire_dtype
+from orchestrator.plan.prediction import planned_for_timed_steps, planned_steps_s, step_s_at
 from orchestrator.spec import build_spec
+from orchestrator.trial import cost_line
 
 H100 = dict(intra_busbw_gbps=370, intra_latency_us=3.4, inter_busbw_gbps=368, inter_latency_us=9.6)
 
@@ -151,3 +154,47 @@ def test_the_wire_dtype_reaches_the_plan_as_deepspeed_decides_it():
     reduced = [make_plan(s).comm.collectives[0] for s in (plain, comm32, accum32)]
     assert [c.dtype_bytes for c in reduced] == [2, 4, 4]
     assert reduced[1].time_s > reduced[0].time_s
+
+
+# --- a warm-up's steps ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", [["zero=stage0"], ["zero=stage1"], ["zero=stage2"], ["zero=stage3"],
+                                    ["engine=fsdp", "zero=stage3"], ["engine=fsdp", "zero=stage2"]])
+def test_a_warm_up_step_is_planned_as_the_same_trial_at_that_global_batch(engine):
+    """A step of fewer micro batches (the warm-up's first) costs what the plan of a trial
+    whose whole run had that batch says: the step models are lines in the micro batches."""
+    base = ["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2", *engine]
+    warm = make_plan(build_spec([*base, "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"]))
+    assert warm.batch["grad_accum_steps"] == 8 and warm.time.added_micro_batch_s > 0
+    for batch in (16, 32, 64, 128):
+        alone = make_plan(build_spec([*base, f"batch.global_batch_size={batch}"])).time.step_s
+        assert step_s_at(warm.as_dict(), batch) == pytest.approx(alone, rel=1e-9)
+
+
+def test_the_cost_before_launch_adds_up_the_warm_up_steps_at_their_own_batches():
+    spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2",
+                       "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32",
+                       "batch.warmup.ramp_samples=128", "run.steps=6", "run.warmup_steps=1"])
+    plan = make_plan(spec)
+    sizes = batch_sizes_per_step(spec.schedule, 6, spec.cfg.model.seq_len)
+    assert sizes[0] == 32 and sizes[-1] == 128  # the schedule warms up inside the run
+    each = planned_steps_s(plan.as_dict(), sizes)
+    assert each[0] < each[-1] == pytest.approx(plan.time.step_s)
+    line = " ".join(cost_line(spec, plan, None).split())
+    assert f"{min(each):.3g}-{max(each):.3g} s a step as the batch warms up" in line
+    assert f"about {sum(each):.3g} s for 6 steps" in line or f"about {sum(each) / 60:.1f} min for 6 steps" in line
+
+
+def test_the_plan_of_a_warm_up_trial_is_compared_at_the_steps_it_timed():
+    spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2",
+                       "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"])
+    plan = make_plan(spec).as_dict()
+    history = [{"timed": False, "global_batch_size": 32}, {"timed": True, "global_batch_size": 32},
+               {"timed": True, "global_batch_size": 64}, {"timed": True, "global_batch_size": 64}]
+    got = planned_for_timed_steps(plan, history)
+    assert got["step_s"] == pytest.approx(step_s_at(plan, 64)) and not got["at_full_batch"]
+    # the rate is that of the timed steps' tokens over their planned time, not the full batch's
+    tokens = 64 * spec.cfg.model.seq_len / step_s_at(plan, 64) / 8
+    assert got["tokens_per_sec_per_gpu"] == pytest.approx(tokens, rel=1e-9)
+    assert planned_for_timed_steps(plan, None)["step_s"] == plan["time"]["step_s"]

@@ -302,3 +302,39 @@ def test_a_rank_ended_because_another_failed_records_that_failure(tmp_path, othe
         paths.rank_error(1).write_text(json.dumps({**other, "rank": 1}))
     assert ended_status(Interrupted(signal.SIGTERM), paths, world=2) == expected
     assert ended_status(RuntimeError("boom"), paths, world=2) == "failed"  # its own failure is its own
+
+
+# A launcher that starts its "rank" in a session of its own (as torchrun does) and leaves
+# on SIGTERM at once; the rank ignores SIGTERM, as a rank inside a long kernel defers it.
+LAUNCHER = """
+import signal, subprocess, sys, time
+rank = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                         "print('up', flush=True); time.sleep(600)"], start_new_session=True, stdout=sys.stdout)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print(rank.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_ending_a_launcher_ends_the_ranks_it_started_in_sessions_of_their_own():
+    from orchestrator.process import end_group
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    lines = [launcher.stdout.readline().strip() for _ in range(2)]
+    rank = int(next(line for line in lines if line != "up"))
+    assert os.getpgid(rank) != os.getpgid(launcher.pid)  # out of the launcher's group: killpg misses it
+    end_group(launcher)
+    assert launcher.returncode == 0  # it left on SIGTERM, before any SIGKILL
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not _dead(rank):
+        time.sleep(0.1)
+    assert _dead(rank), "the rank outlived its launcher"
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie: ended, not yet reaped by init
+    except FileNotFoundError:
+        return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from orchestrator.plan.prediction import planned_for_timed_steps
 from orchestrator.trial_dir import TrialPaths
 
 # The targets: |predicted / measured - 1| at most this.
@@ -57,7 +58,9 @@ def compare(trial_dir: Path) -> dict:
     # The census counts what the forward allocated and left alive: under FSDP2 that keeps
     # parameters from the forward to the backward (zero.stage=2), the kept blocks too.
     kept = plan.memory.gathered if cfg.engine.backend == "fsdp" and stage == 2 else 0
-    predicted = {"static": plan.memory.static, "activations": plan.memory.activations + kept, "step_s": plan.time.step_s,
+    # the plan's step for the steps the trial timed, each at its global batch (a warm-up's are shorter)
+    step_s = planned_for_timed_steps(plan.as_dict(), (result.get("metrics") or {}).get("history"))["step_s"]
+    predicted = {"static": plan.memory.static, "activations": plan.memory.activations + kept, "step_s": step_s,
                  # the allocator's count: it includes the never-written part of a CPU's buckets
                  "peak": plan.memory.allocated - plan.memory.runtime, "mfu": plan.time.mfu}
     got = {"static": measured.get("static_bytes"), "activations": measured.get("activation_bytes"),

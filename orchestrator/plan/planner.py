@@ -15,11 +15,11 @@ import socket
 from orchestrator import engine_timing, hardware, kernel_timing
 from orchestrator.plan import advice, bus_table
 from orchestrator.plan.collectives import Network, network
-from orchestrator.plan.comm import Schedule, bytes_per_rank_per_step, step_time
+from orchestrator.plan.comm import Schedule, StepTime, bytes_per_rank_per_step, step_time
 from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
 from orchestrator.kernel_timing import KernelTimingError, Measured
-from orchestrator.plan.compute import Rates, estimated_kernels, micro_batch_time
+from orchestrator.plan.compute import ComputeTime, Rates, estimated_kernels, micro_batch_time
 from orchestrator.plan.flops import flops
 from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.memory import (GIB, activation_bytes, loss_backward_bytes,
@@ -62,11 +62,7 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                                                                   element_bytes(spec.precision))
     engine = (measured.engine_forward_s, measured.engine_backward_s) if measured else (0.0, 0.0)
     micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None, engine=engine)
-    if sharded:
-        t = fsdp_step_time(sharded, fwd_s=micro_time.forward_s, bwd_s=micro_time.backward_s, net=network_of(spec))
-    else:
-        t = step_time(schedule_of(spec), grad_accum=spec.grad_accum_steps, fwd_s=micro_time.forward_s,
-                      bwd_s=micro_time.backward_s, net=network_of(spec))
+    t, t_one = (step_times(spec, sharded, grad_accum, micro_time) for grad_accum in (spec.grad_accum_steps, 1))
     offloaded = bool((sharded.offload if sharded else layout.offload_optimizer and cfg.zero.stage) and hw.device.is_gpu)
     optimizer_s = measured.optimizer_s if measured and not offloaded else optimizer_step_s(spec, n, offloaded, bandwidth)
     step_s = t.step_s + optimizer_s
@@ -88,7 +84,9 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                   hfu=f.per_step / denominator if denominator else None,
                   peak_tflops=peak_tflops, micro_batch=micro_time,
                   optimizer_source=measured.optimizer if measured and not offloaded else
-                  "offloaded: CPU Adam on the host" if offloaded else "memory-bound: AdamW's bytes at the bandwidth"),
+                  "offloaded: CPU Adam on the host" if offloaded else "memory-bound: AdamW's bytes at the bandwidth",
+                  added_micro_batch_s=(t.step_s - t_one.step_s) / (spec.grad_accum_steps - 1)
+                  if spec.grad_accum_steps > 1 else 0.0),
         max_micro_batch=max_micro,
         assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source),
         sources={"compute": compute_source, "peak": peak_note},
@@ -101,6 +99,16 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     if measured and measured.discarded:
         plan.warnings.append(measured.discarded)
     return plan
+
+
+def step_times(spec: TrialSpec, sharded: FsdpLayout | None, grad_accum: int, micro_time: ComputeTime) -> StepTime:
+    """The step of `grad_accum` micro batches (compute and communication, no optimizer)
+    under the trial's engine: FSDP2's schedule, or DeepSpeed's (and DDP's)."""
+    if sharded:
+        return fsdp_step_time(dataclasses.replace(sharded, grad_accum=grad_accum), fwd_s=micro_time.forward_s,
+                              bwd_s=micro_time.backward_s, net=network_of(spec))
+    return step_time(schedule_of(spec), grad_accum=grad_accum, fwd_s=micro_time.forward_s,
+                     bwd_s=micro_time.backward_s, net=network_of(spec))
 
 
 def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: float | None) -> float:

@@ -8,6 +8,7 @@ rules, the display and the tuner can read a Plan without importing the planner.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from statistics import median
 
 from orchestrator.plan.comm import Collective
 from orchestrator.plan.compute import ComputeTime
@@ -42,9 +43,46 @@ class Time:
     peak_tflops: float | None
     micro_batch: ComputeTime
     optimizer_source: str = ""  # how the optimizer step was timed or estimated
+    # What each micro batch adds to a step (compute and the communication that comes with
+    # it): a warm-up step of fewer micro batches is step_s less this for each one fewer.
+    added_micro_batch_s: float = 0.0
 
     def as_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "micro_batch"}, "micro_batch": self.micro_batch.as_dict()}
+
+
+def step_s_at(plan: dict, global_batch: int) -> float:
+    """The planned time of a step at `global_batch` sequences (a warm-up step's), from a
+    plan's dict: every step model here is a line in the number of micro batches."""
+    batch, time = plan["batch"], plan["time"]
+    fewer = batch["grad_accum_steps"] * (1 - global_batch / batch["global_batch_size"])
+    return time["step_s"] - fewer * time.get("added_micro_batch_s", 0.0)
+
+
+def planned_steps_s(plan: dict, global_batches: list[int]) -> list[float]:
+    """The planned time of each step of a run whose steps have these global batches."""
+    return [step_s_at(plan, b) for b in global_batches]
+
+
+def timed_batches(history: list[dict] | None) -> list[int]:
+    """The global batch of each timed step of a trial's history (result.json's)."""
+    return [h["global_batch_size"] for h in history or () if isinstance(h, dict) and h.get("timed")
+            and isinstance(h.get("global_batch_size"), int) and h["global_batch_size"] > 0]
+
+
+def planned_for_timed_steps(plan: dict, history: list[dict] | None) -> dict:
+    """The plan's step time, tokens/s/GPU, MFU and HFU for what a trial reports, the
+    medians over its timed steps: each timed step planned at its own global batch (a
+    warm-up's first steps are shorter and carry fewer tokens). A trial without its steps'
+    history gets the full batch's figures."""
+    time, full = plan["time"], plan["batch"]["global_batch_size"]
+    batches = timed_batches(history) or [full]
+    steps = [step_s_at(plan, b) for b in batches]
+    # a rate scales with the tokens a step carries over the time it takes
+    rates = [b / full * time["step_s"] / s if s else 1.0 for b, s in zip(batches, steps)]
+    scaled = lambda key: None if time.get(key) is None else median([time[key] * r for r in rates])  # noqa: E731
+    return {"step_s": median(steps), "tokens_per_sec_per_gpu": scaled("tokens_per_sec_per_gpu"),
+            "mfu": scaled("mfu"), "hfu": scaled("hfu"), "at_full_batch": all(b == full for b in batches)}
 
 
 @dataclass(frozen=True)
