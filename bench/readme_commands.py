@@ -34,11 +34,24 @@ sys.path.insert(0, str(ROOT / "tests"))  # nccl-tests' output format, as the tes
 
 from test_nccl_tests import curve, log  # noqa: E402
 
-def needs_gpus(line: str) -> bool:
-    """A line that runs trials or collectives on a GPU cluster (SLURM, a gpu partition,
-    H100s); translate and plan only write and print for one."""
+# The lines that run trials or collectives on a GPU cluster (SLURM, a gpu partition, H100s;
+# translate and plan only write and print for one), and the tests that run the same
+# command on the SLURM test cluster (tests/slurm/cluster.sh: CPU nodes, the cpu preset).
+ON_THE_TEST_CLUSTER = {
+    "run": "tests/test_slurm.py::test_a_sweep_submits_returns_at_once_and_wait_collects_it",
+    "tune": "tests/test_slurm.py::test_tune_runs_its_rounds_as_slurm_jobs_and_waits_for_each",
+    "--links": "tests/test_links_multinode.py::test_calibrate_links_recovers_the_shaped_rate_between_nodes",
+}
+
+
+def needs_gpus(line: str) -> str | None:
+    """The test that runs this line's command on the test cluster, where the line needs GPUs."""
     words = line.split()
-    return "--links" in words or (words[1] in ("run", "tune") and "cluster=slurm" in words)
+    if "--links" in words:
+        return ON_THE_TEST_CLUSTER["--links"]
+    if words[1] in ("run", "tune") and "cluster=slurm" in words:
+        return ON_THE_TEST_CLUSTER[words[1]]
+    return None
 
 
 def readme_lines() -> list[str]:
@@ -97,6 +110,8 @@ def run_line(line: str, out: Path, deadline: float) -> tuple[int | str, float, s
 def check(line: str, code, stdout: str, out: Path, sweep: Path | None) -> str:
     """What the README says the line does, checked on what it printed and wrote."""
     words = " ".join(stdout.split())
+    if line.endswith("--help"):
+        return "the config groups listed" if code == 0 and "config groups" in words.lower() else "NO help"
     if line.startswith("orchestrator run -m"):
         return "a result.json per point" if sweep and len(list(sweep.glob("*/result.json"))) >= 4 else "MISSING results"
     if line.startswith("orchestrator run "):
@@ -126,8 +141,8 @@ def main() -> None:
     sweep: Path | None = None
     rows = []
     for line in readme_lines():
-        if needs_gpus(line):
-            rows.append((line, "-", 0.0, "not run: needs a SLURM cluster with a gpu partition and H100s"))
+        if test := needs_gpus(line):
+            rows.append((line, "-", 0.0, f"not run: needs a SLURM cluster with GPUs; on CPU nodes: {test}"))
             continue
         if "--csv" in line and (out / "multirun" / "report.csv").is_file():
             past_runs_csv(out)

@@ -70,7 +70,7 @@ def cost_line(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> str:
     total = math.fsum(each)
     a_step = f"{each[0]:.3g}" if min(each) == max(each) else f"{min(each):.3g}-{max(each):.3g}"
     warm = "" if min(each) == max(each) else " as the batch warms up"
-    when = f"{total / 60:.1f} min" if total >= 120 else f"{total:.3g} s"
+    when = f"{total / 3600:.1f} h" if total >= 7200 else f"{total / 60:.1f} min" if total >= 120 else f"{total:.3g} s"
     where = (f"of {m.capacity / GIB:.2f} GiB" if spec.cfg.hardware.device.is_gpu or spec.cfg.cluster.name != "local"
              else f"x {spec.gpus_per_node} rank(s) on a host with {(free_bytes or 0) / GIB:.2f} GiB free")
     up_to = "up to " if spec.cfg.run.timing_ci is not None else ""
