@@ -198,3 +198,15 @@ def test_the_plan_of_a_warm_up_trial_is_compared_at_the_steps_it_timed():
     tokens = 64 * spec.cfg.model.seq_len / step_s_at(plan, 64) / 8
     assert got["tokens_per_sec_per_gpu"] == pytest.approx(tokens, rel=1e-9)
     assert planned_for_timed_steps(plan, None)["step_s"] == plan["time"]["step_s"]
+
+
+def test_calibrate_fits_a_warm_up_trial_at_the_batches_it_timed():
+    from orchestrator.calibrate import Measured, current_params, log_error
+
+    spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2",
+                       "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"])
+    params = current_params(spec.cfg.hardware)
+    # a measurement exactly as planned at the warm-up's batch, under the parameters that plan used
+    at_32 = step_s_at(make_plan(spec).as_dict(), 32)
+    assert log_error([Measured("t", spec, at_32, (32, 32))], params) < 1e-12
+    assert log_error([Measured("t", spec, at_32)], params) > 0.1  # against the full batch's step: a large miss

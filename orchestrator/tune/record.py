@@ -23,6 +23,7 @@ from orchestrator.files import atomic_write_json, atomic_write_text, read_json
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact, redact_text
 from orchestrator.plan.memory import GIB
+from orchestrator.plan.prediction import timed_batches
 from orchestrator.plots import tune_plot
 from orchestrator.trial_dir import SweepPaths, TrialPaths, holds_trial, trials_below
 from orchestrator.tune.search import CandidateRun, Search
@@ -118,7 +119,7 @@ def outcome(result: dict, trial_dir: Path, round_: int) -> CandidateRun:
     error = result["error"] if isinstance(result.get("error"), dict) else {}
     return CandidateRun(str(result.get("status", "unknown")), str(trial_dir), round_,
                         _seconds(metrics.get("tokens_per_sec_per_gpu")), _seconds(metrics.get("step_time_s")),
-                        str(error.get("message") or "")[:300])
+                        str(error.get("message") or "")[:300], tuple(timed_batches(metrics.get("history"))))
 
 
 def take(base: Path, search: Search, batch: list, returns: list, out: Console) -> None:

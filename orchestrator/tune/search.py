@@ -35,6 +35,7 @@ class CandidateRun:
     tokens_per_sec_per_gpu: float | None = None
     step_s: float | None = None
     error: str = ""
+    timed_batches: tuple[int, ...] = ()  # the global batch of each timed step (a warm-up's are smaller)
 
 
 @dataclass
@@ -84,12 +85,12 @@ class Search:
         ok = self.measured_ok()
         if not ok:
             return
-        trials = [Measured(o.trial_dir, c.spec, o.step_s) for c, o in ok if c.spec and o.step_s]
+        trials = [Measured(o.trial_dir, c.spec, o.step_s, o.timed_batches) for c, o in ok if c.spec and o.step_s]
         start = current_params(trials[0].spec.cfg.hardware)
         # One or two runs cannot pin seven parameters: then only the overall rate moves.
         free = FITTED if len(trials) >= 4 else ("compute_efficiency",)
         self.params = fit(lambda p: log_error(trials, p), start, BOUNDS, free)
-        errors = [math.log(predicted_step_s(t.spec, self.params) / t.step_s) for t in trials]
+        errors = [math.log(predicted_step_s(t.spec, self.params, t.timed_batches) / t.step_s) for t in trials]
         self.uncertainty = max(MIN_UNCERTAINTY, math.sqrt(sum(e * e for e in errors) / len(errors)))
         self.calibrated = {}
         for c in self.runnable():
