@@ -33,7 +33,6 @@ import datetime
 import fcntl
 import io
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +49,7 @@ from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S
 from orchestrator.files import atomic_write_text, read_json, read_text
 from orchestrator.hardware import PLAUSIBLE, calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
-from orchestrator.plan.prediction import step_s_at, timed_batches
+from orchestrator.plan.prediction import planned_step_s, timed_batches
 from orchestrator.spec import TrialSpec, build_spec, load_spec
 from orchestrator.trial_dir import TrialPaths, check_path, trials_below, writable_dir
 
@@ -130,10 +129,9 @@ def predicted_step_s(spec: TrialSpec, params: dict, timed_batches: tuple[int, ..
     """The step `params` predict for the trial; at the timed steps' global batches where
     they are given (a warm-up's), as the trial's measured median was taken over them."""
     plan = make_plan(with_params(spec, params))
-    if not timed_batches:
-        return plan.time.step_s
-    at = {"batch": plan.batch, "time": {"step_s": plan.time.step_s, "added_micro_batch_s": plan.time.added_micro_batch_s}}
-    return statistics.median(step_s_at(at, b) for b in timed_batches)
+    return planned_step_s({"batch": plan.batch, "time": {"step_s": plan.time.step_s,
+                                                         "added_micro_batch_s": plan.time.added_micro_batch_s}},
+                          timed_batches)
 
 
 def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS, names: tuple[str, ...] = FITTED,

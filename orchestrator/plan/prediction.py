@@ -64,6 +64,12 @@ def planned_steps_s(plan: dict, global_batches: list[int]) -> list[float]:
     return [step_s_at(plan, b) for b in global_batches]
 
 
+def planned_step_s(plan: dict, global_batches: list[int] | tuple[int, ...]) -> float:
+    """The median planned step over steps of these global batches (the full batch's step
+    where there are none): what a trial's measured median is compared with."""
+    return median(planned_steps_s(plan, list(global_batches))) if global_batches else plan["time"]["step_s"]
+
+
 def timed_batches(history: list[dict] | None) -> list[int]:
     """The global batch of each timed step of a trial's history (result.json's)."""
     return [h["global_batch_size"] for h in history or () if isinstance(h, dict) and h.get("timed")
@@ -77,11 +83,11 @@ def planned_for_timed_steps(plan: dict, history: list[dict] | None) -> dict:
     history gets the full batch's figures."""
     time, full = plan["time"], plan["batch"]["global_batch_size"]
     batches = timed_batches(history) or [full]
-    steps = [step_s_at(plan, b) for b in batches]
+    steps = planned_steps_s(plan, batches)
     # a rate scales with the tokens a step carries over the time it takes
     rates = [b / full * time["step_s"] / s if s else 1.0 for b, s in zip(batches, steps)]
     scaled = lambda key: None if time.get(key) is None else median([time[key] * r for r in rates])  # noqa: E731
-    return {"step_s": median(steps), "tokens_per_sec_per_gpu": scaled("tokens_per_sec_per_gpu"),
+    return {"step_s": planned_step_s(plan, batches), "tokens_per_sec_per_gpu": scaled("tokens_per_sec_per_gpu"),
             "mfu": scaled("mfu"), "hfu": scaled("hfu"), "at_full_batch": all(b == full for b in batches)}
 
 
