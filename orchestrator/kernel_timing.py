@@ -47,7 +47,8 @@ from orchestrator.plan.compute import KernelTimes
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
 # How kernels are timed, in the cache key: times taken another way are timed again.
-METHOD = "timing 3 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time)"
+METHOD = ("timing 4 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time; "
+          "forward and forward-and-backward timed round by round)")
 PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
 TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than PROBE_S
 # A block or the model's ends is timed whole (autograd and all) only where its kernels' sum
@@ -306,10 +307,28 @@ def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
             rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
             fwd, both = kernel.build(rows)
             probe = tick(both, 1, 1)
-        reps = max(1, min(20, int(BUDGET_S / max(probe, 1e-9))))
-        forward, total = tick(fwd, reps, 3), tick(both, reps, 3)
+        forward, total = forward_and_total(fwd, both, probe, tick)
     scale = kernel.scale * kernel.rows / rows
     return forward * scale, max(total - forward, 0.0) * scale
+
+
+def forward_and_total(fwd: Callable, both: Callable, probe_s: float, tick: Callable,
+                      rounds: int = 3, tries: int = 3) -> tuple[float, float]:
+    """(seconds of a forward call, of a forward and backward call), each the best of
+    `rounds` rounds of calls that fill about BUDGET_S, the two interleaved round by round:
+    the backward is their difference, so both must see the machine alike (timed one after
+    the other, a load that came and went between them made the forward the longer of the
+    two). A forward not shorter than forward and backward is no measurement: timed again,
+    up to `tries` times."""
+    reps = max(1, min(20, int(BUDGET_S / max(probe_s, 1e-9))))
+    forward = total = float("inf")
+    for attempt in range(tries):
+        for r in range(rounds):  # the forward's first round has its own warm-up call (the probe warmed both)
+            forward = min(forward, tick(fwd, reps, 1, warm=attempt == r == 0))
+            total = min(total, tick(both, reps, 1, warm=False))
+        if total > forward:
+            break
+    return forward, total
 
 
 class Probe(NamedTuple):
@@ -366,8 +385,7 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
     probe_s = tick(both, 1, 1)
     if probe_s > PROBE_S:
         return None
-    reps = max(1, min(20, int(BUDGET_S / max(probe_s, 1e-9))))
-    forward, total = tick(fwd, reps, 3), tick(both, reps, 3)
+    forward, total = forward_and_total(fwd, both, probe_s, tick)
     return forward, max(total - forward, 0.0)
 
 
