@@ -45,13 +45,10 @@ from orchestrator.files import atomic_write_text, read_json
 from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
 
-# The longest a timed call should take: larger kernels are timed on fewer rows. A GEMM's
-# time per row still falls past a few hundred rows on a CPU (fp32, 3,072 x 768: 0.25 ms a row
-# at 128 rows, 0.19 from 512), so the line's larger row count must reach that far.
-BUDGET_S = 0.1
+BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
 # How kernels are timed, in the cache key: times taken another way are timed again.
 METHOD = ("timing 4 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time; "
-          "forward and forward-and-backward timed round by round; a line through two row counts)")
+          "forward and forward-and-backward timed round by round)")
 PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
 TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than PROBE_S
 # A block or the model's ends is timed whole (autograd and all) only where its kernels' sum
@@ -297,56 +294,33 @@ def threads(n: int) -> Iterator[None]:
 
 
 def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
-    """(forward s, backward s) of the kernel at its full size. A kernel that would take more
-    than BUDGET_S a call whole is timed at two row counts and taken to its full size along
-    the line through them: a call costs a fixed part (allocating and first writing the
-    weight's gradient, the whole weight whatever the rows) and a part per row, so scaling
-    one small call in proportion counts its fixed part many times over (GPT-2's fp32
-    lm_head timed on 32 rows said 1.9x its time on 8,192; the line says 0.85x)."""
-    kernel, small = affordable(kernel, tick)
-    if small.rows >= kernel.rows:  # small enough to time whole
-        forward, total = forward_and_total(small.forward, small.both, small.seconds, tick)
-        return forward * kernel.scale, max(total - forward, 0.0) * kernel.scale
-    if small.seconds >= BUDGET_S:  # one call each: a slow device pays once, not best of three
-        first = (small.rows, tick(small.forward, 1, 1, warm=False), small.seconds)  # the probe warmed it
-        rows = min(kernel.rows, small.rows * (4 if 4 * small.seconds <= 2 * PROBE_S else 2))
-        fwd, both = kernel.build(rows)
-        total = tick(both, 1, 1)
-        second = (rows, tick(fwd, 1, 1, warm=False), total)
-    else:  # best of rounds, on as many rows as BUDGET_S allows and on a quarter of them
-        rows = min(kernel.rows, max(4 * small.rows, int(small.rows * BUDGET_S / max(small.seconds, 1e-9))))
-        fwd, both = kernel.build(rows)
-        second = (rows, *forward_and_total(fwd, both, tick(both, 1, 1), tick))
-        if rows < kernel.rows:
-            # not the fewest rows: a GEMM on a few dozen may take another path than on hundreds
-            quarter = max(small.rows, rows // 4)
-            f, b = kernel.build(quarter) if quarter > small.rows else (small.forward, small.both)
-            first = (quarter, *forward_and_total(f, b, tick(b, 1, 1), tick, BUDGET_S / 4))
-    if rows == kernel.rows:
-        forward, total = second[1:]
+    """(forward s, backward s) of the kernel at its full size. A call on `min_rows` rows
+    says what a call costs; a kernel that would take more than BUDGET_S a call whole is
+    timed on fewer rows (never under min_rows) and scaled; one that takes longer even on
+    min_rows keeps that first timing (a slow device pays once, not best of three)."""
+    kernel, (rows, fwd, both, probe) = affordable(kernel, tick)
+    total = probe
+    if probe >= BUDGET_S:
+        forward = tick(fwd, 1, 1, warm=False)  # the probe ran it
     else:
-        forward, total = (along_rows(first[0], first[i], second[0], second[i], kernel.rows) for i in (1, 2))
-    return forward * kernel.scale, max(total - forward, 0.0) * kernel.scale
-
-
-def along_rows(rows_a: int, seconds_a: float, rows_b: int, seconds_b: float, rows: int) -> float:
-    """Seconds at `rows` along the line through two timed calls (rows_a < rows_b). A slope
-    the clock's noise made zero or negative says nothing: then in proportion to the larger."""
-    slope = (seconds_b - seconds_a) / (rows_b - rows_a)
-    if slope <= 0:
-        return seconds_b * rows / rows_b
-    return seconds_b + slope * (rows - rows_b)
+        if rows < kernel.rows:
+            rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
+            fwd, both = kernel.build(rows)
+            probe = tick(both, 1, 1)
+        forward, total = forward_and_total(fwd, both, probe, tick)
+    scale = kernel.scale * kernel.rows / rows
+    return forward * scale, max(total - forward, 0.0) * scale
 
 
 def forward_and_total(fwd: Callable, both: Callable, probe_s: float, tick: Callable,
-                      budget_s: float = BUDGET_S, rounds: int = 3, tries: int = 3) -> tuple[float, float]:
+                      rounds: int = 3, tries: int = 3) -> tuple[float, float]:
     """(seconds of a forward call, of a forward and backward call), each the best of
-    `rounds` rounds of calls that fill about `budget_s`, the two interleaved round by round:
+    `rounds` rounds of calls that fill about BUDGET_S, the two interleaved round by round:
     the backward is their difference, so both must see the machine alike (timed one after
     the other, a load that came and went between them made the forward the longer of the
     two). A forward not shorter than forward and backward is no measurement: timed again,
     up to `tries` times."""
-    reps = max(1, min(20, int(budget_s / max(probe_s, 1e-9))))
+    reps = max(1, min(20, int(BUDGET_S / max(probe_s, 1e-9))))
     forward = total = float("inf")
     for attempt in range(tries):
         for r in range(rounds):  # the forward's first round has its own warm-up call (the probe warmed both)

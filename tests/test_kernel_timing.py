@@ -102,23 +102,6 @@ def test_a_kernel_too_long_for_the_budget_is_timed_on_fewer_rows_and_scaled():
     assert small[-1] == 8  # within the budget: timed whole
 
 
-@pytest.mark.parametrize("per_row_s", [1e-3, 50e-3])  # cheap (best of rounds) and slow (one call each)
-def test_a_call_with_a_fixed_cost_is_taken_to_its_full_rows_along_a_line_not_in_proportion(per_row_s):
-    """A clock where a call costs a fixed part (the weight's gradient, allocated and written
-    whatever the rows) plus a part per row: the full size's time is that line's, where
-    scaling the fewest rows in proportion would count the fixed part thousands of times."""
-    fixed = 0.2
-
-    def tick(op, reps, rounds, warm=True):
-        kind, rows = op
-        return (fixed + rows * per_row_s) * (1 if kind == "fwd" else 3)
-
-    kernel = Kernel("k", 100_000, lambda r: (("fwd", r), ("both", r)), min_rows=4)
-    fwd, bwd = time_kernel(kernel, tick)
-    assert fwd == pytest.approx(fixed + 100_000 * per_row_s) and bwd == pytest.approx(2 * fwd)
-    assert kernel_timing.along_rows(4, 0.2, 16, 0.19, 64) == pytest.approx(0.19 * 4)  # noise: in proportion
-
-
 def test_forward_and_backward_are_timed_round_by_round_so_a_passing_load_cannot_make_the_backward_negative():
     """A load that slows the first calls three-fold: timed one after the other, the forward's
     rounds would all fall in it and the forward would come out longer than forward and
