@@ -20,6 +20,8 @@ from orchestrator.process import clear_stale_build_locks
 
 TIMEOUT_S = 300
 PARTS = ("forward_s", "backward_s", "step_s")
+# How the engine is timed, in the cache key: lines taken another way are timed again.
+METHOD = "engine 2 (a dip taken in proportion; a small share on a CPU bracketed)"
 
 
 def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
@@ -40,6 +42,9 @@ def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
 # A GPU's stand-ins, in elements: from step_timing's default sizes up to what the
 # optimizer's states of a stand-in (about 18 bytes an element) leave a GPU to spare.
 GPU_SIZES = (2**24, 2**28)
+# A CPU's: step_timing's defaults (1M and 2M elements), or, for a rank holding fewer, the
+# powers of two around its share, down to SMALLEST_CPU_SIZE.
+CPU_DEFAULT_SIZE, SMALLEST_CPU_SIZE = 2**20, 2**12
 
 
 def stand_in_sizes(device: str, elements: int) -> list[int] | None:
@@ -48,10 +53,13 @@ def stand_in_sizes(device: str, elements: int) -> list[int] | None:
     and 32M elements, extrapolated to gpt2-125m's 124M, put DeepSpeed's step at 68.6 ms in one
     timing and 23.2 ms in the next, where 62M and 124M gave 32.4 ms and the real engine
     28.5 ms (bench/RESULTS.md); a GPU runs such a stand-in in tens of ms. A CPU keeps its
-    small sizes: a stand-in there costs seconds, and its line held (bench/RESULTS.md)."""
+    small sizes for a share above them (a stand-in there costs seconds, and its line held) and
+    brackets a smaller share: the default trial's 141k elements on the line through 1M and 2M
+    (a 32 MB L3 filling between the two) had DeepSpeed's step at -11 ms, taken as 0."""
+    top = 1 << max(elements - 1, 1).bit_length()
     if not device.startswith("cuda"):
-        return None
-    top = min(max(1 << max(elements - 1, 1).bit_length(), 2 * GPU_SIZES[0]), GPU_SIZES[1])
+        return None if elements >= CPU_DEFAULT_SIZE else [max(top, 2 * SMALLEST_CPU_SIZE) // 2, max(top, 2 * SMALLEST_CPU_SIZE)]
+    top = min(max(top, 2 * GPU_SIZES[0]), GPU_SIZES[1])
     return [top // 2, top]
 
 
@@ -70,7 +78,7 @@ def with_engine(measured: Measured, engine: dict, threads: int, elements: int) -
     sizes = stand_in_sizes(str(engine.get("device", "cpu")), elements)
     if sizes:  # one timing per power of two of the share, cached as any other
         settings["sizes"] = sizes
-    key = (f"{measured.device}|{measured.software}|engine "
+    key = (f"{measured.device}|{measured.software}|{METHOD} "
            + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16])
     lines: dict = {}
     at, whens = {}, [measured.timed_at]

@@ -47,8 +47,9 @@ from orchestrator.plan.compute import KernelTimes
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
 # How kernels are timed, in the cache key: times taken another way are timed again.
-METHOD = ("timing 4 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time; "
-          "forward and forward-and-backward timed round by round)")
+METHOD = ("timing 5 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time; "
+          "forward and forward-and-backward timed round by round; "
+          "a slow call's full rows along the line through two row counts)")
 PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
 TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than PROBE_S
 # A block or the model's ends is timed whole (autograd and all) only where its kernels' sum
@@ -297,19 +298,39 @@ def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
     """(forward s, backward s) of the kernel at its full size. A call on `min_rows` rows
     says what a call costs; a kernel that would take more than BUDGET_S a call whole is
     timed on fewer rows (never under min_rows) and scaled; one that takes longer even on
-    min_rows keeps that first timing (a slow device pays once, not best of three)."""
+    min_rows keeps that first timing (a slow device pays once, not best of three) and one
+    on twice the rows, for the line through the two (`along_rows`)."""
     kernel, (rows, fwd, both, probe) = affordable(kernel, tick)
-    total = probe
     if probe >= BUDGET_S:
         forward = tick(fwd, 1, 1, warm=False)  # the probe ran it
-    else:
-        if rows < kernel.rows:
-            rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
-            fwd, both = kernel.build(rows)
-            probe = tick(both, 1, 1)
-        forward, total = forward_and_total(fwd, both, probe, tick)
+        total = along_rows(kernel, rows, probe, tick)
+        return forward * kernel.scale * kernel.rows / rows, max(total - forward * kernel.rows / rows, 0.0) * kernel.scale
+    if rows < kernel.rows:
+        rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
+        fwd, both = kernel.build(rows)
+        probe = tick(both, 1, 1)
+    forward, total = forward_and_total(fwd, both, probe, tick)
     scale = kernel.scale * kernel.rows / rows
     return forward * scale, max(total - forward, 0.0) * scale
+
+
+def along_rows(kernel: Kernel, rows: int, total_s: float, tick: Callable) -> float:
+    """Seconds of a forward-and-backward call on the kernel's full rows, from one call on its
+    fewest `rows` (a slow device's): there a call still pays a part that does not grow with
+    the rows (the weight's gradient sums over the rows, a product over a few dozen of them
+    runs below its rate, and is written whole), so the time on full rows is read off the line
+    through that call and one on twice the rows, not scaled in proportion (Llama's 2,816 x
+    1,024 bf16 GEMM on an AVX2 CPU: 14.2 ms a row at 32 rows, 9.1-9.8 from 128; bench/RESULTS.md).
+    Where the two calls make no line (the second not longer, or more than twice as long: the
+    machine's speed moved between them), the second alone, in proportion."""
+    if 2 * rows > kernel.rows:
+        return total_s * kernel.rows / rows
+    _, both = kernel.build(2 * rows)
+    twice = tick(both, 1, 1, warm=False)
+    per_row = (twice - total_s) / rows
+    if not 0 < per_row <= total_s / rows:
+        return twice * kernel.rows / (2 * rows)
+    return total_s + per_row * (kernel.rows - rows)
 
 
 def forward_and_total(fwd: Callable, both: Callable, probe_s: float, tick: Callable,

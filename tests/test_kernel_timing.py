@@ -102,6 +102,31 @@ def test_a_kernel_too_long_for_the_budget_is_timed_on_fewer_rows_and_scaled():
     assert small[-1] == 8  # within the budget: timed whole
 
 
+def test_a_call_too_slow_for_the_budget_is_taken_to_its_full_rows_along_a_line_not_in_proportion():
+    """A slow device's call on its fewest rows pays a part that does not grow with them
+    (here 0.2 s of a backward, as a weight's gradient does): in proportion from 32 rows it
+    would be counted 8 times at 256; the line through 32 and 64 rows counts it once."""
+    built = []
+
+    def build(rows):
+        built.append(rows)
+        return ("fwd", rows), ("both", rows)
+
+    def tick(op, reps, rounds, warm=True):  # 1 ms a row forward; both: 0.2 s + 5 ms a row
+        kind, rows = op
+        return rows * 1e-3 if kind == "fwd" else 0.2 + rows * 5e-3
+
+    fwd, bwd = time_kernel(Kernel("k", 256, build, min_rows=32), tick)
+    assert sorted(set(built)) == [32, 64]  # never built on the full rows
+    assert fwd == pytest.approx(0.256) and fwd + bwd == pytest.approx(0.2 + 256 * 5e-3)
+    # Two calls that make no line (the machine slowed between them): the second, in proportion.
+    calls = iter([1.0])  # after 0.36 s on 32 rows: more than twice as long on twice the rows
+    assert kernel_timing.along_rows(Kernel("k", 256, build, min_rows=32), 32, 0.36,
+                                    lambda *a, **k: next(calls)) == pytest.approx(1.0 * 256 / 64)
+    # Too few rows for a second point: in proportion from the first.
+    assert kernel_timing.along_rows(Kernel("k", 48, build, min_rows=32), 32, 0.36, tick) == pytest.approx(0.36 * 1.5)
+
+
 def test_forward_and_backward_are_timed_round_by_round_so_a_passing_load_cannot_make_the_backward_negative():
     """A load that slows the first calls three-fold: timed one after the other, the forward's
     rounds would all fall in it and the forward would come out longer than forward and
@@ -321,12 +346,28 @@ def test_the_engine_is_timed_on_the_trials_device_with_its_backend():
     assert SIZES["cuda"][0] > SIZES["cpu"][1]  # a GPU's per-element cost shows only on larger stand-ins
 
 
+def test_the_engines_line_through_two_sizes_never_falls_and_a_dip_is_taken_in_proportion():
+    from orchestrator.engine_timing import CPU_DEFAULT_SIZE
+    from orchestrator.workload.step_timing import SIZES, lines_through
+
+    assert SIZES["cpu"][0] == CPU_DEFAULT_SIZE  # the plan's side knows where the defaults start
+    # Two sizes make a line; a dip (the smaller timed while the machine was slow) is no line:
+    # the larger size's time in proportion, not a flat line at the smaller's.
+    lines = lines_through([(1000, (0.1, 0.3, 1.0)), (2000, (0.1, 0.5, 0.4))])
+    assert lines["forward_s"] == (pytest.approx(0.1), 0.0)
+    assert lines["backward_s"] == (pytest.approx(0.1), pytest.approx(2e-4))
+    assert lines["step_s"] == (0.0, pytest.approx(2e-4))
+
+
 def test_a_gpus_engine_is_timed_at_about_the_ranks_share_and_a_cpus_at_its_small_sizes():
     # Pure arithmetic: no GPU needed. A line extrapolated 8x from small stand-ins moved 3x
     # between two timings on an H200; bracketing the share keeps the extrapolation within 2x.
     from orchestrator.engine_timing import GPU_SIZES, stand_in_sizes
 
     assert stand_in_sizes("cpu", 124_439_808) is None  # step_timing.SIZES["cpu"]
+    assert stand_in_sizes("cpu", 2**20) is None
+    assert stand_in_sizes("cpu", 141_056) == [2**17, 2**18]  # the default trial: its own share, bracketed
+    assert stand_in_sizes("cpu", 10) == [2**12, 2**13]  # never below a few thousand elements
     assert stand_in_sizes("cuda", 124_439_808) == [2**26, 2**27]  # gpt2-125m whole on one rank
     assert stand_in_sizes("cuda:1", 2**27) == [2**26, 2**27]  # a power of two is its own top
     assert stand_in_sizes("cuda", 1_000) == [GPU_SIZES[0], 2 * GPU_SIZES[0]]  # never below the defaults
