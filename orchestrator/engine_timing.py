@@ -57,9 +57,12 @@ def stand_in_sizes(device: str, elements: int) -> list[int] | None:
     brackets a smaller share: the default trial's 141k elements on the line through 1M and 2M
     (a 32 MB L3 filling between the two) had DeepSpeed's step at -11 ms, taken as 0."""
     top = 1 << max(elements - 1, 1).bit_length()
-    if not device.startswith("cuda"):
-        return None if elements >= CPU_DEFAULT_SIZE else [max(top, 2 * SMALLEST_CPU_SIZE) // 2, max(top, 2 * SMALLEST_CPU_SIZE)]
-    top = min(max(top, 2 * GPU_SIZES[0]), GPU_SIZES[1])
+    if device.startswith("cuda"):
+        top = min(max(top, 2 * GPU_SIZES[0]), GPU_SIZES[1])
+    elif elements >= CPU_DEFAULT_SIZE:
+        return None
+    else:
+        top = max(top, 2 * SMALLEST_CPU_SIZE)
     return [top // 2, top]
 
 

@@ -302,9 +302,9 @@ def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
     on twice the rows, for the line through the two (`along_rows`)."""
     kernel, (rows, fwd, both, probe) = affordable(kernel, tick)
     if probe >= BUDGET_S:
-        forward = tick(fwd, 1, 1, warm=False)  # the probe ran it
+        forward = tick(fwd, 1, 1, warm=False) * kernel.rows / rows  # the probe ran it
         total = along_rows(kernel, rows, probe, tick)
-        return forward * kernel.scale * kernel.rows / rows, max(total - forward * kernel.rows / rows, 0.0) * kernel.scale
+        return forward * kernel.scale, max(total - forward, 0.0) * kernel.scale
     if rows < kernel.rows:
         rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
         fwd, both = kernel.build(rows)

@@ -210,8 +210,11 @@ def lines_through(points: list[tuple[int, tuple[float, ...]]]) -> dict[str, tupl
     (1.1 s for the default trial's 141k elements, cached on a busy CPU). No fixed part is
     told from such a pair: the larger size's time, in proportion."""
     (e1, y1), (e2, y2) = points
-    return {name: ((a - (b - a) / (e2 - e1) * e1, (b - a) / (e2 - e1)) if b >= a else (0.0, b / e2))
-            for name, a, b in zip(("forward_s", "backward_s", "step_s"), y1, y2)}
+    lines = {}
+    for name, a, b in zip(("forward_s", "backward_s", "step_s"), y1, y2):
+        slope = (b - a) / (e2 - e1)
+        lines[name] = (a - slope * e1, slope) if slope >= 0 else (0.0, b / e2)
+    return lines
 
 
 if __name__ == "__main__":
