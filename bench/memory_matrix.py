@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/memory_matrix.py [OUT_DIR] [--hardware NAME] [--models A,B] [--dp 1,2]
                                             [--engines deepspeed,fsdp]
+                                            [--stages 0,3] [--recompute none,full]
 
 Runs trials on this machine through `orchestrator run` (engine=deepspeed: ZeRO 0-3;
 engine=fsdp: FSDP2 at zero.stage 2 and 3; x recompute none/selective/full x dp 1 and 2, on
@@ -17,7 +18,8 @@ OUT_DIR are not run again; the plan is always recomputed. About 50 minutes on th
 runs a few of these points in CI.
 On a GPU node the table adds the CUDA allocator's peak against the plan's peak less the
 CUDA context, and measured against predicted MFU; the GPU check is
-`--hardware auto --models gpt2-125m,gpt2-350m,gpt2-1.3b --dp 1` (not yet run on a GPU).
+`--hardware auto --models gpt2-125m,gpt2-350m,gpt2-1.3b --dp 1` (8 of its points ran on an
+H200: bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -52,9 +54,14 @@ DEFAULT_STEPS = ["run.steps=6", "run.warmup_steps=2", "batch.micro_batch_size=2"
 STAGES = {"deepspeed": [0, 1, 2, 3], "fsdp": [2, 3]}  # FSDP2: resharded after forward (3) or kept (2)
 
 
-def matrix(shapes, dps, engines=("deepspeed",)) -> list[tuple]:
+RECOMPUTE = ["none", "selective", "full"]
+
+
+def matrix(shapes, dps, engines=("deepspeed",), stages=None, recompute=RECOMPUTE) -> list[tuple]:
+    """Every point, or those of `stages` (each engine keeps the stages it has) and `recompute`."""
     return [(engine, *point) for engine in engines
-            for point in itertools.product(shapes, STAGES[engine], ["none", "selective", "full"], dps)]
+            for point in itertools.product(shapes, [s for s in STAGES[engine] if stages is None or s in stages],
+                                           recompute, dps)]
 
 
 def run_trial(out: Path, hardware: str, engine: str, shape: str, stage: int, recompute: str, dp: int) -> Path:
@@ -100,8 +107,12 @@ if __name__ == "__main__":
     parser.add_argument("--models", default=",".join(SHAPES), help="shapes above or model presets, comma-separated")
     parser.add_argument("--dp", default="1,2", help="data-parallel sizes, comma-separated")
     parser.add_argument("--engines", default="deepspeed", help="deepspeed, fsdp or both, comma-separated")
+    parser.add_argument("--stages", help="ZeRO stages to run, comma-separated (default: each engine's all)")
+    parser.add_argument("--recompute", default=",".join(RECOMPUTE), help="recompute modes, comma-separated")
     args = parser.parse_args()
-    points = matrix(args.models.split(","), [int(d) for d in args.dp.split(",")], args.engines.split(","))
+    points = matrix(args.models.split(","), [int(d) for d in args.dp.split(",")], args.engines.split(","),
+                    stages=None if args.stages is None else [int(s) for s in args.stages.split(",")],
+                    recompute=args.recompute.split(","))
     trials = [run_trial(args.out, args.hardware, *point) for point in points]
     rows = [compare(trial) for trial in trials if (trial / "trial.json").is_file()]
     show(rows)

@@ -127,6 +127,10 @@ class ZeroConfig:
     prefetch_bucket_size: Any = 5e7
     max_live_parameters: Any = 1e9
     param_persistence_threshold: Any = 1e5
+    # Stage 3: the optimizer updates its partition this many elements at a time (DeepSpeed's
+    # sub_group_size), so the step's fp32 gradients and AdamW's temporaries exist for one
+    # sub-group at a time, not for the whole partition.
+    sub_group_size: Any = 1e9
     offload_optimizer: Offload = Offload.none
     offload_param: Offload = Offload.none  # stage 3 only
     pin_memory: bool = True

@@ -20,7 +20,7 @@ def zero_section(spec: TrialSpec) -> dict:
     if z.stage == 3:
         zero.update(stage3_prefetch_bucket_size=z.prefetch_bucket_size,
                     stage3_max_live_parameters=z.max_live_parameters,
-                    stage3_param_persistence_threshold=z.param_persistence_threshold)
+                    stage3_param_persistence_threshold=z.param_persistence_threshold, sub_group_size=z.sub_group_size)
     if z.offload_optimizer != "none":
         zero["offload_optimizer"] = {"device": z.offload_optimizer, "pin_memory": z.pin_memory}
     if z.offload_param != "none":

@@ -154,7 +154,8 @@ def _check_model(cfg: TrialConfig) -> None:
 def _check_zero(cfg: TrialConfig) -> None:
     z = cfg.zero
     check_choice(z.stage, "zero.stage", (0, 1, 2, 3))
-    for name in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
+    for name in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters",
+                 "sub_group_size"):
         setattr(z, name, whole_number(getattr(z, name), f"zero.{name}", minimum=1))
     z.param_persistence_threshold = whole_number(z.param_persistence_threshold, "zero.param_persistence_threshold", minimum=0)
     if z.offload_optimizer != "none" and z.stage == 0:
@@ -168,7 +169,7 @@ def _check_zero(cfg: TrialConfig) -> None:
 # reduce-scatters one block at a time, prefetching the next).
 ZERO_ONLY = ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "overlap_comm",
              "contiguous_gradients", "reduce_scatter", "max_live_parameters", "param_persistence_threshold",
-             "grad_accum_dtype")
+             "sub_group_size", "grad_accum_dtype")
 
 
 def _check_fsdp(cfg: TrialConfig) -> None:

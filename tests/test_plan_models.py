@@ -7,7 +7,7 @@ import pytest
 from orchestrator.config import ModelConfig
 from orchestrator.plan.flops import attention_forward_per_token, flops_per_token, layer_matmul_forward_per_token
 from orchestrator.plan.memory import (ZeroLayout, activation_bytes, activations_per_layer, model_states,
-                                     recompute_bytes)
+                                     recompute_bytes, sub_groups)
 from orchestrator.plan.params import count_parameters, matmul_parameters, parameter_tensors
 from orchestrator.spec import build_spec
 
@@ -21,7 +21,7 @@ def model(preset: str, *more: str) -> ModelConfig:
 def layout(stage: int, dp: int = 8, precision: str = "bf16", **kw) -> ZeroLayout:
     base = dict(stage=stage, dp=dp, precision=precision, reduce_bucket_size=5 * 10**8, overlap_comm=True,
                 contiguous_gradients=True, prefetch_bucket_size=5 * 10**7, max_live_parameters=10**9,
-                param_persistence_threshold=0, offload_optimizer=False, offload_param=False)
+                param_persistence_threshold=0, sub_group_size=10**9, offload_optimizer=False, offload_param=False)
     return ZeroLayout(**{**base, **kw})
 
 
@@ -102,6 +102,29 @@ def test_stage3_keeps_small_parameters_whole_on_every_rank():
     none_persist = model_states(m, layout(3, 8, param_persistence_threshold=0))["params"]
     persist = model_states(m, layout(3, 8, param_persistence_threshold=10**5))["params"]
     assert persist > none_persist
+
+
+def test_zero3_cuts_its_partition_into_sub_groups_as_deepspeed_does():
+    # A sub-group closes at the parameter that takes it to sub_group_size elements or more
+    # (tests/test_plan_drift.py holds the rule against a real engine's groups).
+    assert sub_groups([5, 5, 5, 5, 5], 12) == [15, 10]
+    assert sub_groups([5, 5, 5, 5, 5], 100) == [25]
+    assert sub_groups([20, 1, 1], 10) == [20, 2]
+    assert sub_groups([5, 5], 10) == [10]
+
+
+def test_zero3_steps_with_the_fp32_gradients_of_one_sub_group_at_a_time():
+    # gpt2-1.3b at ZeRO-3 on one H200 peaked 2.2 GiB under a plan that counted the whole
+    # partition's fp32 gradients and AdamW temporaries (bench/RESULTS.md): its 1.3e9
+    # elements step in two sub-groups, the first closing just past 1e9.
+    m = model("gpt2-1.3b")
+    n = count_parameters(m)
+    whole = model_states(m, layout(3, 1, sub_group_size=n))
+    cut = model_states(m, layout(3, 1, sub_group_size=10**9))
+    assert whole["optimizer_step"] == whole["optimizer_temporaries"] == 4 * n
+    # past 1e9 by less than the tensor that closes it (at most a layer's largest, an MLP matrix)
+    assert 4 * 10**9 <= cut["optimizer_step"] == cut["optimizer_temporaries"] < 4 * (10**9 + m.hidden * m.ffn)
+    assert cut["static"] == whole["static"] and cut["optimizer"] == whole["optimizer"]  # kept between steps: unchanged
 
 
 def test_reduce_buckets_cost_their_configured_size_even_for_a_tiny_model():

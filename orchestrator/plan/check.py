@@ -70,7 +70,8 @@ def compare(trial_dir: Path) -> dict:
     ds = deepspeed_estimate(n, largest, stage, dp)
     textbook = 16 * n // (dp if stage else 1)
     return {
-        "trial": f"{'fsdp2 ' if cfg.engine.name == 'fsdp' else ''}{cfg.model.arch} V{cfg.model.vocab} z{stage} "
+        "trial": f"{'fsdp2 ' if cfg.engine.name == 'fsdp' else ''}{cfg.model.arch} h{cfg.model.hidden} "
+                 f"L{cfg.model.n_layers} V{cfg.model.vocab} z{stage} "
                  f"{cfg.recompute.mode} dp{dp}",
         "status": result["status"], "on_gpu": on_gpu,
         "predicted": predicted, "measured": got,

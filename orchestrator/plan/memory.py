@@ -62,6 +62,7 @@ class ZeroLayout:
     prefetch_bucket_size: int
     max_live_parameters: int
     param_persistence_threshold: int
+    sub_group_size: int  # stage 3: the elements the optimizer updates at a time
     offload_optimizer: bool
     offload_param: bool
     adam_foreach: bool = True  # torch's AdamW on CUDA runs all tensors at once; on a CPU tensor by tensor
@@ -139,11 +140,14 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     else:
         shard, params, grads, optimizer, step, gathered, buffers, static = _stage3_states(model, z, tensors, low)
         untouched = untouched_static = low * max(0, z.reduce_bucket_size - n)  # its one ipg bucket, kept
+        if not z.offload_optimizer:  # its step's fp32 gradients exist for one sub-group at a time
+            step = 4 * max(sub_groups([-(-p.numel // dp) for p in tensors], z.sub_group_size))
     # AdamW's denominator, sqrt(v) / bias correction, is built outside the state: one fp32
     # temporary per tensor with foreach (all at once on CUDA), two of the tensor being
-    # updated tensor by tensor (on a CPU). ZeRO 1-3 hand it one flat fp32 partition.
-    updated = n if z.stage == 0 else shard
-    largest = largest_tensor if z.stage == 0 else shard
+    # updated tensor by tensor (on a CPU). ZeRO 1-2 hand it one flat fp32 partition, ZeRO-3
+    # one sub-group of it at a time.
+    updated = n if z.stage == 0 else step // 4 if z.stage == 3 else shard
+    largest = largest_tensor if z.stage == 0 else updated
     temporaries = 4 * updated if z.adam_foreach else 2 * 4 * largest
     offloaded = 0
     if z.offload_optimizer and z.stage > 0:
@@ -372,12 +376,29 @@ def _stage3_states(model: ModelConfig, z: ZeroLayout, tensors: list, low: int) -
     return shard, params, grads, optimizer, step, gathered, gathered + ipg_bucket, params + grads + optimizer + ipg_bucket
 
 
+def sub_groups(partitions: list[int], sub_group_size: int) -> list[int]:
+    """Elements of each sub-group ZeRO-3's optimizer steps at once. DeepSpeed cuts a rank's
+    partitions, in the parameters' order, into sub-groups that each close at the first
+    parameter taking them to sub_group_size elements or more; it makes the fp32 gradients
+    of one sub-group, steps it and frees them before the next (DeepSpeed's configuration
+    documentation: sub_group_size, the tile size of parameter processing)."""
+    groups, current = [], 0
+    for numel in partitions:
+        current += numel
+        if current >= sub_group_size:
+            groups.append(current)
+            current = 0
+    if current or not groups:  # the last parameter closes the last sub-group
+        groups.append(current)
+    return groups
+
+
 def zero_layout(spec: TrialSpec) -> ZeroLayout:
     z = spec.cfg.zero
     return ZeroLayout(stage=z.stage, dp=spec.dp, precision=spec.precision, reduce_bucket_size=z.reduce_bucket_size,
                       overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
                       prefetch_bucket_size=z.prefetch_bucket_size, max_live_parameters=z.max_live_parameters,
-                      param_persistence_threshold=z.param_persistence_threshold,
+                      param_persistence_threshold=z.param_persistence_threshold, sub_group_size=z.sub_group_size,
                       offload_optimizer=z.offload_optimizer != "none", offload_param=z.offload_param != "none",
                       adam_foreach=spec.cfg.hardware.device.is_gpu, lazy_pages=not spec.cfg.hardware.device.is_gpu,
                       fp32_grad_accum=z.stage == 1 and spec.precision == "bf16" and z.grad_accum_dtype == "fp32")

@@ -166,7 +166,8 @@ def engine_settings(spec: TrialSpec) -> dict | None:
     if cfg.engine.name == "deepspeed" or (cfg.engine.name == "accelerate" and cfg.engine.backend == "deepspeed"):
         # Bucket sizes left out: on one rank they change little, and a sweep of them would
         # time the engine again at every size (the plan's buckets are in its communication).
-        zero = {k: v for k, v in zero_section(spec).items() if not k.endswith("bucket_size")}
+        # So is ZeRO-3's sub-group size: the stand-in is the model scaled down, its groups not.
+        zero = {k: v for k, v in zero_section(spec).items() if not k.endswith("bucket_size") and k != "sub_group_size"}
         return {"engine": "deepspeed", "zero": zero, **common}
     if cfg.engine.name == "fsdp":
         return {"engine": "fsdp", **common}

@@ -77,7 +77,9 @@ def explain(spec: TrialSpec) -> list[str]:
     if z.stage == 3:
         lines += [f"stage3_prefetch_bucket_size = {z.prefetch_bucket_size:,}: zero.prefetch_bucket_size",
                   f"stage3_max_live_parameters = {z.max_live_parameters:,}: zero.max_live_parameters",
-                  f"stage3_param_persistence_threshold = {z.param_persistence_threshold:,}: zero.param_persistence_threshold"]
+                  f"stage3_param_persistence_threshold = {z.param_persistence_threshold:,}: zero.param_persistence_threshold",
+                  f"sub_group_size = {z.sub_group_size:,}: zero.sub_group_size (the optimizer steps its partition "
+                  "this many elements at a time)"]
     if z.communication_dtype:
         lines.append(f"communication_data_type = {z.communication_dtype}: zero.communication_dtype (gradients are "
                      "reduced in it; the plan puts these bytes on the wire)")
