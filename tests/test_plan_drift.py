@@ -83,3 +83,46 @@ def test_recompute_orders_measured_activations(drift_trial):
         memory = json.loads((drift_trial(point) / "result.json").read_text())["metrics"]["memory"]
         measured[point[2]] = memory["activation_bytes"]
     assert measured["none"] > measured["selective"] > measured["full"] > 0
+
+
+# A real ZeRO-3 engine in a process of its own (it needs a process group): its optimizer's
+# sub-groups, in elements.
+ENGINE_SUB_GROUPS = """
+import json, os, sys
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT="0")
+import deepspeed, torch.distributed as dist
+from orchestrator.spec import build_spec
+from orchestrator.translate.deepspeed import ds_config
+from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
+from orchestrator.workload.model import build_model
+spec = build_spec(sys.argv[1:])
+config = ds_config(spec)
+import_muon_uncompiled(config)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = build_model(spec.cfg.model)
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+print(json.dumps(engine.optimizer.fp16_partitioned_groups_flat_numel))
+"""
+
+
+def test_zero3_steps_in_the_sub_groups_a_real_engine_makes():
+    """The plan's ZeRO-3 step holds one sub-group's fp32 gradients (plan/memory.py): its cut
+    of the partition against the groups DeepSpeed's optimizer built on the real model."""
+    import subprocess
+    import sys
+
+    from orchestrator.plan.memory import sub_groups
+    from orchestrator.plan.params import parameter_tensors
+    from orchestrator.spec import build_spec
+
+    overrides = ["hardware=cpu", *SMALL["gpt2"], "zero=stage3", "parallel.dp=1", "zero.sub_group_size=60000"]
+    proc = subprocess.run([sys.executable, "-c", ENGINE_SUB_GROUPS, *overrides], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    real = json.loads(proc.stdout.strip().splitlines()[-1])
+    m = build_spec(overrides).cfg.model
+    planned = sub_groups([p.numel for p in parameter_tensors(m)], 60000)
+    assert len(real) == len(planned) > 2, (real, planned)
+    # the plan counts a LayerNorm's weight and bias as one tensor: a group may close one bias later
+    assert all(abs(a - b) <= m.hidden for a, b in zip(real, planned)), (real, planned)
