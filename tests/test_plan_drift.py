@@ -88,18 +88,17 @@ def test_recompute_orders_measured_activations(drift_trial):
 # A real ZeRO-3 engine in a process of its own (it needs a process group): its optimizer's
 # sub-groups, in elements.
 ENGINE_SUB_GROUPS = """
-import json, os, sys
-os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT="0")
-import deepspeed, torch.distributed as dist
+import json, sys
+import deepspeed
 from orchestrator.spec import build_spec
 from orchestrator.translate.deepspeed import ds_config
 from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
 from orchestrator.workload.model import build_model
+from orchestrator.workload.step_timing import join_one_rank_group
 spec = build_spec(sys.argv[1:])
 config = ds_config(spec)
 import_muon_uncompiled(config)
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+join_one_rank_group("cpu")
 model = build_model(spec.cfg.model)
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 print(json.dumps(engine.optimizer.fp16_partitioned_groups_flat_numel))

@@ -140,8 +140,6 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     else:
         shard, params, grads, optimizer, step, gathered, buffers, static = _stage3_states(model, z, tensors, low)
         untouched = untouched_static = low * max(0, z.reduce_bucket_size - n)  # its one ipg bucket, kept
-        if not z.offload_optimizer:  # its step's fp32 gradients exist for one sub-group at a time
-            step = 4 * max(sub_groups([-(-p.numel // dp) for p in tensors], z.sub_group_size))
     # AdamW's denominator, sqrt(v) / bias correction, is built outside the state: one fp32
     # temporary per tensor with foreach (all at once on CUDA), two of the tensor being
     # updated tensor by tensor (on a CPU). ZeRO 1-2 hand it one flat fp32 partition, ZeRO-3
@@ -364,11 +362,14 @@ def _stage3_states(model: ModelConfig, z: ZeroLayout, tensors: list, low: int) -
     Each parameter is split into ceil(numel / dp) elements per rank. Parameters of at most
     param_persistence_threshold elements also stay whole on every rank (dp > 1)."""
     n, dp = sum(p.numel for p in tensors), z.dp
-    shard = sum(-(-p.numel // dp) for p in tensors)
+    partitions = [-(-p.numel // dp) for p in tensors]
+    shard = sum(partitions)
     persistent = sum(p.numel for p in tensors if p.numel <= z.param_persistence_threshold) if dp > 1 else 0
     params = low * (shard + persistent)
     grads = low * shard  # the flat gradient partition buffer, kept between steps
-    optimizer, step = 12 * shard, 4 * shard
+    optimizer = 12 * shard
+    # the step's fp32 gradients: one sub-group at a time on the device, the whole shard offloaded
+    step = 4 * (shard if z.offload_optimizer else max(sub_groups(partitions, z.sub_group_size)))
     largest = max(module_sizes(model).values())
     live = min(n, max(largest, min(largest + z.prefetch_bucket_size, z.max_live_parameters)))
     gathered = low * live if dp > 1 else 0  # one rank's partition is the whole parameter

@@ -91,6 +91,16 @@ class StandIn(torch.nn.Module):
         return x
 
 
+def join_one_rank_group(device: str) -> None:
+    """This process as the one rank of its own group on `device`, whatever the process it was
+    started from is (a SLURM task, a rank): DeepSpeed reads the variables to size its world."""
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="0")
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(0)  # the one GPU this process was given (CUDA_VISIBLE_DEVICES)
+    dist.init_process_group(group_of(device)[0], store=dist.HashStore(), rank=0, world_size=1)
+
+
 def median_times(forward, backward, step, device: str = "cpu") -> tuple[float, float, float]:
     times = []
     for _ in range(REPS):
@@ -184,14 +194,8 @@ def main() -> None:
     one timing serves every data-parallel degree and ZeRO share of the model."""
     settings = json.loads(sys.argv[1])
     torch.set_num_threads(settings["threads"])
-    # One rank of its own, whatever the process it was started from is (a SLURM task, a rank):
-    # DeepSpeed reads these to size its world.
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT="0")
     device = settings.setdefault("device", "cpu")
-    if torch.device(device).type == "cuda":
-        torch.cuda.set_device(0)  # the one GPU this process was given (CUDA_VISIBLE_DEVICES)
-    dist.init_process_group(group_of(device)[0], store=dist.HashStore(), rank=0, world_size=1)
+    join_one_rank_group(device)
     try:
         points = []
         for elements in settings.get("sizes") or SIZES[torch.device(device).type]:
