@@ -7,6 +7,7 @@ and the rest done, never a traceback, nothing written earlier lost."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -479,7 +480,8 @@ def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_
     for command in (["status"], ["report"], ["wait", "--timeout", "5"], ["calibrate"]):
         proc = run_cli(*command, str(deep), env=env, timeout=120)
         assert proc.returncode == 0 and "RecursionError" not in said(proc), (command, said(proc))
-        assert " ok " in said(proc) or "calibrated" in said(proc), (command, said(proc))  # the trial found
+        # the trial found: its status is "ok" ("ok, noisy" where the fixture's steps were timed on a busy machine)
+        assert re.search(r"\sok[\s,]", said(proc)) or "calibrated" in said(proc), (command, said(proc))
     proc = run_cli("calibrate", str(tmp_path / "bomb"), env=env, timeout=120)
     assert proc.returncode == 0 and "1_trial" in said(proc) and "aliases expand it past" in said(proc), said(proc)
     # --overwrite deletes such a tree too (Python 3.11's shutil.rmtree recurses)
