@@ -4,7 +4,9 @@
 workload/step_timing.py, started in a process of its own, wraps a stand-in with the trial's
 modules in the real engine and times its hooks and its step at two sizes; each comes back
 as a line in the elements a rank holds (intercept, slope), cached with the kernels, so one
-timing serves every data-parallel degree, ZeRO share and bucket size of a model.
+timing serves every data-parallel degree, ZeRO share and bucket size of a model. The
+process starts before the plan times its kernels and imports while the planner does, then
+waits to be told to time (`EngineTiming`): a new shape's plan pays its imports once.
 """
 
 from __future__ import annotations
@@ -15,28 +17,47 @@ import json
 import subprocess
 import sys
 
-from orchestrator.kernel_timing import MAX_KERNEL_S, Cache, KernelTimingError, Measured
+from orchestrator.kernel_timing import MAX_KERNEL_S, Cache, KernelTimingError, Measured, device_name, software
 from orchestrator.process import clear_stale_build_locks
 
 TIMEOUT_S = 300
+# `python -m orchestrator.workload.step_timing SETTINGS --when-told` imports, says READY and
+# times only once the line GO arrives on its stdin (EngineTiming below).
+WHEN_TOLD, READY, GO = "--when-told", "ready", "go"
 PARTS = ("forward_s", "backward_s", "step_s")
 # How the engine is timed, in the cache key: lines taken another way are timed again.
 METHOD = "engine 2 (a dip taken in proportion; a small share on a CPU bracketed)"
 
 
-def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
+def start_timing(settings: dict) -> subprocess.Popen:
+    """step_timing's process for `settings` (the engine's, threads and sizes), importing
+    until `finish_timing` tells it to time."""
+    clear_stale_build_locks()  # DeepSpeed builds its CPU op there first: a killed build's lock would hang it
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings), WHEN_TOLD],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_timing(proc: subprocess.Popen) -> tuple[dict[str, tuple[float, float]], str]:
     """Each of the engine's forward and backward additions and its step as a line in the
     elements a rank holds, (intercept s, s per element), and the engine's optimizer.
     KernelTimingError if it fails."""
-    clear_stale_build_locks()  # DeepSpeed builds its CPU op there first: a killed build's lock would hang it
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings)],
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    try:
+        out, err = proc.communicate(GO + "\n", timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise KernelTimingError(f"the engine's step was not timed within {TIMEOUT_S} s") from None
+    lines = [line for line in out.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (err.strip().splitlines() or ["no output"])[-1]
         raise KernelTimingError(f"the engine's step could not be timed ({tail[:200]})")
-    out = json.loads(lines[-1])
-    return {name: (float(a), float(b)) for name, (a, b) in out["lines"].items()}, str(out["optimizer"])
+    result = json.loads(lines[-1])
+    return {name: (float(a), float(b)) for name, (a, b) in result["lines"].items()}, str(result["optimizer"])
+
+
+def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
+    """`finish_timing` of a process started now."""
+    return finish_timing(start_timing(settings))
 
 
 # A GPU's stand-ins, in elements: from step_timing's default sizes up to what the
@@ -73,29 +94,60 @@ def plausible_line(intercept_s: float, slope_s: float) -> bool:
     return abs(intercept_s) <= MAX_KERNEL_S and 0.0 <= slope_s <= 1e-3
 
 
-def with_engine(measured: Measured, engine: dict, threads: int, elements: int) -> Measured:
-    """`measured` with the engine's hooks per micro batch and its own step for a rank holding
-    `elements` (the lines cached under the engine's settings and the device's prefix); where
-    the engine cannot be timed, `measured` as it is (torch's AdamW), saying why."""
-    settings = {**engine, "threads": threads}
-    sizes = stand_in_sizes(str(engine.get("device", "cpu")), elements)
-    if sizes:  # one timing per power of two of the share, cached as any other
-        settings["sizes"] = sizes
-    key = (f"{measured.device}|{measured.software}|{METHOD} "
-           + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16])
-    lines: dict = {}
-    at, whens = {}, [measured.timed_at]
-    try:
-        for part in PARTS:
-            if part not in lines and f"{key} {part}" not in Cache.known():
-                lines.update(time_engine(settings)[0])
-            a, b, when = Cache.get(f"{key} {part}", lambda: lines[part], plausible_line)
-            at[part] = max(a + b * elements, 0.0)
-            whens.append(when)
-    except (KernelTimingError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:
-        return dataclasses.replace(measured, optimizer=f"{measured.optimizer} ({str(exc)[:200]})")
-    finally:
-        Cache.save()
-    return dataclasses.replace(measured, engine_forward_s=at["forward_s"], engine_backward_s=at["backward_s"],
-                               optimizer_s=at["step_s"], optimizer=f"{engine['engine']}'s own step, timed as it runs it",
-                               timed_at=min(whens))
+class EngineTiming:
+    """The engine's hooks and step for one trial: cached lines, or a step_timing process.
+
+    Entered before the plan times its kernels, it starts that process where a line is not
+    cached: the process imports torch and the engine (4 of its 6 s on a 2-core CPU) while
+    the planner imports its own, and times only once `apply` tells it to, after the kernels,
+    so no timing runs beside another. Leaving ends a process never told. `engine` None
+    (DDP, an offloaded optimizer): nothing to time, `apply` changes nothing."""
+
+    def __init__(self, engine: dict | None, threads: int, elements: int, device: str):
+        self.engine, self.elements, self.proc = engine, elements, None
+        if engine is None:
+            return
+        self.settings = {**engine, "threads": threads}
+        sizes = stand_in_sizes(str(engine.get("device", "cpu")), elements)
+        if sizes:  # one timing per power of two of the share, cached as any other
+            self.settings["sizes"] = sizes
+        self.key = (f"{device_name(device)}|{software()}|{METHOD} "
+                    + hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16])
+
+    def __enter__(self) -> EngineTiming:
+        if self.engine is not None and any(f"{self.key} {part}" not in Cache.known() for part in PARTS):
+            self.proc = start_timing(self.settings)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+    def timed(self) -> dict[str, tuple[float, float]]:
+        if self.proc is None:
+            self.proc = start_timing(self.settings)
+        return finish_timing(self.proc)[0]
+
+    def apply(self, measured: Measured) -> Measured:
+        """`measured` with the engine's hooks per micro batch and its own step for a rank
+        holding `elements`; where the engine cannot be timed, `measured` as it is (torch's
+        AdamW), saying why."""
+        if self.engine is None:
+            return measured
+        lines: dict = {}
+        at, whens = {}, [measured.timed_at]
+        try:
+            for part in PARTS:
+                if part not in lines and f"{self.key} {part}" not in Cache.known():
+                    lines.update(self.timed())
+                a, b, when = Cache.get(f"{self.key} {part}", lambda: lines[part], plausible_line)
+                at[part] = max(a + b * self.elements, 0.0)
+                whens.append(when)
+        except (KernelTimingError, OSError, ValueError, KeyError) as exc:
+            return dataclasses.replace(measured, optimizer=f"{measured.optimizer} ({str(exc)[:200]})")
+        finally:
+            Cache.save()
+        return dataclasses.replace(measured, engine_forward_s=at["forward_s"], engine_backward_s=at["backward_s"],
+                                   optimizer_s=at["step_s"], timed_at=min(whens),
+                                   optimizer=f"{self.engine['engine']}'s own step, timed as it runs it")

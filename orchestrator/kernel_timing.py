@@ -443,6 +443,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
 
     def first(how: Callable) -> Callable:
         if quiet.before is None:
+            kernels.import_libraries(model.arch)
             timing.enter_context(threads(threads_per_rank))
         return quiet.first(how)
 

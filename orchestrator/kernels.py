@@ -51,6 +51,17 @@ class Kernel:
 GPT2_ACTIVATION = "gelu_pytorch_tanh"  # what workload/model.py gives GPT2Config
 
 
+def import_libraries(arch: str) -> None:
+    """Import what building any kernel of `arch` imports (torch, transformers' modules: 6 s on
+    a 2-core CPU), before the first kernel is timed, so no timing runs beside an import: the
+    engine's timing process imports while these do (engine_timing.py)."""
+    import importlib
+
+    for module in ("torch", "transformers.pytorch_utils", "transformers.activations",
+                   "transformers.models.llama.modeling_llama", f"transformers.models.{arch}.modeling_{arch}"):
+        importlib.import_module(module)
+
+
 def _dtype(precision: str):
     import torch
 

@@ -49,9 +49,12 @@ def test_the_plan_clears_a_stale_lock_before_it_times_the_engine(tmp_path, monke
     stale.touch()
     os.utime(stale, (time.time() - 600,) * 2)
     seen = []
-    monkeypatch.setattr(engine_timing.subprocess, "run", lambda *a, **k: seen.append(stale.exists()) or
-                        engine_timing.subprocess.CompletedProcess(a, 1, "", "stand-in"))
-    with pytest.raises(engine_timing.KernelTimingError):
+    def started(*args, **kwargs):
+        seen.append(stale.exists())
+        raise FileNotFoundError("stand-in: no process started")
+
+    monkeypatch.setattr(engine_timing.subprocess, "Popen", started)
+    with pytest.raises(FileNotFoundError):
         engine_timing.time_engine({"engine": "deepspeed"})
     assert seen == [False]  # gone before the timing process started
 

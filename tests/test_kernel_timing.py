@@ -251,6 +251,7 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
 
     monkeypatch.setattr(hardware, "local_gpu_name", lambda: "NVIDIA L40S")
     monkeypatch.setattr(hardware, "local_gpu_memory_gib", lambda: 44.52)
+    monkeypatch.setattr(engine_timing, "device_name", lambda device: "NVIDIA L40S")
     timed = KernelTimes(layer_gemms=(1e-3, 2e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
                         memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=5e-6)
     monkeypatch.setattr(kernel_timing, "measure", lambda *a: kernel_timing.Measured(
@@ -317,6 +318,34 @@ def test_the_engines_own_step_is_timed_as_it_runs_it(engine, stage, optimizer):
     lines, name = engine_timing.time_engine({**settings, "threads": 1})
     step, per_element = lines["step_s"]
     assert optimizer in name and step + per_element * 2**20 > 0 and per_element >= 0  # never faster when larger
+
+
+@pytest.mark.slow
+def test_the_engines_process_imports_beside_the_kernels_and_times_only_when_told(fresh_cache, monkeypatch):
+    """A new shape's plan starts the engine's timing process first: it imports while the
+    kernels are timed, says it is ready and times nothing until told (so no timing runs beside
+    another); a process never told ends without timing."""
+    from orchestrator.plan.planner import engine_settings
+
+    spec = small_spec("engine=fsdp", "zero=stage3", "parallel.dp=1")
+    settings = {**engine_settings(spec), "threads": 1}
+    proc = engine_timing.start_timing(settings)
+    assert proc.stdout.readline().strip() == engine_timing.READY
+    proc.stdin.close()  # the planner went away: nothing is timed
+    assert proc.wait(timeout=60) == 0 and proc.stdout.read() == ""
+
+    import psutil  # DeepSpeed's own dependency
+
+    def timing_processes() -> list:
+        return [c for c in psutil.Process().children() if "step_timing" in " ".join(c.cmdline())]
+
+    alive_while_kernels_timed = []
+    real_measure = kernel_timing.measure
+    monkeypatch.setattr(kernel_timing, "measure",
+                        lambda *a: alive_while_kernels_timed.append(bool(timing_processes())) or real_measure(*a))
+    plan = make_plan(spec)
+    assert alive_while_kernels_timed == [True]
+    assert "fsdp's own step, timed as it runs it" in plan.time.optimizer_source and not timing_processes()
 
 
 def test_a_busy_machine_is_said_and_its_timings_are_not_cached(fresh_cache, monkeypatch):

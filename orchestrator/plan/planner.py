@@ -140,11 +140,10 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False) -> tupl
     try:
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
-        m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
-                                  spec.cfg.recompute.mode)
-        if (engine := engine_settings(spec)) is not None:
-            m = engine_timing.with_engine(m, engine, threads, sum(shares))
-        m = dataclasses.replace(m, discarded=kernel_timing.Cache.take_discarded())
+        with engine_timing.EngineTiming(engine_settings(spec), threads, sum(shares), device) as engine:
+            m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
+                                      spec.cfg.recompute.mode)
+            m = dataclasses.replace(engine.apply(m), discarded=kernel_timing.Cache.take_discarded())
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""

@@ -29,6 +29,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from orchestrator.engine_timing import GO, READY, WHEN_TOLD
+
 REPS = 8  # steps timed; the first two are warm-up (allocation, the optimizer's state)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -129,18 +131,31 @@ def plain(settings: dict) -> tuple[float, float]:
     return fwd, bwd
 
 
+def deepspeed_config(settings: dict) -> dict:
+    precision = settings["precision"]
+    return {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+            "gradient_clipping": settings["grad_clip"], "bf16": {"enabled": precision == "bf16"},
+            "fp16": {"enabled": precision == "fp16"}, "zero_optimization": settings["zero"],
+            "optimizer": settings["optimizer"], "steps_per_print": 10**9, "wall_clock_breakdown": False}
+
+
+def import_engine(settings: dict) -> None:
+    """Import what the engine's timing will use: most of this process's time, and none of it timed."""
+    if settings["engine"] == "deepspeed":
+        import deepspeed  # noqa: F401
+
+        from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
+
+        import_muon_uncompiled(deepspeed_config(settings))
+    else:
+        import torch.distributed.fsdp  # noqa: F401
+
+
 def deepspeed_step(settings: dict) -> tuple[float, float, float, str]:
     import deepspeed
 
-    from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
-
-    precision = settings["precision"]
-    config = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-              "gradient_clipping": settings["grad_clip"], "bf16": {"enabled": precision == "bf16"},
-              "fp16": {"enabled": precision == "fp16"}, "zero_optimization": settings["zero"],
-              "optimizer": settings["optimizer"], "steps_per_print": 10**9, "wall_clock_breakdown": False}
+    config = deepspeed_config(settings)
     model = StandIn(settings["modules"], torch.float32)
-    import_muon_uncompiled(config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     x = torch.ones((), device=engine.device)
     fwd, bwd, step = median_times(lambda: engine(x), engine.backward, engine.step, settings["device"])
@@ -195,6 +210,11 @@ def main() -> None:
     settings = json.loads(sys.argv[1])
     torch.set_num_threads(settings["threads"])
     device = settings.setdefault("device", "cpu")
+    import_engine(settings)
+    if WHEN_TOLD in sys.argv[2:]:  # the planner times its kernels meanwhile: nothing is timed beside them
+        print(READY, flush=True)
+        if sys.stdin.readline().strip() != GO:
+            return  # the planner stopped (its stdin closed): nothing to time for
     join_one_rank_group(device)
     try:
         points = []
