@@ -114,7 +114,9 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
                                   else f" ({mb.kernels} at hardware.host_op_us)"))]
                                 if mb.host_wait_s > 0 else []),
                               *([("  between kernels", mb.between_s, "autograd, dispatch, modules' Python: a real "
-                                  "block and the model's ends timed whole, less their kernels")]
+                                  "block and the model's ends timed whole, less their kernels" if mb.between_s >= 0 else
+                                  "below 0: the kernels timed alone sum to more than the real block and the model's "
+                                  "ends timed whole; the plan keeps the whole")]
                                 if mb.between_s is not None else []),
                               *([("  engine", mb.engine_s, "the engine's hooks and buckets, timed as it runs them"
                                   + ("; on the host, beside the device (not added)" if mb.host_s else ""))]

@@ -275,6 +275,30 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
 
 
 
+def test_kernels_that_sum_past_their_block_timed_whole_are_said_so(monkeypatch):
+    """Where the kernels timed alone sum to more than the real block and ends timed whole, the
+    plan keeps the whole and says what the line below 0 means (timed figures stood in for)."""
+    from rich.console import Console
+
+    from orchestrator.display import show_plan
+    from orchestrator.plan import planner
+
+    alone = KernelTimes(layer_gemms=(2e-3, 4e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
+                        memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=0.0)
+    whole = dataclasses.replace(alone, block=(1e-3, 2e-3), ends=(1e-3, 2e-3))
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a: kernel_timing.Measured(
+        whole, 1e-3, "a CPU", "torch 2.13.0", "2026-11-27T00:00:00Z"))
+    monkeypatch.setattr(planner, "engine_settings", lambda spec: None)  # no engine to time
+    spec = small_spec()
+    plan = make_plan(spec)
+    mb = plan.time.micro_batch
+    assert mb.between_s < 0 and mb.total_s == pytest.approx(spec.cfg.model.n_layers * 3e-3 + 3e-3)
+    out = Console(width=400)  # every note on one line
+    with out.capture() as shown:
+        show_plan(spec, plan, out)
+    assert "below 0: the kernels timed alone sum to more" in shown.get()
+
+
 def test_a_real_block_and_the_models_ends_timed_whole_make_the_micro_batch(fresh_cache):
     """The block (transformers' own, with autograd and recompute) and the ends are timed whole
     and cached; the micro batch is layers x block + ends, and what lies between the kernels
