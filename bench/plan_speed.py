@@ -1,18 +1,25 @@
-"""How long planning a large sweep takes: compose + validate + plan, per point.
+"""How long planning takes: a large sweep per point, and a new shape whole.
 
     .venv/bin/python bench/plan_speed.py [POINTS]
+    .venv/bin/python bench/plan_speed.py --new-shapes   # only the new shapes
 
 Two sweeps: one planned from a GPU preset (h100-sxm), and one on this CPU, whose plans
 time the trial's kernels (kernel_timing.py): with an empty kernel cache (what a fresh
 sweep costs) and then with the cache warm. Target: 1,000 points in under 10 s on the
-2-core CI machine, warm.
+2-core CI machine, warm. Then new shapes: `orchestrator plan` of a shape this machine has
+not timed, each in a fresh process as a user types it, with the CPU's peak already measured
+(once per machine) and DeepSpeed's CPU op already built (once per machine, by the first
+trial or plan): what a user waits for a shape they try. Target: 10 s each.
 """
 
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from orchestrator.kernel_timing import Cache
 
@@ -42,6 +49,35 @@ def cpu_sweep(points: int) -> None:
                   f"{time.perf_counter() - start:6.2f} s ({kernels} kernels timed and cached)")
 
 
+# Shapes no test or benchmark plans (so no cache holds them), the default trial's engine.
+NEW_SHAPES = [["model.hidden=72", "model.ffn_hidden=288"], ["model.hidden=88", "model.ffn_hidden=352"],
+              ["model.hidden=120", "model.ffn_hidden=480"], ["model.arch=llama", "model.hidden=96", "model.kv_heads=2",
+                                                            "model.ffn_hidden=256"]]
+
+
+def new_shapes() -> None:
+    """Each of NEW_SHAPES planned in a fresh process, its kernels and engine uncached."""
+    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    if not (home / "orchestrator" / "cpu_peak.json").exists():
+        sys.exit("plan once first (`orchestrator plan`): this measures a new shape, not the CPU's peak")
+    times = []
+    for shape in NEW_SHAPES:
+        with tempfile.TemporaryDirectory() as cache:
+            (Path(cache) / "orchestrator").mkdir()
+            shutil.copy(home / "orchestrator" / "cpu_peak.json", Path(cache) / "orchestrator")
+            extensions = home / "torch_extensions"  # DeepSpeed's CPU op, where torch builds it by default
+            if extensions.exists():
+                (Path(cache) / "torch_extensions").symlink_to(extensions)
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", *shape], capture_output=True,
+                                  text=True, env={**os.environ, "XDG_CACHE_HOME": cache}, cwd=cache)
+            times.append(time.perf_counter() - start)
+            busy = "  (said busy: not cached)" if "was busy" in proc.stdout + proc.stderr else ""
+            print(f"new shape {' '.join(shape)}: {times[-1]:5.1f} s, exit {proc.returncode}{busy}")
+    print(f"a new shape's plan: median {statistics.median(times):.1f} s, {min(times):.1f}-{max(times):.1f} s "
+          f"(target 10 s)")
+
+
 def main(points: int = 1000) -> None:
     dps = ",".join(str(2**i) for i in range(2, 11))  # 4 .. 1024
     sweep = ["model=gpt2-1.3b,llama3-8b", "hardware=h100-sxm", "cluster=slurm", "zero=stage0,stage1,stage2,stage3",
@@ -68,6 +104,7 @@ def main(points: int = 1000) -> None:
     print(f"`orchestrator plan -m --json` of all {expanded_all(sweep)} points, the whole command: {wall:6.2f} s "
           f"(exit {proc.returncode}: 0 all fit, 3 some do not)")
     cpu_sweep(points)
+    new_shapes()
 
 
 def expanded_all(sweep: list[str]) -> int:
@@ -75,4 +112,7 @@ def expanded_all(sweep: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1000)
+    if sys.argv[1:] == ["--new-shapes"]:
+        new_shapes()
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 1000)
