@@ -14,8 +14,10 @@ model's dtype; FSDP2's AdamW over its sharded parameters). The difference of the
 is what the engine adds around a real model's forward and backward (its hooks, buckets and
 bookkeeping), the third its step: neither is a kernel the plan could time alone.
 
-Run in its own process (kernel_timing.py starts it): the engine needs a process group, and
-the planning process must not keep one, nor DeepSpeed's global state.
+Run in its own process (engine_timing.py starts it): the engine needs a process group, and
+the planning process must not keep one, nor DeepSpeed's global state. With `--when-told` it
+imports, prints "ready" and times only once "go" arrives on its stdin, so its imports
+overlap the planner's and its timing overlaps nothing.
 """
 
 from __future__ import annotations
