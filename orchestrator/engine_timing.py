@@ -114,8 +114,11 @@ class EngineTiming:
         self.key = (f"{device_name(device)}|{software()}|{METHOD} "
                     + hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16])
 
+    def _uncached(self, part: str) -> bool:
+        return f"{self.key} {part}" not in Cache.known()
+
     def __enter__(self) -> EngineTiming:
-        if self.engine is not None and any(f"{self.key} {part}" not in Cache.known() for part in PARTS):
+        if self.engine is not None and any(map(self._uncached, PARTS)):
             self.proc = start_timing(self.settings)
         return self
 
@@ -139,7 +142,7 @@ class EngineTiming:
         at, whens = {}, [measured.timed_at]
         try:
             for part in PARTS:
-                if part not in lines and f"{self.key} {part}" not in Cache.known():
+                if part not in lines and self._uncached(part):
                     lines.update(self.timed())
                 a, b, when = Cache.get(f"{self.key} {part}", lambda: lines[part], plausible_line)
                 at[part] = max(a + b * self.elements, 0.0)
