@@ -57,8 +57,10 @@ def import_libraries(arch: str) -> None:
     engine's timing process imports while these do (engine_timing.py)."""
     import importlib
 
-    for module in ("torch", "transformers.pytorch_utils", "transformers.activations",
-                   "transformers.models.llama.modeling_llama", f"transformers.models.{arch}.modeling_{arch}"):
+    from orchestrator.workload.model import import_libraries as import_model_libraries
+
+    import_model_libraries(arch)
+    for module in ("transformers.pytorch_utils", "transformers.activations", "transformers.models.llama.modeling_llama"):
         importlib.import_module(module)
 
 

@@ -100,6 +100,24 @@ def pytest_sessionstart(session):
 
         for folder in ("orchestrator", "launchers", "hydra_plugins"):
             compileall.compile_dir(Path(__file__).resolve().parent.parent / folder, quiet=1)
+        _compile_what_ranks_import()
+
+
+# What a rank or a test imports first, of the libraries (torch alone is over a thousand modules).
+RANK_LIBRARIES = ("torch", "torch.distributed.run", "deepspeed", "accelerate", "transformers.models.gpt2.modeling_gpt2",
+                  "transformers.models.llama.modeling_llama", "hydra", "wandb")
+
+
+def _compile_what_ranks_import() -> None:
+    """Where the libraries were installed without bytecode (`.ci/run`: pip's PIP_NO_COMPILE),
+    one process imports them, and so compiles each module once, before the workers start: else
+    the first workers and ranks would each compile the same modules at once."""
+    import importlib.util
+
+    torch_bytecode = importlib.util.find_spec("torch").cached
+    if sys.dont_write_bytecode or (torch_bytecode and Path(torch_bytecode).is_file()):
+        return
+    subprocess.run([sys.executable, "-c", "import " + ", ".join(RANK_LIBRARIES)], capture_output=True, timeout=600)
 
 
 def pytest_collection_modifyitems(items):

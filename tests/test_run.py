@@ -55,6 +55,7 @@ def test_the_default_trial_succeeds_and_is_measured(default_trial):
     assert 0 <= load["busy_share"] <= 1 and load["cores"] >= 1 and "warning" in load
     assert "measured" in m["peak_source"]  # a CPU: MFU against a measured matmul peak, never a guess
     assert m["tuning"]["gc_enabled"] is True  # off while the rank imported and built its engine, on for the steps
+    assert m["tuning"]["gc_frozen_objects"] > 0  # what the imports made, frozen before the first tensor (train.py)
     mem = m["memory"]
     assert mem["static_bytes"] > 0 and mem["activation_bytes"] > 0 and mem["peak_bytes"] > mem["static_bytes"]
     env = r["env"]

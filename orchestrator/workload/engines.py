@@ -23,6 +23,7 @@ from orchestrator.workload.accumulation import MicroBatches
 from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
 from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model
+from orchestrator.workload.model import import_libraries as import_model_libraries
 from orchestrator.trial_dir import TrialPaths
 
 
@@ -161,6 +162,21 @@ class AccelerateEngine:
 def built_partitioned(model) -> bool:
     """Whether ZeRO-3 partitioned the model while it was built (its parameters carry a ds_id)."""
     return all(hasattr(p, "ds_id") for p in model.parameters())
+
+
+# What each engine's constructor imports besides torch and the model's modules.
+ENGINE_LIBRARIES = {"deepspeed": ("deepspeed",), "accelerate": ("accelerate",),
+                    "fsdp": ("torch.distributed.fsdp", "torch.distributed.device_mesh")}
+
+
+def import_libraries(spec: TrialSpec) -> None:
+    """Import what building the trial's model and engine imports, allocating nothing: the
+    rank freezes the heap after it (train.py), before the trial's first tensor exists."""
+    import importlib
+
+    import_model_libraries(spec.cfg.model.arch)
+    for module in ENGINE_LIBRARIES[spec.cfg.engine.name]:
+        importlib.import_module(module)
 
 
 def make_engine(spec: TrialSpec, trial_dir: Path, device: Device):

@@ -104,7 +104,8 @@ def unique_storage_bytes(tensors) -> int:
 
 def static_bytes(device_type: str | None = None) -> int:
     """Unique storages of every tensor the Python heap holds (call with no batch in flight),
-    only those on `device_type` ("cuda": what the GPU holds, not offloaded host copies)."""
+    only those on `device_type` ("cuda": what the GPU holds, not offloaded host copies).
+    Objects frozen by gc.freeze() are not walked: a rank freezes only what its imports made."""
     gc.collect()
     return unique_storage_bytes(_heap_tensors(device_type))
 

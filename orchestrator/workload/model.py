@@ -29,6 +29,16 @@ def hf_config(m: ModelConfig):
                        tie_word_embeddings=m.tie_embeddings, attn_implementation=m.attention, use_cache=False)
 
 
+def import_libraries(arch: str) -> None:
+    """Import what `build_model` imports for `arch` (transformers' model module, its
+    initialisation and DeepSpeed integration), building nothing."""
+    import importlib
+
+    for module in ("torch", "transformers.initialization", "transformers.integrations",
+                   f"transformers.models.{arch}.modeling_{arch}"):
+        importlib.import_module(module)
+
+
 def build_model(m: ModelConfig, device: str = "cpu", seed: int | None = None, zero3_config: dict | None = None):
     """The causal-LM model on `device` ("meta" builds shapes only, no memory).
 
