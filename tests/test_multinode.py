@@ -33,6 +33,8 @@ def allocated(job_id: str) -> list[str]:
 def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
     proc = run_cli("run", "-m", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=1,2,4", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("slurm.json"))]
+    assert len(jobs) == 3 and not any(j["array"] for j in jobs)  # different resources: separate jobs
     assert wait(tmp_path).returncode == 0
     by_dp = {r["env"]["world_size"]: r for r in results(tmp_path)}
     assert sorted(by_dp) == [1, 2, 4]
@@ -42,7 +44,13 @@ def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
         assert r["status"] == "ok" and r["env"]["hosts"] == sorted(nodes)  # every node named
         assert sorted(x["host"] for x in r["env"]["ranks"]) == sorted(nodes)  # one rank on each
         assert int(sacct(r["slurm"]["job_id"], "AllocNodes")[0][0]) == dp
+        assert int(sacct(f"{r['slurm']['job_id']}.0", "NTasks")[0][0]) == dp  # srun's step: a task a rank
         trial = next(p.parent for p in tmp_path.rglob("result.json") if json.loads(p.read_text()) == r)
+        # hardware=cpu times its kernels: not on the submitting host but on the node, before the ranks
+        at_submit = json.loads((trial / "plan-at-submit.json").read_text())
+        assert "until the kernels are timed on the allocated node" in at_submit["sources"]["compute"]
+        assert f"in SLURM job {r['slurm']['job_id']}" in r["plan"]["sources"]["compute"]
+        assert r["plan"]["time"]["micro_batch"]["timed"] and not at_submit["time"]["micro_batch"]["timed"]
         for rank in range(dp):  # every rank's log, from every node
             assert "Traceback" not in (trial / "logs" / f"rank{rank}.log").read_text()
             assert (trial / "logs" / f"rank{rank}.log").stat().st_size > 0
