@@ -74,7 +74,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     torch.manual_seed(spec.cfg.run.seed)  # dropout and data; the weights draw from the seed in build_model
     tracker = Tracker(spec, trial_dir, meta.get("sweep", {})) if rank == 0 else None
     try:
-        # Every object the imports made (millions: torch, transformers, the engine) goes to
+        # Every object the imports made (some 700,000: torch, transformers, the engine) goes to
         # the collector's permanent generation, which no collection walks again: the static
         # census (measure.static_bytes) and each full collection during the steps cost a
         # rank about 0.9 s of CPU less (docs/measurements.md). Done before the trial's first
