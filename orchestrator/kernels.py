@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator, NamedTuple
 
 from orchestrator.config import ModelConfig
 from orchestrator.plan.compute import layer_gemms
@@ -253,6 +253,40 @@ def trial_gemms(model: ModelConfig, tokens: int) -> list[tuple[tuple[int, int, b
         key = (n, k, gpt2, gpt2)
         counts[key] = counts.get(key, 0) + 1
     return list(counts.items())
+
+
+class TrialKernels(NamedTuple):
+    """The kernels of one micro batch of a trial, as the plan composes them: each distinct GEMM
+    of a layer with how many a layer has, the lm_head, one layer's attention and memory-bound
+    kernels, the loss, and one block and the model's ends whole (with autograd)."""
+
+    layer_gemms: list[tuple[Kernel, int]]
+    head: Kernel
+    attention: Kernel
+    memory_bound: Kernel
+    loss: Kernel
+    block: Kernel
+    ends: Kernel
+
+    def every(self) -> Iterator[Kernel]:
+        """Each kernel and each of its smaller shapes (what a timing may build)."""
+        for kernel in [*(k for k, _ in self.layer_gemms), *self[1:]]:
+            while kernel is not None:
+                yield kernel
+                kernel = kernel.smaller
+
+
+def trial_kernels(model: ModelConfig, micro: int, recompute: str, precision: str, device: str) -> TrialKernels:
+    tokens = micro * model.seq_len
+    return TrialKernels(
+        layer_gemms=[(gemm(tokens, n, k, conv1d, bias, precision, device), count)
+                     for (n, k, conv1d, bias), count in trial_gemms(model, tokens)],
+        head=gemm(tokens, model.vocab, model.hidden, False, False, precision, device),
+        attention=attention(model, micro, precision, device),
+        memory_bound=memory_bound(model, tokens, precision, device),
+        loss=loss(model.vocab, tokens, precision, device),
+        block=block(model, micro, recompute, precision, device),
+        ends=ends(model, micro, precision, device))
 
 
 def launch(device: str) -> Kernel:
