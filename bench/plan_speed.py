@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.kernel_timing import Cache
+from orchestrator.kernel_cache import Cache
 
 from orchestrator.compose import expand_sweep
 from orchestrator.plan.planner import make_plan

@@ -17,7 +17,8 @@ import json
 import subprocess
 import sys
 
-from orchestrator.kernel_timing import MAX_KERNEL_S, Cache, KernelTimingError, Measured, device_name, software
+from orchestrator.kernel_cache import MAX_KERNEL_S, Cache
+from orchestrator.kernel_timing import KernelTimingError, Measured, device_name, software
 from orchestrator.process import clear_stale_build_locks
 
 TIMEOUT_S = 300

@@ -14,16 +14,16 @@ Timed, each in the dtype and layout the model really uses (transformers' modules
 - on a GPU, the block and the ends once more on 8 tokens, timed whole: the host's own time
   to issue them (every kernel there is shorter than its issuing).
 
-On a CPU the clock is the wall clock on the rank's threads (each kernel timed alone: the
-other ranks of a node are not run beside it; bench/RESULTS.md says why); on a GPU, the
-time its kernels ran on the GPU (`clock`), and CUDA events around a block or the ends. A kernel too large to time in `BUDGET_S` is timed on fewer rows
+On a CPU the clock is the wall clock on the rank's threads, with the node's other ranks
+making the same calls at the same moment where the trial puts several on it
+(ranks_in_step.py); on a GPU, the time its kernels ran on the GPU (`clock`), and CUDA
+events around a block or the ends. A kernel too large to time in `BUDGET_S` is timed on fewer rows
 (tokens, sequences x heads, elements) and scaled, its time being linear in them once they
 are a few dozen; a GEMM's weight is cut to `kernels.GEMM_MAX_N` x `GEMM_MAX_K` the same
 way, and further (`affordable`) where one call on its fewest rows would pass `PROBE_S`.
 
-Times are cached by device name, torch and transformers versions, threads, dtype and
-shape (~/.cache/orchestrator/kernels.json), so a sweep times each
-distinct shape once. The method is vTrain's (Bang et al., MICRO 2024): profile each
+Times are cached by device name, torch and transformers versions, threads and ranks in
+step, dtype and shape (kernel_cache.py), so a sweep times each distinct shape once. The method is vTrain's (Bang et al., MICRO 2024): profile each
 operator on the target device, compose the step from those times.
 """
 
@@ -31,17 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
 from orchestrator import kernels
-from orchestrator.hardware import cache_dir, torch_version
+from orchestrator.hardware import torch_version
 from orchestrator.config import ModelConfig
-from orchestrator.files import atomic_write_text, read_json
+from orchestrator.kernel_cache import Cache
 from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
 from orchestrator.ranks_in_step import Partners, followed, settings
@@ -52,7 +50,6 @@ METHOD = ("timing 5 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kern
           "forward and forward-and-backward timed round by round; "
           "a slow call's full rows along the line through two row counts)")
 PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
-TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than PROBE_S
 # A block or the model's ends is timed whole (autograd and all) only where its kernels' sum
 # says a forward and backward take at most this long, and its weights hold at most this many
 # elements: a GPT-3-sized block would take minutes to build and time on a CPU, and there
@@ -84,116 +81,6 @@ class Measured:
 
     def source(self) -> str:
         return f"measured kernels: timed on {self.device} ({self.software}), {self.timed_at}"
-
-
-# What a kernel's time can be on any device: no call is shorter than 10 ns (a GPU's launch
-# takes microseconds) nor longer than an hour (PROBE_S keeps every timed call far below it).
-MIN_KERNEL_S, MAX_KERNEL_S = 1e-8, 3600.0
-
-
-def plausible_times(forward_s: float, backward_s: float) -> bool:
-    """A kernel's (forward, backward) seconds as a device can take them: finite, forward (a
-    call timed) within [MIN_KERNEL_S, MAX_KERNEL_S], backward (forward and backward less the
-    forward, so as small as the clock's noise) within [0, MAX_KERNEL_S]."""
-    return MIN_KERNEL_S <= forward_s <= MAX_KERNEL_S and 0.0 <= backward_s <= MAX_KERNEL_S
-
-
-def cache_path() -> Path:
-    return cache_dir() / "kernels.json"
-
-
-class Cache:
-    """(forward s, backward s, when timed) per kernel key; read once per process, written
-    after new timings."""
-
-    _known: dict[str, list] | None = None
-    _dirty = False
-    _new: set[str] = set()  # timed by this process and not saved yet
-    discarded: list[str] = []  # cached entries found implausible in this process (measured again)
-
-    @classmethod
-    def known(cls) -> dict[str, list]:
-        if cls._known is None:
-            cls._known = read_json(cache_path()) or {}  # missing or damaged: timed again
-        return cls._known
-
-    @classmethod
-    def get(cls, key: str, measure: Callable[[], tuple[float, float]],
-            plausible: Callable[[float, float], bool] | None = None) -> tuple[float, float, str]:
-        """(a, b, when timed) under `key`: cached where the entry is whole and plausible
-        (a kernel's times by default), else measured and cached."""
-        entry = cls._checked(key, plausible or plausible_times)
-        if entry is not None:
-            return entry[0], entry[1], str(entry[2])
-        fwd, bwd = measure()
-        entry = [float(fwd), float(bwd), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())]
-        cls.known()[key] = entry
-        cls._dirty = True
-        cls._new.add(key)
-        return entry[0], entry[1], entry[2]
-
-    @classmethod
-    def get_whole(cls, key: str, measure: Callable[[], tuple[float, float] | None]) -> tuple[tuple | None, str]:
-        """As `get`, for a kernel timed whole, which may be too large to time (then None)."""
-        entry = cls.known().get(key)
-        if isinstance(entry, list) and len(entry) == 4 and entry[3] == TOO_LARGE:
-            return None, str(entry[2])
-        entry = cls._checked(key, plausible_times)
-        if entry is not None:
-            return (entry[0], entry[1]), str(entry[2])
-        times = measure()
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        cls.known()[key] = [float(times[0]), float(times[1]), when] if times else [0.0, 0.0, when, TOO_LARGE]
-        cls._dirty = True
-        cls._new.add(key)
-        return times, when
-
-    @classmethod
-    def _checked(cls, key: str, plausible: Callable[[float, float], bool]) -> list | None:
-        """The cached entry under `key` if it is whole and its numbers plausible; a damaged or
-        implausible one (negative, zero, NaN, infinite, faster or slower than any device) is
-        dropped, to be measured again, and said (`discarded`)."""
-        entry = cls.known().get(key)
-        if entry is None:
-            return None
-        whole = (isinstance(entry, list) and len(entry) == 3
-                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in entry[:2]))
-        if whole and plausible(float(entry[0]), float(entry[1])):
-            return entry
-        cls.discarded.append(f"{key.rsplit('|', 1)[-1]}: {str(entry)[:80]}")
-        del cls.known()[key]
-        return None
-
-    @classmethod
-    def take_discarded(cls) -> str:
-        """What `_checked` dropped since the last call, as a warning ('' if nothing)."""
-        if not cls.discarded:
-            return ""
-        said = (f"{len(cls.discarded)} cached time(s) in {cache_path()} were not plausible for any device "
-                f"(e.g. {cls.discarded[0]}): discarded and timed again")
-        cls.discarded.clear()
-        return said
-
-    @classmethod
-    def forget_new(cls) -> None:
-        """Drop what this process timed and has not saved (taken on a busy machine)."""
-        for key in cls._new:
-            cls.known().pop(key, None)
-        cls._new.clear()
-        cls._dirty = False
-
-    @classmethod
-    def save(cls) -> None:
-        if not cls._dirty:
-            return
-        # merged with what other processes wrote meanwhile; a cache lost costs only time
-        merged = {**(read_json(cache_path()) or {}), **cls.known()}
-        try:
-            atomic_write_text(cache_path(), json.dumps(merged, indent=0))
-        except OSError:
-            pass
-        cls._dirty = False
-        cls._new.clear()
 
 
 BUSY_RATIO = 1.25  # the same probe this much slower or faster the second time: something else ran

@@ -38,8 +38,11 @@ READY, GO, DONE = "ready", "go", "done"
 
 
 def copies(ranks_on_node: int, threads_per_rank: int) -> int:
-    """How many of a node's ranks run at once on this host's cores: the ranks timed in step."""
-    return max(1, min(ranks_on_node, (os.cpu_count() or 1) // max(threads_per_rank, 1)))
+    """How many of a node's ranks run at once on the cores this process may use: the ranks
+    timed in step. A SLURM task bound to its own CPUs (task/affinity) plans alone: its
+    partners could only take turns with it there."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(ranks_on_node, usable // max(threads_per_rank, 1)))
 
 
 class Call:

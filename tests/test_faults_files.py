@@ -281,13 +281,13 @@ def test_cached_kernel_times_no_device_could_take_are_timed_again_and_said(tmp_p
     """Every time read from kernels.json is checked before a plan uses it: one that no device
     can take is dropped, timed again (here a stand-in timing: what is tested is how the
     cache is trusted), said once as a warning, and the cache holds the new time."""
-    from orchestrator import kernel_timing
+    from orchestrator import kernel_cache
     from orchestrator.engine_timing import plausible_line
-    from orchestrator.kernel_timing import Cache
+    from orchestrator.kernel_cache import Cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(Cache, "_known", None)
-    path = kernel_timing.cache_path()
+    path = kernel_cache.cache_path()
     path.parent.mkdir(parents=True)
     poisoned = {f"dev|sw|gemm {name}": [value, 1e-3, "2026-01-01T00:00:00Z"] for name, value in CACHE_POISONS.items()}
     good = {"dev|sw|gemm good": [2e-3, 4e-3, "2026-01-01T00:00:00Z"], "dev|sw|optimizer": [5e-3, 0.0, "2026-01-01"],
@@ -311,7 +311,7 @@ def test_cached_kernel_times_no_device_could_take_are_timed_again_and_said(tmp_p
     assert Cache.take_discarded() == ""  # said once
     Cache.save()
     rewritten = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c} in the cache"))
-    assert all(kernel_timing.plausible_times(*rewritten[k][:2]) for k in poisoned)
+    assert all(kernel_cache.plausible_times(*rewritten[k][:2]) for k in poisoned)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "a list", "a string", "negative", "NaN", "text",

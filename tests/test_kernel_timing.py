@@ -14,7 +14,8 @@ import pytest
 
 from orchestrator import engine_timing, kernel_timing
 from orchestrator.calibrate import with_params
-from orchestrator.kernel_timing import Cache, KernelTimingError, clock, measure, time_kernel
+from orchestrator.kernel_cache import Cache, plausible_times
+from orchestrator.kernel_timing import KernelTimingError, clock, measure, time_kernel
 from orchestrator import kernels
 from orchestrator.kernels import Kernel, trial_gemms
 from orchestrator.plan.compute import KernelTimes, micro_batch_time
@@ -312,7 +313,7 @@ def test_a_real_block_and_the_models_ends_timed_whole_make_the_micro_batch(fresh
     k = m.kernels
     # what a busy machine cannot move: both timed, plausibly (a backward is a difference of
     # two timings, so a load can shrink it, never below zero)
-    assert k.block and k.ends and all(kernel_timing.plausible_times(*t) for t in (k.block, k.ends))
+    assert k.block and k.ends and all(plausible_times(*t) for t in (k.block, k.ends))
     t = micro_batch_time(model, 2, "full", k, timed=True)
     assert t.total_s == pytest.approx(2 * sum(k.block) + sum(k.ends))
     assert t.between_s == pytest.approx(t.total_s - t.gemm_s - t.attention_s - t.memory_bound_s)

@@ -10,7 +10,8 @@ import psutil
 import pytest
 
 from orchestrator import kernel_timing, kernels, ranks_in_step
-from orchestrator.kernel_timing import Cache, measure
+from orchestrator.kernel_cache import Cache
+from orchestrator.kernel_timing import measure
 from orchestrator.plan.params import parameter_tensors
 from orchestrator.plan import planner
 from orchestrator.plan.planner import make_plan
@@ -18,10 +19,12 @@ from orchestrator.ranks_in_step import Call, PartnerError, Partners, copies, fol
 from tests.test_kernel_timing import fresh_cache, small_spec  # noqa: F401 - the fixture
 
 
+# (cores this process may use, ranks on the node, threads a rank, ranks timed in step); one
+# core: a SLURM task bound to its CPU, whose partner would only take turns with it
 @pytest.mark.parametrize("cores,ranks,threads,expected", [(2, 2, 1, 2), (2, 1, 2, 1), (2, 4, 1, 2), (16, 8, 2, 8),
                                                           (16, 4, 4, 4), (1, 2, 1, 1)])
 def test_as_many_ranks_run_in_step_as_the_cores_hold(monkeypatch, cores, ranks, threads, expected):
-    monkeypatch.setattr(ranks_in_step.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(ranks_in_step.os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert copies(ranks, threads) == expected
 
 
@@ -93,7 +96,7 @@ def test_kernels_timed_in_step_are_cached_apart_from_those_timed_alone(fresh_cac
 
 
 def test_the_plan_says_its_kernels_were_timed_with_the_nodes_other_ranks(fresh_cache, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(ranks_in_step.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(ranks_in_step.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(planner, "engine_settings", lambda spec: None)  # the engine's own timing: its own tests
     two = make_plan(small_spec("parallel.dp=2"))
     assert "each kernel timed with 2 ranks making it together" in two.sources["compute"]

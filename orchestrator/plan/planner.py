@@ -18,6 +18,7 @@ from orchestrator.plan.collectives import Network, network
 from orchestrator.plan.comm import Schedule, StepTime, bytes_per_rank_per_step, step_time
 from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
+from orchestrator.kernel_cache import Cache
 from orchestrator.kernel_timing import KernelTimingError, Measured
 from orchestrator.plan.compute import ComputeTime, Rates, estimated_kernels, micro_batch_time
 from orchestrator.plan.flops import flops
@@ -144,7 +145,7 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False) -> tupl
         with engine_timing.EngineTiming(engine_settings(spec), threads, sum(shares), device) as engine:
             m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
                                       spec.cfg.recompute.mode, in_step)
-            m = dataclasses.replace(engine.apply(m), discarded=kernel_timing.Cache.take_discarded())
+            m = dataclasses.replace(engine.apply(m), discarded=Cache.take_discarded())
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
