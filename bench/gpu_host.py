@@ -224,7 +224,7 @@ def engine_check(out: Path) -> None:
         elements = sum(p.numel for p in parameter_tensors(spec.cfg.model))
         stand_in = {k: a + b * elements for k, (a, b) in lines.items()}
         # The same line through stand-ins of about the model's own size: what extrapolating
-        # from the default sizes (step_timing.SIZES) costs.
+        # from the default sizes (engine_timing.DEFAULT_SIZES) costs.
         big, _ = engine_timing.time_engine({**settings, "sizes": [elements // 2, elements]})
         stand_in_at_size = {k: a + b * elements for k, (a, b) in big.items()}
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)

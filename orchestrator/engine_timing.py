@@ -61,12 +61,16 @@ def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
     return finish_timing(start_timing(settings))
 
 
-# A GPU's stand-ins, in elements: from step_timing's default sizes up to what the
-# optimizer's states of a stand-in (about 18 bytes an element) leave a GPU to spare.
-GPU_SIZES = (2**24, 2**28)
-# A CPU's: step_timing's defaults (1M and 2M elements), or, for a rank holding fewer, the
-# powers of two around its share, down to SMALLEST_CPU_SIZE.
-CPU_DEFAULT_SIZE, SMALLEST_CPU_SIZE = 2**20, 2**12
+# The stand-in's two sizes in elements where the plan names none (step_timing's; the step is a
+# line through them), by device type: a GPU moves a small stand-in in microseconds, too little
+# to see its per-element cost above the noise.
+DEFAULT_SIZES = {"cpu": (2**20, 2**21), "cuda": (2**24, 2**25)}
+# A GPU's stand-ins: from those up to what the optimizer's states of a stand-in (about 18
+# bytes an element) leave a GPU to spare.
+GPU_MAX_SIZE = 2**28
+# A CPU's: the defaults, or, for a rank holding fewer, the powers of two around its share,
+# down to SMALLEST_CPU_SIZE.
+SMALLEST_CPU_SIZE = 2**12
 
 
 def stand_in_sizes(device: str, elements: int) -> list[int] | None:
@@ -80,8 +84,8 @@ def stand_in_sizes(device: str, elements: int) -> list[int] | None:
     (a 32 MB L3 filling between the two) had DeepSpeed's step at -11 ms, taken as 0."""
     top = 1 << max(elements - 1, 1).bit_length()
     if device.startswith("cuda"):
-        top = min(max(top, 2 * GPU_SIZES[0]), GPU_SIZES[1])
-    elif elements >= CPU_DEFAULT_SIZE:
+        top = min(max(top, 2 * DEFAULT_SIZES["cuda"][0]), GPU_MAX_SIZE)
+    elif elements >= DEFAULT_SIZES["cpu"][0]:
         return None
     else:
         top = max(top, 2 * SMALLEST_CPU_SIZE)

@@ -14,16 +14,16 @@ Timed, each in the dtype and layout the model really uses (transformers' modules
 - on a GPU, the block and the ends once more on 8 tokens, timed whole: the host's own time
   to issue them (every kernel there is shorter than its issuing).
 
-On a CPU the clock is the wall clock on the rank's threads, with the node's other ranks
-making the same calls at the same moment where the trial puts several on it
-(ranks_in_step.py); on a GPU, the time its kernels ran on the GPU (`clock`), and CUDA
+On a CPU the clock is the wall clock on the rank's threads (each kernel timed alone: the
+other ranks of a node are not run beside it; bench/RESULTS.md, "Ranks in step, timed and
+not kept", says why); on a GPU, the time its kernels ran on the GPU (`clock`), and CUDA
 events around a block or the ends. A kernel too large to time in `BUDGET_S` is timed on fewer rows
 (tokens, sequences x heads, elements) and scaled, its time being linear in them once they
 are a few dozen; a GEMM's weight is cut to `kernels.GEMM_MAX_N` x `GEMM_MAX_K` the same
 way, and further (`affordable`) where one call on its fewest rows would pass `PROBE_S`.
 
-Times are cached by device name, torch and transformers versions, threads and ranks in
-step, dtype and shape (kernel_cache.py), so a sweep times each distinct shape once. The method is vTrain's (Bang et al., MICRO 2024): profile each
+Times are cached by device name, torch and transformers versions, threads, dtype and
+shape (kernel_cache.py), so a sweep times each distinct shape once. The method is vTrain's (Bang et al., MICRO 2024): profile each
 operator on the target device, compose the step from those times.
 """
 
@@ -42,7 +42,6 @@ from orchestrator.config import ModelConfig
 from orchestrator.kernel_cache import Cache
 from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
-from orchestrator.ranks_in_step import Partners, followed, settings
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
 # How kernels are timed, in the cache key: times taken another way are timed again.
@@ -117,11 +116,10 @@ class QuietCheck:
                 f"then {after * 1e3:.3g} ms): these times are not cached, plan again on a quiet machine")
 
 
-def clock(device, whole: bool = False, partners: Partners | None = None) -> Callable[..., float]:
+def clock(device, whole: bool = False) -> Callable[..., float]:
     """tick(op, reps, rounds, warm=True): seconds per call of op over `reps` calls, the best
     of `rounds` rounds after a warm-up call (its first call costs up to 6x: allocation, the
-    library picking its kernel). On a CPU the wall clock; with `partners`, the node's other
-    ranks make the same calls, each round started together (ranks_in_step.py). On a GPU a kernel's own time is
+    library picking its kernel). On a CPU the wall clock. On a GPU a kernel's own time is
     the GPU's: the time its kernels ran as CUPTI recorded them (torch.profiler), for a
     kernel timed alone is short enough that its host (the module's Python, autograd.grad
     set up per call) would set its pace, which inside a model the host spends issuing
@@ -158,21 +156,14 @@ def clock(device, whole: bool = False, partners: Partners | None = None) -> Call
 
     one_round = (events if whole else device_busy) if cuda else wall
 
-    together = partners.together if partners is not None else (lambda op, reps, rounds: lambda: None)
-
     def tick(op, reps, rounds, warm=True):
         if warm:
-            together(op, 1, 1)()
             op()
         if cuda:
             import torch
 
             torch.cuda.synchronize(device)
-        go, best = together(op, reps, rounds), float("inf")
-        for _ in range(rounds):
-            go()
-            best = min(best, one_round(op, reps))
-        return best / reps
+        return min(one_round(op, reps) for _ in range(rounds)) / reps
 
     tick.__name__ = one_round.__name__  # which clock it is, for a reader (and the tests)
     return tick
@@ -307,17 +298,13 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
 
 
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
-            optimizer_tensors: list[int], recompute: str = "none", ranks_in_step: int = 1) -> Measured:
+            optimizer_tensors: list[int], recompute: str = "none") -> Measured:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
-    optimizer step over `optimizer_tensors` (elements of each of the rank's shares). On a
-    CPU, `ranks_in_step` ranks of the node make each call together (ranks_in_step.py).
+    optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     KernelTimingError where the device cannot run one."""
     name, sw = device_name(device), software()
-    gpu = device.startswith("cuda")
-    in_step = 1 if gpu else ranks_in_step
-    prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads{f' x {in_step} ranks in step' if in_step > 1 else ''}|{precision}|"
-    partners = Partners(in_step - 1, settings(model, micro, recompute, precision, device, threads_per_rank))
-    tick, whole_tick = clock(device, partners=partners), clock(device, whole=True, partners=partners)
+    prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads|{precision}|"
+    tick, whole_tick = clock(device), clock(device, whole=True)
     whens: list[str] = []
 
     def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
@@ -343,16 +330,11 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
 
     def first(how: Callable) -> Callable:
         if quiet.before is None:
-            partners.start()  # they import while this process does
             kernels.import_libraries(model.arch)
             timing.enter_context(threads(threads_per_rank))
-            partners.wait_ready()
         return quiet.first(how)
 
     trial = kernels.trial_kernels(model, micro, recompute, precision, device)
-    if partners.count:
-        trial = kernels.TrialKernels(*([(followed(k), n) for k, n in trial.layer_gemms],
-                                       *(followed(k) for k in trial[1:])))
     try:
         with timing:
             layer = [0.0, 0.0]
@@ -367,7 +349,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                 times, block=whole(trial.block, block_s,
                                    sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, tokens))),
                 ends=whole(trial.ends, sum(times.head) + sum(times.loss), model.vocab * model.hidden))
-            if gpu:  # the host's own time: the same, on 8 tokens (any size fits a GPU)
+            if device.startswith("cuda"):  # the host's own time: the same, on 8 tokens (any size fits a GPU)
                 tiny = dataclasses.replace(model, seq_len=8)
                 times = dataclasses.replace(
                     times, host_block=whole(kernels.block(tiny, 1, recompute, precision, device), 0.0, 0),
@@ -379,7 +361,6 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     except (RuntimeError, ValueError, TypeError, ImportError, MemoryError) as exc:
         raise KernelTimingError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
     finally:
-        partners.close()
         Cache.save()
     return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),
                     busy=busy)

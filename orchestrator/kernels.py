@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, NamedTuple
 
 from orchestrator.config import ModelConfig
 from orchestrator.plan.compute import layer_gemms
@@ -267,13 +267,6 @@ class TrialKernels(NamedTuple):
     loss: Kernel
     block: Kernel
     ends: Kernel
-
-    def every(self) -> Iterator[Kernel]:
-        """Each kernel and each of its smaller shapes (what a timing may build)."""
-        for kernel in [*(k for k, _ in self.layer_gemms), *self[1:]]:
-            while kernel is not None:
-                yield kernel
-                kernel = kernel.smaller
 
 
 def trial_kernels(model: ModelConfig, micro: int, recompute: str, precision: str, device: str) -> TrialKernels:

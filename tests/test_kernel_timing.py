@@ -391,20 +391,19 @@ def test_the_engine_is_timed_on_the_trials_device_with_its_backend():
     """Which group and device the engine's timing uses (the GPU path ran on an H100:
     bench/RESULTS.md; here only the choice can be checked)."""
     from orchestrator.plan.planner import engine_settings
-    from orchestrator.workload.step_timing import SIZES, group_of
+    from orchestrator.engine_timing import DEFAULT_SIZES
+    from orchestrator.workload.step_timing import group_of
 
     assert group_of("cpu") == ("gloo", "cpu") and group_of("cuda:1") == ("nccl", "cuda")
     assert engine_settings(small_spec())["device"] == "cpu"
     assert engine_settings(build_spec(["hardware=h100-sxm", "model.hidden=256", "model.heads=4",
                                        "model.kv_heads=null"]))["device"] == "cuda"
-    assert SIZES["cuda"][0] > SIZES["cpu"][1]  # a GPU's per-element cost shows only on larger stand-ins
+    assert DEFAULT_SIZES["cuda"][0] > DEFAULT_SIZES["cpu"][1]  # a GPU's per-element cost shows only on larger stand-ins
 
 
 def test_the_engines_line_through_two_sizes_never_falls_and_a_dip_is_taken_in_proportion():
-    from orchestrator.engine_timing import CPU_DEFAULT_SIZE
-    from orchestrator.workload.step_timing import SIZES, lines_through
+    from orchestrator.workload.step_timing import lines_through
 
-    assert SIZES["cpu"][0] == CPU_DEFAULT_SIZE  # the plan's side knows where the defaults start
     # Two sizes make a line; a dip (the smaller timed while the machine was slow) is no line:
     # the larger size's time in proportion, not a flat line at the smaller's.
     lines = lines_through([(1000, (0.1, 0.3, 1.0)), (2000, (0.1, 0.5, 0.4))])
@@ -416,13 +415,14 @@ def test_the_engines_line_through_two_sizes_never_falls_and_a_dip_is_taken_in_pr
 def test_a_gpus_engine_is_timed_at_about_the_ranks_share_and_a_cpus_at_its_small_sizes():
     # Pure arithmetic: no GPU needed. A line extrapolated 8x from small stand-ins moved 3x
     # between two timings on an H200; bracketing the share keeps the extrapolation within 2x.
-    from orchestrator.engine_timing import GPU_SIZES, stand_in_sizes
+    from orchestrator.engine_timing import DEFAULT_SIZES, GPU_MAX_SIZE, stand_in_sizes
 
-    assert stand_in_sizes("cpu", 124_439_808) is None  # step_timing.SIZES["cpu"]
+    assert stand_in_sizes("cpu", 124_439_808) is None  # step_timing's own DEFAULT_SIZES["cpu"]
     assert stand_in_sizes("cpu", 2**20) is None
     assert stand_in_sizes("cpu", 141_056) == [2**17, 2**18]  # the default trial: its own share, bracketed
     assert stand_in_sizes("cpu", 10) == [2**12, 2**13]  # never below a few thousand elements
     assert stand_in_sizes("cuda", 124_439_808) == [2**26, 2**27]  # gpt2-125m whole on one rank
     assert stand_in_sizes("cuda:1", 2**27) == [2**26, 2**27]  # a power of two is its own top
-    assert stand_in_sizes("cuda", 1_000) == [GPU_SIZES[0], 2 * GPU_SIZES[0]]  # never below the defaults
-    assert stand_in_sizes("cuda", 70 * 10**9) == [GPU_SIZES[1] // 2, GPU_SIZES[1]]  # a 70B share: capped
+    small = DEFAULT_SIZES["cuda"][0]
+    assert stand_in_sizes("cuda", 1_000) == [small, 2 * small]  # never below the defaults
+    assert stand_in_sizes("cuda", 70 * 10**9) == [GPU_MAX_SIZE // 2, GPU_MAX_SIZE]  # a 70B share: capped

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import socket
 
-from orchestrator import engine_timing, hardware, kernel_timing, ranks_in_step
+from orchestrator import engine_timing, hardware, kernel_timing
 from orchestrator.plan import advice, bus_table
 from orchestrator.plan.collectives import Network, network
 from orchestrator.plan.comm import Schedule, StepTime, bytes_per_rank_per_step, step_time
@@ -137,20 +137,17 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False) -> tupl
         return None, f"{compute_assumption(hw)}, until the kernels are timed on the allocated node before the ranks start"
     device = hw.device.value
     threads = hardware.threads_per_rank(spec.gpus_per_node) if not hw.device.is_gpu else 1
-    in_step = ranks_in_step.copies(spec.gpus_per_node, threads) if not hw.device.is_gpu else 1
     shares = [p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)]
     try:
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
         with engine_timing.EngineTiming(engine_settings(spec), threads, sum(shares), device) as engine:
             m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
-                                      spec.cfg.recompute.mode, in_step)
+                                      spec.cfg.recompute.mode)
             m = dataclasses.replace(engine.apply(m), discarded=Cache.take_discarded())
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
-    if in_step > 1:
-        on += f", each kernel timed with {in_step} ranks making it together, as the node's ranks will"
     if spec.cfg.cluster.name != "local":
         on += f", on {socket.gethostname()} in SLURM job {os.environ.get('SLURM_JOB_ID', '?')} before the ranks started"
     return m, f"compute: {m.source()}{on}"

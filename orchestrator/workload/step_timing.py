@@ -31,15 +31,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from orchestrator.engine_timing import GO, READY, WHEN_TOLD
+from orchestrator.engine_timing import DEFAULT_SIZES, GO, READY, WHEN_TOLD
 
 REPS = 8  # steps timed; the first two are warm-up (allocation, the optimizer's state)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-# Elements of the stand-ins timed (the step is a line through them): a GPU moves a small
-# stand-in in microseconds, too little to see its per-element cost above the noise.
-SIZES = {"cpu": (2**20, 2**21), "cuda": (2**24, 2**25)}
 
 
 def group_of(device: str) -> tuple[str, str]:
@@ -220,7 +217,7 @@ def main() -> None:
     join_one_rank_group(device)
     try:
         points = []
-        for elements in settings.get("sizes") or SIZES[torch.device(device).type]:
+        for elements in settings.get("sizes") or DEFAULT_SIZES[torch.device(device).type]:
             modules = scaled(settings["modules"], elements)
             times, optimizer = timed({**settings, "modules": modules})
             points.append((sum(n for _, n in modules), times))
