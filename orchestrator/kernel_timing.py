@@ -17,14 +17,16 @@ Timed, each in the dtype and layout the model really uses (transformers' modules
 On a CPU the clock is the wall clock on the rank's threads (each kernel timed alone: the
 other ranks of a node are not run beside it; bench/RESULTS.md, "Ranks in step, timed and
 not kept", says why); on a GPU, the time its kernels ran on the GPU (`clock`), and CUDA
-events around a block or the ends. A kernel too large to time in `BUDGET_S` is timed on fewer rows
-(tokens, sequences x heads, elements) and scaled, its time being linear in them once they
-are a few dozen; a GEMM's weight is cut to `kernels.GEMM_MAX_N` x `GEMM_MAX_K` the same
-way, and further (`affordable`) where one call on its fewest rows would pass `PROBE_S`.
+events around a block or the ends. A kernel too large to time in `BUDGET_S` is timed on
+fewer rows (tokens, sequences x heads, elements) and scaled, its time being linear in them
+once they are a few dozen; a GEMM's weight is cut to `kernels.GEMM_MAX_N` x `GEMM_MAX_K`
+the same way, and further (`affordable`) where one call on its fewest rows would pass
+`PROBE_S`.
 
 Times are cached by device name, torch and transformers versions, threads, dtype and
-shape (kernel_cache.py), so a sweep times each distinct shape once. The method is vTrain's (Bang et al., MICRO 2024): profile each
-operator on the target device, compose the step from those times.
+shape (kernel_cache.py), so a sweep times each distinct shape once. The method is vTrain's
+(Bang et al., MICRO 2024): profile each operator on the target device, compose the step
+from those times.
 """
 
 from __future__ import annotations
@@ -334,8 +336,8 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
             timing.enter_context(threads(threads_per_rank))
         return quiet.first(how)
 
-    trial = kernels.trial_kernels(model, micro, recompute, precision, device)
     try:
+        trial = kernels.trial_kernels(model, micro, recompute, precision, device)
         with timing:
             layer = [0.0, 0.0]
             for kernel, count in trial.layer_gemms:

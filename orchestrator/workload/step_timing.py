@@ -37,8 +37,6 @@ REPS = 8  # steps timed; the first two are warm-up (allocation, the optimizer's 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-
-
 def group_of(device: str) -> tuple[str, str]:
     """(process-group backend, device-mesh type) of a one-rank group on `device`."""
     return ("nccl", "cuda") if torch.device(device).type == "cuda" else ("gloo", "cpu")
