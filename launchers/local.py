@@ -25,6 +25,7 @@ from orchestrator.process import PROGRESS, clear_stale_build_locks, die_with_par
 from orchestrator.trial_dir import TrialPaths, disk_full
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
+FORKED_LAUNCHER = "orchestrator.launchers.forked"
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,17 @@ def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
         argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(TrialPaths(trial_dir).accelerate_config), *bind.accelerate_args, "--module", WORKLOAD_MODULE,
                 str(trial_dir)]
-    else:
-        # --standalone: a c10d rendezvous on localhost at a free port, picked by torchrun.
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={spec.world_size}", *bind.torchrun_args, "--module", WORKLOAD_MODULE,
+    elif spec.cfg.hardware.device.is_gpu:
+        argv = [sys.executable, "-m", "torch.distributed.run", *_torchrun_flags(spec, bind), "--module", WORKLOAD_MODULE,
                 str(trial_dir)]
+    else:  # each rank a fork of one process that imported the ranks' libraries (forked.py)
+        argv = [sys.executable, "-m", FORKED_LAUNCHER, *_torchrun_flags(spec, bind), str(trial_dir)]
     return Command(argv=argv, env=env)
+
+
+def _torchrun_flags(spec: TrialSpec, bind: Binding) -> list[str]:
+    # --standalone: a c10d rendezvous on localhost at a free port, picked by torchrun.
+    return ["--standalone", "--nnodes=1", f"--nproc-per-node={spec.world_size}", *bind.torchrun_args]
 
 
 def environment(command: Command) -> dict[str, str]:

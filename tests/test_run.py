@@ -60,6 +60,8 @@ def test_the_default_trial_succeeds_and_is_measured(default_trial):
     assert mem["static_bytes"] > 0 and mem["activation_bytes"] > 0 and mem["peak_bytes"] > mem["static_bytes"]
     env = r["env"]
     assert env["world_size"] == 2 and len(env["ranks"]) == 2 and set(env["affinity"]) == {"0", "1"}
+    # a CPU trial's ranks are forks of one launcher that imported their libraries (launchers/forked.py)
+    assert all(rank["forked"] for rank in env["ranks"])
     assert env["versions"]["deepspeed"] and env["versions"]["torch"]
     for name in ("ds_config.json", "config.yaml", "launch.json", "logs/rank0.log", "logs/rank1.log"):
         assert (tmp_path / name).is_file(), name
@@ -221,6 +223,23 @@ def test_expandable_segments_reach_the_ranks_environment_on_gpus(tmp_path):
         "expandable_segments:True"
     off = build_spec(["hardware=h100-sxm", "run.expandable_segments=false"])
     assert "PYTORCH_CUDA_ALLOC_CONF" not in local_command(off, tmp_path, binding("none", "cuda", 2)).env
+
+
+def test_only_a_cpu_trials_ranks_are_forked_from_a_launcher_that_imported_their_libraries(tmp_path):
+    from orchestrator.launchers.binding import binding
+    from orchestrator.launchers.forked import torchrun_argv
+    from orchestrator.launchers.local import FORKED_LAUNCHER, WORKLOAD_MODULE, local_command
+
+    # CUDA is not fork-safe once the parent touched it: a GPU trial's ranks are new interpreters
+    gpu = local_command(build_spec(["hardware=h100-sxm", "numa.mode=node"]), tmp_path, binding("node", "cuda", 8)).argv
+    assert gpu[1:3] == ["-m", "torch.distributed.run"] and gpu[-3:] == ["--module", WORKLOAD_MODULE, str(tmp_path)]
+    assert "--numa-binding=node" in gpu and not any(a.startswith("--start-method") for a in gpu)
+    cpu = local_command(build_spec([]), tmp_path, binding("none", "cpu", 2)).argv
+    assert cpu[1:3] == ["-m", FORKED_LAUNCHER] and "--nproc-per-node=2" in cpu and cpu[-1] == str(tmp_path)
+    torchrun = torchrun_argv(cpu[3:])  # what the launcher hands torchrun once it has imported
+    assert torchrun[:-3] == [*cpu[3:-1], "--start-method=fork"] and torchrun[-1] == str(tmp_path)
+    script = Path(torchrun[torchrun.index("--run-path") + 1])
+    assert script.is_file() and script.stem == "train"
 
 
 # A freed heap block stays resident; a CPU rank's activations are such blocks unless glibc's

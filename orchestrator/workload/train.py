@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import multiprocessing
 import os
 import socket
 import sys
@@ -52,6 +53,12 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then ends the rank
         _record_failure(trial_dir, rank, exc)
         leave(exc.exit_code if isinstance(exc, Interrupted) else 1, console)
+    if multiprocessing.parent_process() is not None:
+        # A fork of torchrun itself (launchers/forked.py): torchrun waits for this function's
+        # return, and multiprocessing ends the process with os._exit after it.
+        for stream in (console, sys.stdout, sys.stderr):
+            stream.flush()
+        return
     leave(0, console)
 
 
@@ -87,7 +94,8 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         state = run_steps(spec, engine, trial_dir, rank, world, device, console, tracker)
         peak = device.peak_bytes()
         mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "peak_bytes": peak,
-                "affinity": sorted(os.sched_getaffinity(0))}
+                "affinity": sorted(os.sched_getaffinity(0)),
+                "forked": multiprocessing.parent_process() is not None}  # from a launcher that imported the libraries
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         dist.barrier()  # every rank is done with every collective before any leaves

@@ -4,4 +4,4 @@ set -e
 export OMP_NUM_THREADS=1
 export DS_ACCELERATOR=cpu
 export MALLOC_MMAP_THRESHOLD_=1048576
-exec python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 --module orchestrator.workload.train $TRIAL_DIR
+exec python -m orchestrator.launchers.forked --standalone --nnodes=1 --nproc-per-node=2 $TRIAL_DIR
