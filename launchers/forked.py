@@ -36,7 +36,10 @@ def main(argv: list[str]) -> None:
     from orchestrator.workload.engines import import_libraries
 
     gc.disable()  # the imports' objects are not walked, then frozen (workload/train.py says why)
-    import_libraries(load_spec(Path(argv[-1])))
+    try:
+        import_libraries(load_spec(Path(argv[-1])))
+    except Exception:  # noqa: BLE001 - each rank imports again and records the cause as its own failure
+        pass
     gc.freeze()
     gc.enable()
 

@@ -285,6 +285,22 @@ def test_a_rank_the_oom_killer_ends_is_recorded_oom_with_the_step_it_reached(tmp
         group.rmdir()
 
 
+def test_a_library_that_fails_to_import_is_the_ranks_recorded_failure(tmp_path):
+    """A CPU trial's launcher imports the ranks' libraries before it forks them
+    (launchers/forked.py). Where an import fails there, the ranks still start and fail on
+    it themselves: the result names the ImportError and its rank, as a rank that was a
+    new interpreter would."""
+    broken = tmp_path / "broken" / "deepspeed"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("this deepspeed cannot be imported (the test\'s)")\n')
+    proc = run_cli("run", "--out", str(tmp_path / "t"), "model=tiny", "parallel.dp=1", "logger.mode=disabled",
+                   env={"PYTHONPATH": str(broken.parent)}, timeout=300)
+    r = json.loads((tmp_path / "t" / "result.json").read_text())
+    assert r["status"] == "failed" and r["error"]["type"] == "ImportError" and r["error"]["rank"] == 0, r["error"]
+    assert "this deepspeed cannot be imported" in r["error"]["message"]
+    assert "Traceback" not in proc.stdout
+
+
 @pytest.mark.parametrize("other, expected", [(None, "interrupted"), ({"type": "RuntimeError", "oom": False}, "failed"),
                                              ({"type": "OutOfMemoryError", "oom": True}, "oom"),
                                              ({"type": "Interrupted", "oom": False}, "interrupted")])
