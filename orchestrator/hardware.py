@@ -143,8 +143,18 @@ def local_gpu_name() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (taskset, a SLURM task's binding, a
+    container's cpuset), which may be fewer than the machine has (os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def threads_per_rank(ranks_on_node: int) -> int:
-    return max(1, (os.cpu_count() or 1) // ranks_on_node)
+    """Each rank's share of the usable CPUs: more threads than CPUs only contend."""
+    return max(1, usable_cpus() // ranks_on_node)
 
 
 def host_memory_bytes() -> int:

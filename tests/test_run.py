@@ -298,3 +298,26 @@ def test_a_timing_target_stops_the_ranks_together_where_rank_0s_steps_pin_the_me
     assert m["timing_ci_met"] == (first is not None and 1 + first < 40)
     assert "for up to 40 steps" in proc.stdout
 
+
+
+AFFINITY_THREADS = """
+import os, sys
+from orchestrator.launchers.binding import binding
+from orchestrator.launchers.local import local_command
+from orchestrator.spec import build_spec
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # as `taskset -c N` or a SLURM task's binding would
+print(local_command(build_spec(["parallel.dp=1"]), sys.argv[1], binding("none", "cpu", 1)).env["OMP_NUM_THREADS"])
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs at least two usable CPUs to restrict to one")
+def test_a_ranks_threads_are_its_share_of_the_cpus_it_may_run_on_not_of_the_machine(tmp_path):
+    out = subprocess.run([sys.executable, "-c", AFFINITY_THREADS, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["1"]  # bound to one CPU: one thread, however many the machine has (os.cpu_count)
+    from orchestrator.launchers.binding import binding
+    from orchestrator.launchers.local import local_command
+
+    free = local_command(build_spec(["parallel.dp=1"]), tmp_path, binding("none", "cpu", 1)).env["OMP_NUM_THREADS"]
+    assert free == str(len(os.sched_getaffinity(0)))
