@@ -3,7 +3,7 @@
 - `PROGRESS`: the prefix of the one line per step rank 0 writes to its launcher's pipe.
 - `die_with_parent`: a child ends when the process that started it dies, even by SIGKILL.
 - `redirect_output`: a rank's stdout and stderr into its log file, file descriptors and all.
-- `leave`: exit without C++ static destructors, once everything worth keeping is flushed.
+- `flush` / `leave`: write out what is buffered; exit without C++ static destructors once it is.
 - `start_ticks`: when a process started (so a pid that was reused is told apart).
 - `end_group` / `run_group`: a launcher (torchrun, srun) and everything it started end
   together, in order (SIGTERM, then SIGKILL), when the command that started it stops.
@@ -60,12 +60,17 @@ def redirect_output(log: Path) -> None:
     os.close(fd)
 
 
+def flush(*streams) -> None:
+    """`streams`, then stdout and stderr, written out."""
+    for stream in (*streams, sys.stdout, sys.stderr):
+        stream.flush()
+
+
 def leave(code: int, *streams) -> None:
     """Exit without running C++ static destructors: gloo's and DeepSpeed's threads can abort
     a process at interpreter exit ("terminate called without an active exception") after
     the work is done. Everything worth keeping is flushed (and written atomically) first."""
-    for stream in (*streams, sys.stdout, sys.stderr):
-        stream.flush()
+    flush(*streams)
     os._exit(code)
 
 

@@ -31,7 +31,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from orchestrator.errors import Interrupted
-from orchestrator.process import die_with_parent, leave, redirect_output
+from orchestrator.process import die_with_parent, flush, leave, redirect_output
 from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload import warning
 
@@ -53,13 +53,14 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then ends the rank
         _record_failure(trial_dir, rank, exc)
         leave(exc.exit_code if isinstance(exc, Interrupted) else 1, console)
-    if multiprocessing.parent_process() is not None:
-        # A fork of torchrun itself (launchers/forked.py): torchrun waits for this function's
-        # return, and multiprocessing ends the process with os._exit after it.
-        for stream in (console, sys.stdout, sys.stderr):
-            stream.flush()
-        return
-    leave(0, console)
+    if not forked():
+        leave(0, console)
+    flush(console)  # torchrun waits for this function's return; multiprocessing then calls os._exit
+
+
+def forked() -> bool:
+    """Whether this rank is a fork of torchrun itself (launchers/forked.py), not a new interpreter."""
+    return multiprocessing.parent_process() is not None
 
 
 def train(trial_dir: Path, rank: int, world: int, console) -> None:
@@ -95,7 +96,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         peak = device.peak_bytes()
         mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "peak_bytes": peak,
                 "affinity": sorted(os.sched_getaffinity(0)),
-                "forked": multiprocessing.parent_process() is not None}  # from a launcher that imported the libraries
+                "forked": forked()}
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         dist.barrier()  # every rank is done with every collective before any leaves
