@@ -11,6 +11,15 @@
   torch.compile switched off by torch's documented `TORCHDYNAMO_DISABLE=1`, which leaves
   them plain functions and imports nothing of the inductor. A trial whose optimizer is
   Muon imports it as DeepSpeed does.
+- `leave_shm_comm_unbuilt`: on a CPU, DeepSpeed's communication backend compiles its
+  shared-memory all-reduce op (`deepspeed_shm_comm`, two C++ files against torch's headers)
+  the first time any process of a virtualenv starts it: 110 s of CPU on a 2-core AMD EPYC,
+  a minute before a new user's first CPU trial takes its first step. The op serves only
+  `inference_all_reduce` (tensor-parallel inference); training reduces through
+  torch.distributed. DeepSpeed keeps which ops this machine can build in
+  `deepspeed.ops.__compatible_ops__`, one dict per process whose edits persist by design;
+  marking the op there as not buildable makes the backend skip it, and an inference
+  all-reduce falls back to torch.distributed, as it does where the op is missing.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import os
 import sys
 
 MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+SHM_COMM_OP = "deepspeed_shm_comm"
 NO_COMPILE = "TORCHDYNAMO_DISABLE"  # torch.compile returns the function unchanged while it is "1"
 
 
@@ -41,3 +51,15 @@ def import_muon_uncompiled(ds_config: dict | None) -> bool:
         else:
             os.environ[NO_COMPILE] = saved
     return True
+
+
+def leave_shm_comm_unbuilt() -> bool:
+    """Before DeepSpeed starts its communication backend on a CPU: mark its shared-memory
+    op as not buildable. Whether it was buildable (and so would have been built or loaded).
+    Not on a GPU: the first look at the dict probes every op, CUDA's included."""
+    import deepspeed.ops
+
+    compatible = deepspeed.ops.__compatible_ops__
+    was = bool(compatible.get(SHM_COMM_OP, False))
+    compatible[SHM_COMM_OP] = False
+    return was

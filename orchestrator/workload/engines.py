@@ -20,7 +20,7 @@ from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import ddp_bucket_mb
 from orchestrator.workload.accumulation import MicroBatches
-from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
+from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt
 from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model
 from orchestrator.workload.model import import_libraries as import_model_libraries
@@ -31,6 +31,8 @@ class DeepSpeedEngine:
     def __init__(self, spec: TrialSpec, trial_dir: Path, device: Device):
         import deepspeed
 
+        if not device.is_gpu:
+            leave_shm_comm_unbuilt()
         deepspeed.init_distributed(dist_backend=device.backend, auto_mpi_discovery=False)
         self.config = json.loads(TrialPaths(trial_dir).ds_config.read_text())
         import_muon_uncompiled(self.config)
@@ -89,6 +91,8 @@ class AccelerateEngine:
         self.deepspeed = spec.cfg.engine.backend == "deepspeed"
         ddp = not self.deepspeed and spec.cfg.zero.stage == 0  # DDP's buckets are the plan's (translate/accelerate.py)
         handlers = [DistributedDataParallelKwargs(bucket_cap_mb=ddp_bucket_mb(spec))] if ddp else []
+        if self.deepspeed and not device.is_gpu:  # the Accelerator starts DeepSpeed's backend
+            leave_shm_comm_unbuilt()
         self.accelerator = Accelerator(cpu=not device.is_gpu and not self.deepspeed, kwargs_handlers=handlers)
         if device.is_gpu and self.accelerator.device != device.torch:  # accelerate takes cuda:LOCAL_RANK
             raise RuntimeError(f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device.torch}: with one "

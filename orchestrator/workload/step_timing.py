@@ -141,9 +141,11 @@ def import_engine(settings: dict) -> None:
     if settings["engine"] == "deepspeed":
         import deepspeed  # noqa: F401
 
-        from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
+        from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt
 
         import_muon_uncompiled(deepspeed_config(settings))
+        if str(settings["device"]).split(":")[0] == "cpu":
+            leave_shm_comm_unbuilt()
     else:
         import torch.distributed.fsdp  # noqa: F401
 
