@@ -25,6 +25,7 @@ from orchestrator.plan.batch import grad_accum_steps  # noqa: E402
 from orchestrator.spec import load_spec  # noqa: E402
 from orchestrator.trial_dir import TrialPaths  # noqa: E402
 from orchestrator.workload.data import batches  # noqa: E402
+from orchestrator.workload.deepspeed_compat import leave_shm_comm_unbuilt  # noqa: E402
 from orchestrator.workload.device import Device  # noqa: E402
 from orchestrator.workload.model import apply_recompute, build_model  # noqa: E402
 
@@ -33,6 +34,8 @@ def main(trial_dir: Path) -> None:
     spec = load_spec(trial_dir)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = Device.for_rank(spec.cfg.hardware.device, os.environ)  # the rank's GPU as the workload picks it
+    if not device.is_gpu:
+        leave_shm_comm_unbuilt()  # as a CPU rank does (workload/engines.py)
     deepspeed.init_distributed(dist_backend=device.backend, auto_mpi_discovery=False)
     torch.manual_seed(spec.cfg.run.seed)
     config = json.loads(TrialPaths(trial_dir).ds_config.read_text())

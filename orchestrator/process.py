@@ -131,7 +131,7 @@ def run_group(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
 def clear_stale_build_locks(min_age_s: float = 60) -> list[Path]:
     """Remove torch-extension build locks that no build holds any more.
 
-    DeepSpeed JIT-builds ops (its CPU communication op among them) under a lock file in
+    DeepSpeed JIT-builds ops (CPU Adam for an offloaded optimizer) under a lock file in
     torch's extension directory; a process killed while building leaves the file behind
     and every later build waits on it forever. A lock older than a minute while no
     compiler runs is such a leftover. torch builds an op in ROOT/OP/ where

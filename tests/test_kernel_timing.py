@@ -29,9 +29,9 @@ SMALL = ["model.n_layers=2", "model.hidden=64", "model.heads=2", "model.ffn_hidd
 
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
-    # DeepSpeed builds its CPU op under XDG_CACHE_HOME unless told where: keep the one the
-    # ranks built, in the folder torch names by its Python and accelerator when the variable
-    # is unset (torch.utils.cpp_extension; a CPU build of torch here), not a second build.
+    # DeepSpeed builds its ops (CPU Adam, for offload) under XDG_CACHE_HOME unless told where:
+    # keep them where torch puts them with the variable unset (a folder named by its Python
+    # and accelerator, torch.utils.cpp_extension; a CPU build of torch here), never a second build.
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or str(
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
         / f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_cpu"))

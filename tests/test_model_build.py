@@ -25,8 +25,10 @@ RANK = r"""
 import json, math, os, sys
 import deepspeed, torch
 from orchestrator.config import ModelConfig
+from orchestrator.workload.deepspeed_compat import leave_shm_comm_unbuilt
 from orchestrator.workload.model import build_model
 
+leave_shm_comm_unbuilt()  # as a CPU rank does
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 rank = int(os.environ["RANK"])
 shapes, out = json.loads(sys.argv[1]), sys.argv[2]

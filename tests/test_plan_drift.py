@@ -92,12 +92,13 @@ import json, sys
 import deepspeed
 from orchestrator.spec import build_spec
 from orchestrator.translate.deepspeed import ds_config
-from orchestrator.workload.deepspeed_compat import import_muon_uncompiled
+from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt
 from orchestrator.workload.model import build_model
 from orchestrator.workload.step_timing import join_one_rank_group
 spec = build_spec(sys.argv[1:])
 config = ds_config(spec)
 import_muon_uncompiled(config)
+leave_shm_comm_unbuilt()  # as a CPU rank does
 join_one_rank_group("cpu")
 model = build_model(spec.cfg.model)
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)

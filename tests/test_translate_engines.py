@@ -48,6 +48,8 @@ def one_rank_process_group():
     import deepspeed
     import torch.distributed as dist
 
+    from orchestrator.workload.deepspeed_compat import leave_shm_comm_unbuilt
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -56,6 +58,7 @@ def one_rank_process_group():
         for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
                                 LOCAL_RANK="0").items():
             env.setenv(name, value)
+        leave_shm_comm_unbuilt()  # as a CPU rank does
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
         yield
         dist.destroy_process_group()
