@@ -13,8 +13,8 @@
   Muon imports it as DeepSpeed does.
 - `leave_shm_comm_unbuilt`: on a CPU, DeepSpeed's communication backend compiles its
   shared-memory all-reduce op (`deepspeed_shm_comm`, two C++ files against torch's headers)
-  the first time any process of a virtualenv starts it: 110 s of CPU on a 2-core AMD EPYC,
-  a minute before a new user's first CPU trial takes its first step. The op serves only
+  the first time any process of a virtualenv starts it: 135 s of CPU and 73 s of wall on a
+  2-core AMD EPYC before a new user's first CPU trial takes its first step. The op serves only
   `inference_all_reduce` (tensor-parallel inference); training reduces through
   torch.distributed. DeepSpeed keeps which ops this machine can build in
   `deepspeed.ops.__compatible_ops__`, one dict per process whose edits persist by design;
