@@ -87,6 +87,24 @@ def test_calibration_on_measured_candidates_moves_the_predictions_toward_them():
     assert all(search.bound(c) > math.log(best) for c in search.next_batch(100))
 
 
+def test_the_search_compares_the_calibrated_model_with_the_rate_at_the_median_step():
+    """Two candidates the plan cannot tell apart (only the seed differs). The first is measured
+    as a CI run on a busy machine measured it: timed steps of 0.52 and 0.12 s, whose median
+    step gives 400 tokens/s/GPU while the median of the steps' own rates reads 662. The model
+    calibrated on it predicts the second at the median step's rate: compared with 662 the
+    search would stop there; compared like with like, the second still runs."""
+    search = Search(plan_space([*GPU, "zero=stage2", "batch.micro_batch_size=1", "recompute=none",
+                                "zero.offload_optimizer=none", "zero.allgather_bucket_size=2e8", "run.seed=1,2"]))
+    first, second = search.space.fitting
+    step_s = 2 * first.predicted_step_s
+    at_median_step = first.spec.tokens_per_step / step_s / first.spec.world_size
+    search.record(first, CandidateRun("ok", "t", 1, 1.65 * at_median_step, step_s))
+    search.calibrate()
+    assert search.rate_at_median_step(first, search.outcomes[first.key]) == pytest.approx(at_median_step)
+    assert search.predicted(second) == pytest.approx(at_median_step, rel=0.02)
+    assert search.next_batch(1) == [second]
+
+
 def test_a_space_where_nothing_fits_says_so_before_anything_runs(cli, tmp_path):
     out = tmp_path / "t"
     proc = cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "parallel.dp=1",
