@@ -73,7 +73,8 @@ def train() -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_SIZE", "1"))))
     model_cfg = ModelConfig(arch="gpt2", max_positions=SHAPE["seq_len"], **SHAPE)
     model = build_model(model_cfg, seed=0)
-    leave_shm_comm_unbuilt()  # as a CPU rank does (workload/engines.py)
+    if not torch.cuda.is_available():
+        leave_shm_comm_unbuilt()  # as a CPU rank does (workload/engines.py)
     engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     generator = torch.Generator().manual_seed(engine.global_rank)
     for _ in range(50):  # the autotuner's engine exits after end_profile_step

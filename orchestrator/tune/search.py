@@ -78,8 +78,9 @@ class Search:
         of the one beside a measurement of the other ended searches that had candidates left."""
         if not (o.step_s and c.spec):
             return o.tokens_per_sec_per_gpu or 0.0
-        sequences = statistics.median(o.timed_batches) if o.timed_batches else c.spec.global_batch_size
-        return sequences * c.spec.cfg.model.seq_len / o.step_s / c.spec.world_size
+        tokens = (statistics.median(o.timed_batches) * c.spec.cfg.model.seq_len if o.timed_batches
+                  else c.spec.tokens_per_step)
+        return tokens / o.step_s / c.spec.world_size
 
     def predicted(self, c: Candidate) -> float:
         """tokens/s/GPU by the calibrated model where there is one, else the plan's."""
