@@ -32,16 +32,16 @@ def torchrun_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    from orchestrator.process import collector_paused
     from orchestrator.spec import load_spec
     from orchestrator.workload.engines import import_libraries
 
-    gc.disable()  # the imports' objects are not walked, then frozen (workload/train.py says why)
-    try:
-        import_libraries(load_spec(Path(argv[-1])))
-    except Exception:  # noqa: BLE001 - each rank imports again and records the cause as its own failure
-        pass
-    gc.freeze()
-    gc.enable()
+    with collector_paused():  # the imports' objects are not walked, then frozen (workload/train.py says why)
+        try:
+            import_libraries(load_spec(Path(argv[-1])))
+        except Exception:  # noqa: BLE001 - each rank imports again and records the cause as its own failure
+            pass
+        gc.freeze()
 
     from torch.distributed.run import main as torchrun
 

@@ -24,7 +24,7 @@ from orchestrator import host_load
 from orchestrator.config import KernelSource
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.local import WORKLOAD_MODULE
-from orchestrator.process import clear_stale_build_locks
+from orchestrator.process import clear_stale_build_locks, freeze_at_exit
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import load_spec
 from orchestrator.trial_dir import TrialPaths
@@ -57,6 +57,7 @@ class SlurmTask(submitit.helpers.Checkpointable):
         self._attempt_started = time.time()
 
     def __call__(self) -> dict:
+        freeze_at_exit()  # submitit's process ends after this call: its exit walks nothing
         rank = int(task_environment()["RANK"])
         paths = TrialPaths(Path(self.trial_dir))
         error = paths.rank_error(rank)

@@ -20,6 +20,7 @@ from orchestrator.config import GROUPS
 from orchestrator.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, MeasurementFailed, PlanRefused, did_you_mean, one_of
 from orchestrator.files import read_json, strict_json
+from orchestrator.process import freeze_at_exit
 from orchestrator.redact import redacted_output
 from orchestrator.spec import build_spec
 from orchestrator.report import collect, write_report
@@ -38,6 +39,8 @@ COMMANDS = (*commands.COMMANDS, "status", "wait", "report", "calibrate")
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the program itself (its console script, python -m orchestrator), not a caller's call
+        freeze_at_exit()
     argv = sys.argv[1:] if argv is None else list(argv)
     Interrupted.install()  # Ctrl-C and SIGTERM: record what runs, then one line, no traceback
     with redacted_output():  # what is printed (errors, --cfg job, tables) holds no secret

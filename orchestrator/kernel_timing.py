@@ -44,6 +44,7 @@ from orchestrator.config import ModelConfig
 from orchestrator.kernel_cache import Cache
 from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
+from orchestrator.process import collector_paused
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
 # How kernels are timed, in the cache key: times taken another way are timed again.
@@ -332,7 +333,8 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
 
     def first(how: Callable) -> Callable:
         if quiet.before is None:
-            kernels.import_libraries(model.arch)
+            with collector_paused():
+                kernels.import_libraries(model.arch)
             timing.enter_context(threads(threads_per_rank))
         return quiet.first(how)
 

@@ -186,11 +186,13 @@ def fill(directory: Path) -> None:
 def test_a_full_disk_still_leaves_a_result(mount):
     # The file system fills up while the trial trains (the test fills it once W&B's run file
     # exists); the space reserved for result.json at the start is what it is written into.
-    # A step sleeps (run.step_sleep_s) so the trial is still training when the disk is full.
+    # A step sleeps (run.step_sleep_s) so the trial is still training when the disk is full:
+    # at least 4.8 s of sleep, where filling 4 MB takes milliseconds; few steps, so little
+    # of it computes (40 steps of 0.1 s were 14 CPU-s of the rank).
     full = mount("4M")
     trial = full / "trial"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "model=tiny", "run.steps=40",
-                             "run.step_sleep_s=0.1", "parallel.dp=1", "--out", str(trial)],
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "model=tiny", "run.steps=12",
+                             "run.step_sleep_s=0.4", "parallel.dp=1", "--out", str(trial)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not list((trial / "wandb").glob("offline-run-*/*.wandb")):

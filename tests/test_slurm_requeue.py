@@ -15,20 +15,24 @@ from tests.conftest import SLURM_SMALL as SMALL
 from tests.conftest import results_below, submit, wait_cli
 
 pytestmark = pytest.mark.slow
-REQUEUE_STEPS = 40
+# The requeue trials are requeued once step 4 is saved; 20 more steps of at least 0.3 s each
+# (a sleep: the cores stay with the other tests) leave the requeue 6 s to land.
+REQUEUE_STEPS, REQUEUE_SLEEP_S = 24, 0.3
 # A 1-minute limit (the smallest SLURM has) and a warning 5 s before it; the ranks' save
 # waits max(5, 5 - 20) s (launchers/slurm.py) and the cluster's KillWait is 5 s.
-TIME_LIMIT_STEPS, SAVE_WAIT_S, KILL_WAIT_S = 300, 5, 5
+TIME_LIMIT_STEPS, SAVE_WAIT_S, KILL_WAIT_S = 100, 5, 5
 
 
 @pytest.fixture(scope="module")
 def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("slurm-requeue")
     runs = {"time-limit": [*ONE_RANK, "run.bf16=false", f"run.steps={TIME_LIMIT_STEPS}", "cluster.time=1",
-                           "cluster.signal_delay_s=5", "run.checkpoint_every=100", "cluster.max_requeues=10",
-                           "run.step_sleep_s=0.2"],
-            "deepspeed": ["engine=deepspeed", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2"],
-            "fsdp2": ["engine=fsdp", "zero=stage3", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2"]}
+                           "cluster.signal_delay_s=5", "run.checkpoint_every=40", "cluster.max_requeues=10",
+                           "run.step_sleep_s=0.7"],
+            "deepspeed": ["engine=deepspeed", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2",
+                          f"run.step_sleep_s={REQUEUE_SLEEP_S}"],
+            "fsdp2": ["engine=fsdp", "zero=stage3", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2",
+                      f"run.step_sleep_s={REQUEUE_SLEEP_S}"]}
     for name, extra in runs.items():
         submit(base / name, *SMALL, *extra)
     job = {name: json.loads((base / name / "slurm.json").read_text())["job_id"] for name in runs}
@@ -91,14 +95,15 @@ def test_a_time_limit_checkpoints_requeues_and_finishes(submitted):
     # resumes and finishes (the fixture lifts the limit once it has requeued). slurmctld
     # checks limits every 30 s, so the warning comes up to 30 s early (sbatch(1): "up to 60
     # seconds"): asked for 5 s before the end, it comes 25-55 s into the allocation, which
-    # trains at most ~45 s. A step sleeps 0.2 s on top of its ~0.03-0.13 s of compute (fp32;
-    # quiet or busy machine): 300 steps take at least 69 s, so a requeue is certain, and
-    # sleeping, not computing, leaves the cores to the other tests meanwhile.
+    # trains at most ~45 s. A step sleeps 0.7 s on top of its ~0.03-0.13 s of compute (fp32;
+    # quiet or busy machine): 100 steps take at least 73 s, so a requeue is certain, and
+    # sleeping, not computing, leaves the cores to the other tests meanwhile (300 steps of
+    # 0.2 s computed three times as much for the same wait).
     done = wait_cli(out)
     assert done.returncode == 0, done.stdout + done.stderr
     (r,) = results_below(out)
     assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1
-    assert r["metrics"]["checkpoints_on_warning"]  # saved on SIGUSR2, not only every 100 steps
+    assert r["metrics"]["checkpoints_on_warning"]  # saved on SIGUSR2, not only every 40 steps
     _history_is_whole(r, TIME_LIMIT_STEPS, ranks=1)
     # Once the warning's checkpoint is complete the allocation ends promptly: the requeue's
     # SIGTERM reaches the ranks within seconds (3-5 s here, most of it scontrol's requeue on a

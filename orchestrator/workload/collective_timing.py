@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.config import DeviceType
+from orchestrator.process import freeze_at_exit
 from orchestrator.workload.device import Device
 
 
@@ -38,6 +39,7 @@ def timed(call, reps: int, device: Device) -> float:
 
 
 def main() -> None:
+    freeze_at_exit()
     sizes, reps = [int(s) for s in sys.argv[1].split(",")], int(sys.argv[2])
     kind = DeviceType(sys.argv[3] if len(sys.argv) > 3 else "cpu")
     if "RANK" not in os.environ:  # a task of srun: SLURM's variables, as torch.distributed's

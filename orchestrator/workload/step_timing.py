@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.engine_timing import DEFAULT_SIZES, GO, READY, WHEN_TOLD
+from orchestrator.process import collector_paused, freeze_at_exit
 
 REPS = 8  # steps timed; the first two are warm-up (allocation, the optimizer's state)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -206,10 +207,12 @@ def main() -> None:
     a line in the elements a rank holds (intercept, slope): what the engine does per call
     (hooks, Python) is the intercept, what it does per element (copies, AdamW) the slope. So
     one timing serves every data-parallel degree and ZeRO share of the model."""
+    freeze_at_exit()
     settings = json.loads(sys.argv[1])
     torch.set_num_threads(settings["threads"])
     device = settings.setdefault("device", "cpu")
-    import_engine(settings)
+    with collector_paused():
+        import_engine(settings)
     if WHEN_TOLD in sys.argv[2:]:  # the planner times its kernels meanwhile: nothing is timed beside them
         print(READY, flush=True)
         if sys.stdin.readline().strip() != GO:
