@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.launchers import forked
 from orchestrator.launchers.binding import Binding
 from orchestrator import hardware
 from orchestrator.config import DeviceType
@@ -95,12 +96,13 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
     clear_stale_build_locks()
     start = time.monotonic()
     with _LauncherLog(log) as sink:
-        # Its own session (a terminal's Ctrl-C reaches the orchestrator only, which ends
-        # the ranks in order), and SIGTERM when the orchestrator dies, even by SIGKILL.
-        proc = subprocess.Popen(command.argv, env=environment(command), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                preexec_fn=die_with_parent)
-        reader = threading.Thread(target=_pump, args=(proc.stdout, sink, on_progress), daemon=True)
+        read_end, write_end = os.pipe()
+        try:
+            proc = _start(command, trial_dir, write_end)
+        finally:
+            os.close(write_end)  # the launcher and its ranks hold it: the reader sees their end
+        output = open(read_end, encoding="utf-8", errors="replace")
+        reader = threading.Thread(target=_pump, args=(output, sink, on_progress), daemon=True)
         reader.start()
         timed_out = False
         try:
@@ -112,7 +114,21 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
             end_group(proc)
             raise
         reader.join(timeout=10)
+        if not reader.is_alive():
+            output.close()
     return LocalExit(returncode=proc.returncode, timed_out=timed_out, seconds=time.monotonic() - start, log=log)
+
+
+def _start(command: Command, trial_dir: Path, output_fd: int) -> subprocess.Popen | forked.ForkedLauncher:
+    """The launcher, its stdout and stderr on `output_fd`: in a session of its own (a
+    terminal's Ctrl-C reaches the orchestrator only, which ends the ranks in order), and
+    SIGTERM when the orchestrator dies, even by SIGKILL. A CPU trial's launcher is a fork of
+    this command's launcher server (forked.py), which imported the ranks' libraries once."""
+    env = environment(command)
+    if command.argv[1:3] == ["-m", FORKED_LAUNCHER]:
+        return forked.launcher_server(trial_dir, env).launch(command.argv[3:], env, output_fd)
+    return subprocess.Popen(command.argv, env=env, stdout=output_fd, stderr=output_fd, start_new_session=True,
+                            preexec_fn=die_with_parent)
 
 
 class _LauncherLog:

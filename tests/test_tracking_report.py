@@ -61,6 +61,28 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
     assert all("run.steps" not in t.name and "sweep=" not in t.name for t in trials)
 
 
+def test_the_sweeps_launchers_are_forks_of_one_server_each_with_its_trials_threads(local_sweep):
+    """launchers/forked.py: the command imported the ranks' libraries once, in a server that
+    forked every CPU trial's launcher; the dp 2 points share the server the dp 1 point
+    started, with their own threads; the server ended with the command."""
+    import os
+    import re
+
+    from orchestrator import hardware
+
+    servers = set()
+    for trial in sorted(p.parent for p in local_sweep.rglob("result.json")):
+        log = (trial / "logs" / "launcher.log").read_text()
+        servers |= {int(pid) for pid in re.findall(r"forked from the launcher server (\d+)", log)}
+        result = json.loads((trial / "result.json").read_text())
+        dp = result["config"]["parallel"]["dp"]
+        assert result["env"]["threads_per_rank"] == hardware.threads_per_rank(dp), trial
+        assert all(rank["forked"] for rank in result["env"]["ranks"])
+    assert len(servers) == 1, servers
+    with pytest.raises(ProcessLookupError):
+        os.kill(servers.pop(), 0)
+
+
 def test_the_api_key_reaches_no_file(local_sweep):
     leaked = [p for p in local_sweep.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaked == []
