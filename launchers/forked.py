@@ -11,9 +11,9 @@ ending the others when one fails, the failure summary.
 
 `python -m orchestrator.launchers.forked TORCHRUN_FLAGS... TRIAL_DIR` is the launcher as a
 program (translate's launch.sh). `orchestrator run` starts the same launcher as a fork of a
-`LauncherServer`: a process of its own that imports the libraries once per command, so
-the second and later CPU trials of a sweep import nothing (docs/measurements.md, "A sweep's
-launchers forked from one server"). The server never computes: a process forked after
+`LauncherServer`: a process of its own that imports the libraries once, so the second and
+later CPU trials of a sweep import nothing (docs/measurements.md, "A sweep's launchers
+forked from one server"); it ends with the process that started it. The server never computes: a process forked after
 torch ran a parallel kernel hangs in its next one (GNU OpenMP's threads do not survive a
 fork), so the server imports, forks and waits, nothing else.
 
@@ -24,6 +24,7 @@ ranks start as new interpreters (torchrun's default).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 import json
@@ -130,23 +131,33 @@ class LauncherServer:
             self.process.kill()
 
 
-# One server per environment its imports read, for the life of the command (commands.py
-# closes them): threads are set in each launcher, so trials of different dp share one.
-_servers: dict[frozenset, LauncherServer] = {}
+# The server of the last environment asked for (threads are set in each launcher, so trials
+# of different dp share one). It lives as long as this process: one command's, or, where
+# commands are called in one process (`cli.main([...])`), theirs while the environment stays.
+_server: tuple[frozenset, LauncherServer] | None = None
 
 
 def launcher_server(trial_dir: Path, env: dict[str, str]) -> LauncherServer:
-    """This command's server for `env`, started (importing trial_dir's libraries) if none runs."""
+    """The server for `env`, started (importing trial_dir's libraries) if none runs for it."""
+    global _server
     key = frozenset((k, v) for k, v in env.items() if k != "OMP_NUM_THREADS")
-    server = _servers.get(key)
-    if server is None or server.process.poll() is not None:
-        server = _servers[key] = LauncherServer(trial_dir, env)
-    return server
+    if _server is not None and (_server[0] != key or _server[1].process.poll() is not None):
+        _server[1].close()
+        _server = None
+    if _server is None:
+        _server = (key, LauncherServer(trial_dir, env))
+    return _server[1]
 
 
-def close_servers() -> None:
-    while _servers:
-        _servers.popitem()[1].close()
+def close_server() -> None:
+    """End the server, if one runs, and wait for it."""
+    global _server
+    if _server is not None:
+        _server[1].close()
+        _server = None
+
+
+atexit.register(close_server)  # a command leaves no process of its own behind once it has exited
 
 
 class ServerEnded(RuntimeError):
@@ -228,5 +239,6 @@ def _threads_from_environment() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == [SERVE]:
         serve(socket.socket(fileno=int(sys.argv[2])), Path(sys.argv[3]))
+        os._exit(0)  # nothing to write out; the interpreter's teardown of torch would take a second
     else:
         main(sys.argv[1:])

@@ -47,7 +47,6 @@ from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.files import read_json, strict_json
 from orchestrator.hydra_compat import hydra_arguments
 from orchestrator.hydra_errors import foreign_launcher
-from orchestrator.launchers.forked import close_servers
 from orchestrator.plan.planner import make_plan
 from orchestrator.report import collect
 from orchestrator.spec import TrialSpec, build_spec
@@ -88,7 +87,6 @@ def main(command: str, argv: list[str]) -> int:
         return _main(command, argv)
     finally:
         use_source(Source())  # the next command in this process reads conf/ again
-        close_servers()  # the CPU trials' launcher servers end with the command that started them
 
 
 def _main(command: str, argv: list[str]) -> int:

@@ -1,5 +1,7 @@
 """Shared test helpers. Tests run against the checkout's conf/ and the installed package."""
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -8,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from filelock import FileLock
@@ -15,29 +18,41 @@ from filelock import FileLock
 CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"
 
 
-@pytest.fixture(autouse=True)
-def _no_wandb_credentials(monkeypatch, tmp_path_factory):
-    """No test may see the developer's W&B key or ~/.netrc, nor touch the network."""
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path_factory.mktemp("home") / ".netrc"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
+@pytest.fixture(scope="session", autouse=True)
+def _no_wandb_credentials(tmp_path_factory):
+    """No test may see the developer's W&B key or ~/.netrc, nor touch the network. Set once
+    for the session, before any module's fixture: the environment stays the same from one
+    trial to the next, so the trials run in-process share their launcher server
+    (launchers/forked.py starts another for another environment)."""
+    netrc = tmp_path_factory.mktemp("home") / ".netrc"  # never written: no test logs in
+    with mock.patch.dict(os.environ, {"NETRC": str(netrc), "WANDB_MODE": "offline"}):
+        os.environ.pop("WANDB_API_KEY", None)
+        yield
+
+
+@contextlib.contextmanager
+def logging_kept():
+    """A command run in-process lets Hydra configure logging (process-wide, as it must for a
+    real command); the handlers it leaves write to a captured stream that is gone once the
+    test ends. Logging is put back as it was found."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    saved = {lg: (lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers}
+    try:
+        yield
+    finally:
+        for lg in [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                           if isinstance(lg, logging.Logger)]:
+            level, handlers, propagate, disabled = saved.get(lg, (logging.NOTSET, [], True, False))
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, disabled
 
 
 @pytest.fixture(autouse=True)
 def _logging_as_it_was():
-    """A test that runs `main([...])` in-process lets Hydra configure logging (process-wide,
-    as it must for a real command); the handlers it leaves write to that test's captured
-    stream, closed once the test ends. Each test starts from the logging it found."""
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
-    saved = {lg: (lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers}
-    yield
-    for lg in [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]:
-        level, handlers, propagate, disabled = saved.get(lg, (logging.NOTSET, [], True, False))
-        lg.setLevel(level)
-        lg.handlers[:] = handlers
-        lg.propagate, lg.disabled = propagate, disabled
+    with logging_kept():
+        yield
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
@@ -46,25 +61,33 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, cwd=None)
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """`orchestrator ARGS` in this process: what run_cli returns, without a new interpreter
-    (2-3 s of CPU for its imports, most of a query command's cost). For the commands that
-    read directories and configs (plan, translate, status, wait, report, calibrate); a test
-    about the process itself (signals, two at once, a user's shell) keeps run_cli."""
+def run_in_process(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    """`orchestrator ARGS` in this process (`cli.main`): what run_cli returns, without a new
+    interpreter (2-3 s of CPU for its imports, most of a query command's cost). A trial it
+    runs is as real as run_cli's (its launcher forked from a launcher server, which this
+    process keeps while the environment stays, so the next trial imports nothing). For the
+    commands that read directories and configs, and trials whose test is about the trial; a
+    test about the process itself (signals, two at once, exit and output of the program,
+    a user's shell) keeps run_cli."""
     from orchestrator.cli import main
 
-    def call(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
-        with monkeypatch.context() as patch:
-            for name, value in (env or {}).items():
-                patch.setenv(name, value)
-            if cwd is not None:
-                patch.chdir(cwd)
-            capsys.readouterr()
-            code = main(list(args))
-            out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["orchestrator", *args], code, out, err)
-    return call
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(logging_kept())
+        stack.enter_context(mock.patch.dict(os.environ, env or {}))
+        os.environ.pop("PYTEST_CURRENT_TEST", None)  # pytest's, changed each test: not a user's environment
+        if cwd is not None:
+            stack.enter_context(contextlib.chdir(cwd))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        code = main(list(args))
+    return subprocess.CompletedProcess(["orchestrator", *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli():
+    """run_in_process, for a test to take as its argument."""
+    return run_in_process
 
 
 # Every SLURM test shares one cluster: four nodes in network namespaces, two CPUs each, links

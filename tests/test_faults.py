@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.trial_dir import claim, trials_below
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 pytestmark = pytest.mark.slow
 # Minutes of steps, ended by the test. One rank where the number of ranks is not the point:
@@ -207,15 +207,13 @@ def test_a_full_disk_still_leaves_a_result(mount):
 
 
 def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
-    stopped = run_cli("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "logger.mode=disabled",
-                      "parallel.dp=1",
-                      "--out", str(tmp_path / "stop"), timeout=300)
+    stopped = run_in_process("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false",
+                             "logger.mode=disabled", "parallel.dp=1", "--out", str(tmp_path / "stop"))
     assert stopped.returncode == 1 and "not finite" in stopped.stdout, stopped.stdout
     r = strict(tmp_path / "stop" / "result.json")
     assert r["status"] == "failed" and r["error"]["type"] == "NonFiniteLoss" and "run.lr=1000000.0" in r["error"]["message"]
-    kept = run_cli("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "parallel.dp=1",
-                   "run.stop_on_nonfinite_loss=false",
-                   "--out", str(tmp_path / "keep"), timeout=300)
+    kept = run_in_process("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "parallel.dp=1",
+                          "run.stop_on_nonfinite_loss=false", "--out", str(tmp_path / "keep"))
     assert kept.returncode == 0, kept.stdout
     r = strict(tmp_path / "keep" / "result.json")
     steps = r["metrics"]["nonfinite_loss_steps"]

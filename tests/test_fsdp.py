@@ -12,7 +12,7 @@ from orchestrator.plan.params import parameter_tensors
 from orchestrator.plan.planner import make_plan
 from orchestrator.compose import expand_sweep
 from orchestrator.spec import build_spec
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 
 GPU = ["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b"]
 
@@ -132,9 +132,9 @@ def test_choosing_fsdp2_alone_shards_fully_and_a_stage_given_is_kept(cli):
 def side_by_side(tmp_path_factory) -> Path:
     """DeepSpeed ZeRO-3 and FSDP2 in one sweep, two micro batches a step."""
     out = tmp_path_factory.mktemp("zero3-fsdp2") / "sweep"
-    proc = run_cli("run", "-m", "engine=deepspeed,fsdp", "zero=stage3", "model=tiny", "run.steps=4",
-                   "run.warmup_steps=1", "batch.global_batch_size=8", "batch.micro_batch_size=2",
-                   "logger.mode=disabled", "--out", str(out), timeout=600)
+    proc = run_in_process("run", "-m", "engine=deepspeed,fsdp", "zero=stage3", "model=tiny", "run.steps=4",
+                          "run.warmup_steps=1", "batch.global_batch_size=8", "batch.micro_batch_size=2",
+                          "logger.mode=disabled", "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -153,8 +153,8 @@ def fsdp2_trial(request, side_by_side, tmp_path) -> tuple[int, Path]:
     if stage == 3:
         (point,) = [p.parent for p in side_by_side.rglob("result.json") if "engine=fsdp" in p.parent.name]
         return stage, point
-    proc = run_cli("run", "engine=fsdp", "zero=stage2", "model=tiny", "run.steps=4", "run.warmup_steps=1",
-                   "logger.mode=disabled", "zero.communication_dtype=fp32", "--out", str(tmp_path), timeout=600)
+    proc = run_in_process("run", "engine=fsdp", "zero=stage2", "model=tiny", "run.steps=4", "run.warmup_steps=1",
+                          "logger.mode=disabled", "zero.communication_dtype=fp32", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return stage, tmp_path
 

@@ -10,7 +10,7 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.compose import expand_sweep
 
-from conftest import run_cli
+from conftest import run_cli, run_in_process
 
 FAST = ["run.steps=1", "run.warmup_steps=0", "logger.mode=disabled", "parallel.dp=1"]
 
@@ -106,7 +106,7 @@ def test_bad_input_exits_2_with_one_paragraph(argv, says, capsys, tmp_path, monk
 @pytest.mark.slow
 def test_run_dir_and_sweep_dir_follow_hydra_with_hydra_subdirs(tmp_path):
     one = tmp_path / "single"
-    proc = run_cli("run", *FAST, f"hydra.run.dir={one}", timeout=300)
+    proc = run_in_process("run", *FAST, f"hydra.run.dir={one}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (one / "result.json").is_file() and (one / ".hydra" / "config.yaml").is_file()
     assert yaml.safe_load((one / ".hydra" / "overrides.yaml").read_text()) == FAST
@@ -114,8 +114,8 @@ def test_run_dir_and_sweep_dir_follow_hydra_with_hydra_subdirs(tmp_path):
 
     sweep = tmp_path / "sweep"
     # Two one-rank points (the sweep's layout is the point, not the ranks).
-    proc = run_cli("run", "-m", *FAST, "run.seed=1,2", f"hydra.sweep.dir={sweep}",
-                   "hydra.sweep.subdir=seed${run.seed}", timeout=600)
+    proc = run_in_process("run", "-m", *FAST, "run.seed=1,2", f"hydra.sweep.dir={sweep}",
+                          "hydra.sweep.subdir=seed${run.seed}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["seed1", "seed2"]
     for seed in (1, 2):
@@ -156,11 +156,10 @@ def test_an_optuna_study_maximises_measured_tokens_per_second(tmp_path):
     """Four trials sampled by Hydra's Optuna sweeper. Micro batch 8 with dp 2 cannot make
     the global batch of 8: such a point is refused, recorded, and a failed Optuna trial."""
     sweep = tmp_path / "study"
-    proc = run_cli("run", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=1",
-                   "hydra.sweeper.sampler.seed=3", "batch.micro_batch_size=choice(1,2,4,8)",
-                   "zero.reduce_bucket_size=choice(100000,1000000)", "batch.global_batch_size=8",
-                   "run.steps=2", "run.warmup_steps=1",
-                   "logger.mode=disabled", "--out", str(sweep), timeout=900)
+    proc = run_in_process("run", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=1",
+                          "hydra.sweeper.sampler.seed=3", "batch.micro_batch_size=choice(1,2,4,8)",
+                          "zero.reduce_bucket_size=choice(100000,1000000)", "batch.global_batch_size=8",
+                          "run.steps=2", "run.warmup_steps=1", "logger.mode=disabled", "--out", str(sweep))
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/result.json"))]
     assert len(results) == 4

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.check import ACTIVATION_TOLERANCE, PEAK_TOLERANCE, STATIC_TOLERANCE, compare, within
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -55,9 +55,10 @@ def drift_trial(tmp_path_factory):
             # ZeRO's bucket knob is not FSDP2's
             common = COMMON if engine == "deepspeed" else [c for c in COMMON if not c.startswith("zero.")]
             out = tmp_path_factory.mktemp("drift") / "trial"
-            proc = run_cli("run", "--out", str(out), *SMALL[shape], *common, f"zero=stage{stage}", f"engine={engine}",
-                           f"recompute={recompute}", f"parallel.dp={dp}", f"run.bf16={precision == 'bf16'}",
-                           timeout=600)
+            # in-process: the points share one launcher server, which imports the libraries once
+            proc = run_in_process("run", "--out", str(out), *SMALL[shape], *common, f"zero=stage{stage}",
+                                  f"engine={engine}", f"recompute={recompute}", f"parallel.dp={dp}",
+                                  f"run.bf16={precision == 'bf16'}")
             assert proc.returncode == 0, proc.stdout + proc.stderr
             done[point] = out
         return done[point]

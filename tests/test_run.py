@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.spec import build_spec
-from tests.conftest import default_trial_stdout, results_below, run_cli, wandb_summary
+from tests.conftest import default_trial_stdout, results_below, run_in_process, wandb_summary
 
 pytestmark = pytest.mark.slow
 QUICK = ["run.steps=4", "run.warmup_steps=1"]
@@ -28,7 +28,8 @@ METRIC_KEYS = {"tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mf
 
 
 def run(out: Path, *overrides: str, multirun: bool = False):
-    return run_cli("run", *(["-m"] if multirun else []), "--out", str(out), *overrides, timeout=600)
+    """The trial in-process (run_in_process); pytest's timeout (600 s) is the guard against a hang."""
+    return run_in_process("run", *(["-m"] if multirun else []), "--out", str(out), *overrides)
 
 
 def test_the_default_trial_succeeds_and_is_measured(default_trial):
@@ -149,7 +150,7 @@ def failing_sweep(tmp_path_factory) -> list[Path]:
     memory first, then a Python error, then an exit without one."""
     out = tmp_path_factory.mktemp("failing") / "sweep"
     # Rank 0, blocked in a collective, is ended rather than left hanging: gloo would wait 30
-    # minutes, so a hang fails run()'s timeout (a guard far above any trial's time, not a speed).
+    # minutes, so a hang fails pytest's timeout (a guard far above any trial's time, not a speed).
     proc = run(out, "run.fail_mode=oom,raise,exit", "run.fail_at_step=2", "run.fail_rank=1", *QUICK, multirun=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     return sorted(p.parent for p in out.rglob("result.json"))
@@ -275,7 +276,7 @@ def test_a_cpu_ranks_freed_activations_go_back_to_the_system(tmp_path):
 
 
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
-    # 100,000 steps would take hours: ending within run()'s timeout is the limit at work.
+    # 100,000 steps would take hours: ending within pytest's timeout is the limit at work.
     proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "parallel.dp=1", NO_WANDB)
     assert proc.returncode == 1
     r = json.loads((tmp_path / "result.json").read_text())
