@@ -13,9 +13,9 @@ ending the others when one fails, the failure summary.
 program (translate's launch.sh). `orchestrator run` starts the same launcher as a fork of a
 `LauncherServer`: a process of its own that imports the libraries once, so the second and
 later CPU trials of a sweep import nothing (docs/measurements.md, "A sweep's launchers
-forked from one server"); it ends with the process that started it. The server never computes: a process forked after
-torch ran a parallel kernel hangs in its next one (GNU OpenMP's threads do not survive a
-fork), so the server imports, forks and waits, nothing else.
+forked from one server"); it ends with the process that started it. The server never
+computes: a process forked after torch ran a parallel kernel hangs in its next one (GNU
+OpenMP's threads do not survive a fork), so the server imports, forks and waits, nothing else.
 
 Only where the trial's device is a CPU: CUDA may not be used in a child whose parent
 initialised it, and importing DeepSpeed on a GPU host asks CUDA for its devices; there the
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> None:
     sys.exit(run_torchrun(argv))
 
 
-# --- the server: one per command, each trial's launcher a fork of it --------------------------
+# --- the server: one per process and environment, each trial's launcher a fork of it ----------
 
 
 class LauncherServer:
@@ -112,10 +112,11 @@ class LauncherServer:
         start_new_session), with `env` and this process's working directory."""
         request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
         socket.send_fds(self.socket, [request], [output_fd])
-        reply = self._reply(None)
+        reply = self.reply(None)
         return ForkedLauncher(self, reply["pid"])
 
-    def _reply(self, timeout: float | None) -> dict:
+    def reply(self, timeout: float | None) -> dict:
+        """The server's next message (a launcher's pid, then its exit code)."""
         self.socket.settimeout(timeout)
         data = self.socket.recv(_MESSAGE_BYTES)
         if not data:
@@ -174,7 +175,7 @@ class ForkedLauncher:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             try:
-                self.returncode = self.server._reply(timeout)["returncode"]
+                self.returncode = self.server.reply(timeout)["returncode"]
             except socket.timeout:
                 raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout) from None
             except ServerEnded:

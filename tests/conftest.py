@@ -35,14 +35,15 @@ def logging_kept():
     """A command run in-process lets Hydra configure logging (process-wide, as it must for a
     real command); the handlers it leaves write to a captured stream that is gone once the
     test ends. Logging is put back as it was found."""
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
-    saved = {lg: (lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers}
+    def loggers():
+        return [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                        if isinstance(lg, logging.Logger)]
+
+    saved = {lg: (lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers()}
     try:
         yield
     finally:
-        for lg in [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                           if isinstance(lg, logging.Logger)]:
+        for lg in loggers():
             level, handlers, propagate, disabled = saved.get(lg, (logging.NOTSET, [], True, False))
             lg.setLevel(level)
             lg.handlers[:] = handlers
