@@ -103,6 +103,8 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed
     # Python error by time. The ranks ended after it often fail too (a closed connection).
     exits = _exit_codes(paths.launcher_log)
     silent = [r for r, code in exits.items() if r not in errors and code not in (1, -15)]
+    # torchrun names one failure of forked ranks: the one that died first may be missing
+    silent += sorted(r for r in paths.ranks_still_running() if r not in errors and r not in silent)
     silent += [r for r, e in errors.items() if e.get("silent")]  # recorded by a SLURM task for its rank
     if silent:
         rank = silent[0]

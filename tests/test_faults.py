@@ -320,6 +320,37 @@ def test_a_rank_ended_because_another_failed_records_that_failure(tmp_path, othe
     assert ended_status(RuntimeError("boom"), paths, world=2) == "failed"  # its own failure is its own
 
 
+TORCHRUN_NAMES_RANK_0 = """Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_03:41:02
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 10299)
+"""
+
+
+@pytest.mark.parametrize("rank1_left_through_python", [False, True])
+def test_a_rank_gone_without_python_is_the_cause_even_where_torchrun_names_another(tmp_path, rank1_left_through_python):
+    """Forked ranks: torchrun's summary names the one failure it saw first. Rank 1's os._exit
+    reset rank 0's gloo connection, rank 0 recorded that and exited 1, and torchrun named rank
+    0 alone (seen in the failing sweep of test_run.py): rank 1's running marker, left because
+    it never came back through Python, still names it. A rank that did come back removed it."""
+    from orchestrator.results import outcome_status
+    from orchestrator.trial_dir import TrialPaths
+
+    paths = TrialPaths(tmp_path)
+    paths.logs.mkdir()
+    paths.launcher_log.write_text(TORCHRUN_NAMES_RANK_0)
+    paths.errors.mkdir()
+    paths.rank_error(0).write_text(json.dumps({"type": "RuntimeError", "message": "Connection reset by peer",
+                                               "rank": 0, "oom": False, "time": 2.0}))
+    if not rank1_left_through_python:
+        paths.rank_running(1).touch()
+    status, error = outcome_status(tmp_path, returncode=1, timed_out=False)
+    assert status == "failed"
+    assert (error["rank"], error["type"]) == ((0, "RuntimeError") if rank1_left_through_python else (1, "ProcessExit"))
+
+
 # A launcher that starts its "rank" in a session of its own (as torchrun does) and leaves
 # on SIGTERM at once; the rank ignores SIGTERM, as a rank inside a long kernel defers it.
 LAUNCHER = """

@@ -47,12 +47,16 @@ def main() -> None:
     trial_dir = Path(sys.argv[1]).resolve()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     console = os.fdopen(os.dup(1), "w", buffering=1)  # the launcher's pipe, before the redirect
-    redirect_output(TrialPaths(trial_dir).rank_log(rank))
+    paths = TrialPaths(trial_dir)
+    redirect_output(paths.rank_log(rank))
+    running = _mark_running(paths.rank_running(rank))
     try:
         train(trial_dir, rank, world, console if rank == 0 else None)
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then ends the rank
         _record_failure(trial_dir, rank, exc)
+        running.unlink(missing_ok=True)
         leave(exc.exit_code if isinstance(exc, Interrupted) else 1, console)
+    running.unlink(missing_ok=True)
     if not forked():
         leave(0, console)
     flush(console)  # torchrun waits for this function's return; multiprocessing then calls os._exit
@@ -246,6 +250,16 @@ def _torch_oom():
     import torch
 
     return getattr(torch, "OutOfMemoryError", None)
+
+
+def _mark_running(marker: Path) -> Path:
+    """TrialPaths.rank_running: made at the start, removed on the way out through Python."""
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:  # a full disk: the launcher then names the rank from torchrun's summary alone
+        pass
+    return marker
 
 
 def _record_failure(trial_dir: Path, rank: int, exc: BaseException) -> None:
