@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 from orchestrator.config import ModelConfig
+from orchestrator.workload.transformers_compat import leave_scipy_unimported
 
 
 def hf_config(m: ModelConfig):
@@ -34,6 +35,7 @@ def import_libraries(arch: str) -> None:
     initialisation and DeepSpeed integration), building nothing."""
     import importlib
 
+    leave_scipy_unimported()
     for module in ("torch", "transformers.initialization", "transformers.integrations",
                    f"transformers.models.{arch}.modeling_{arch}"):
         importlib.import_module(module)
@@ -52,6 +54,8 @@ def build_model(m: ModelConfig, device: str = "cpu", seed: int | None = None, ze
     others receive; built whole, every rank draws the same).
     """
     import torch
+
+    leave_scipy_unimported()
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
     from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
