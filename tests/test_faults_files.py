@@ -198,7 +198,7 @@ def test_tune_budgets_are_checked_by_their_flag_before_a_directory_is_made(cli, 
         assert not (tmp_path / "t").exists()
 
 
-def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refused(tmp_path):
+def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refused(cli, tmp_path):
     out = tmp_path / "tune"
     space = ["logger.mode=disabled", "run.steps=4", "run.warmup_steps=1", "run.step_sleep_s=2", "parallel.dp=1",
              "zero=stage0", "batch.micro_batch_size=1,2", "recompute=none", "zero.offload_optimizer=none"]
@@ -213,23 +213,24 @@ def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refu
     proc.communicate(timeout=120)
     assert (out / "tune.json").is_file(), "".join(lines)
     changed = [o.replace("1,2", "1,4") for o in space]
-    proc = run_cli("tune", "--trials", "1", "--out", str(out), *changed)
+    # Ctrl-C needs a program of its own; what follows reads and resumes its files in this process.
+    proc = cli("tune", "--trials", "1", "--out", str(out), *changed)
     assert proc.returncode == 2 and "batch.micro_batch_size" in said(proc) and "then" in said(proc), said(proc)
-    proc = run_cli("tune", "--trials", "1", "--out", str(out), *[o.replace("run.step_sleep_s=2", "run.step_sleep_s=0")
-                                                                  for o in space], timeout=600)
+    proc = cli("tune", "--trials", "1", "--out", str(out), *[o.replace("run.step_sleep_s=2", "run.step_sleep_s=0")
+                                                              for o in space])
     assert proc.returncode == 2 and "run.step_sleep_s" in said(proc)  # a fixed override is part of the space too
-    proc = run_cli("tune", "--trials", "1", "--out", str(out), *space, timeout=600)
+    proc = cli("tune", "--trials", "1", "--out", str(out), *space)
     assert proc.returncode == 0 and "Traceback" not in said(proc), said(proc)
     assert json.loads((out / "tune.json").read_text())["winner"]
 
 
 @pytest.mark.parametrize("record", [[1, 2], {"rows": "x", "rounds": "two", "elapsed_s": [1], "axes": {}}])
-def test_a_tune_record_of_the_wrong_shape_is_refused_or_read_as_far_as_it_is_right(tmp_path, record):
+def test_a_tune_record_of_the_wrong_shape_is_refused_or_read_as_far_as_it_is_right(cli, tmp_path, record):
     out = tmp_path / "tune"
     out.mkdir()
     (out / "tune.json").write_text(json.dumps(record))
-    proc = run_cli("tune", "--trials", "1", "--out", str(out), "batch.micro_batch_size=1,2", "zero=stage0",
-                   "parallel.dp=1")
+    proc = cli("tune", "--trials", "1", "--out", str(out), "batch.micro_batch_size=1,2", "zero=stage0",
+               "parallel.dp=1")
     assert proc.returncode == 2 and "tune.json" in said(proc) or "--out" in said(proc), said(proc)
     assert "Traceback" not in said(proc)
 
