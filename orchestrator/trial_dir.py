@@ -85,11 +85,11 @@ class TrialPaths:
         """Present from a rank's start until it leaves through Python (an error or not): one
         still there after the launch ended died without its exit path (os._exit, a signal,
         the OOM killer), which torchrun's summary may not name (it names one failure)."""
-        return self.errors / f"rank{rank}.running"
+        return self.logs / f"rank{rank}.running"
 
     def ranks_still_running(self) -> set[int]:
         """The ranks whose running marker (above) outlived them."""
-        return {int(p.name.removeprefix("rank").removesuffix(".running")) for p in self.errors.glob("rank*.running")}
+        return {int(p.name.removeprefix("rank").removesuffix(".running")) for p in self.logs.glob("rank*.running")}
 
     def earlier_rank_error(self, rank: int, stamp: float) -> Path:
         return self.earlier_errors / f"rank{rank}.{stamp:.0f}.json"
