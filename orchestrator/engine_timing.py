@@ -14,14 +14,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import select
 import subprocess
 import sys
+import time
 
 from orchestrator.kernel_cache import MAX_KERNEL_S, Cache
 from orchestrator.kernel_timing import KernelTimingError, Measured, device_name, software
 from orchestrator.process import clear_stale_build_locks
 
 TIMEOUT_S = 300
+# The longest the plan waits for that process's imports before timing its kernels anyway
+# (its quiet check then judges them): an import takes seconds.
+IMPORT_WAIT_S = 60
 # `python -m orchestrator.workload.step_timing SETTINGS --when-told` imports, says READY and
 # times only once the line GO arrives on its stdin (EngineTiming below).
 WHEN_TOLD, READY, GO = "--when-told", "ready", "go"
@@ -131,6 +137,22 @@ class EngineTiming:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
+
+    def imported(self) -> None:
+        """Once its process (if any) has imported, which it says: called before the plan's
+        first kernel is timed, so that no kernel is timed beside that import (on a CPU whose
+        planner imports faster than the engine's process, the first timings ran beside it,
+        and the quiet check threw them away: bench/RESULTS.md, "Plan speed")."""
+        if self.proc is None or self.proc.stdout is None:
+            return
+        fd, said, deadline = self.proc.stdout.fileno(), b"", time.monotonic() + IMPORT_WAIT_S
+        # Read from the pipe itself, as `communicate` in `finish_timing` goes on to: what came
+        # before READY is only the libraries' chatter, and nothing follows it until GO.
+        while (left := deadline - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            said += chunk
+            if not chunk or READY in said.decode(errors="replace").splitlines():  # EOF: it failed (`apply` says why)
+                return
 
     def timed(self) -> dict[str, tuple[float, float]]:
         if self.proc is None:

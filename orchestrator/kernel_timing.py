@@ -301,9 +301,12 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
 
 
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
-            optimizer_tensors: list[int], recompute: str = "none") -> Measured:
+            optimizer_tensors: list[int], recompute: str = "none",
+            before_timing: Callable[[], None] = lambda: None) -> Measured:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
     optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
+    `before_timing`: called once, after the imports and before the first kernel is timed
+    (the planner waits there for the engine's timing process to finish its imports).
     KernelTimingError where the device cannot run one."""
     name, sw = device_name(device), software()
     prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads|{precision}|"
@@ -336,6 +339,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
             with collector_paused():
                 kernels.import_libraries(model.arch)
             timing.enter_context(threads(threads_per_rank))
+            before_timing()
         return quiet.first(how)
 
     try:

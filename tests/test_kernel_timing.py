@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -255,7 +256,7 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
     monkeypatch.setattr(engine_timing, "device_name", lambda device: "NVIDIA L40S")
     timed = KernelTimes(layer_gemms=(1e-3, 2e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
                         memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=5e-6)
-    monkeypatch.setattr(kernel_timing, "measure", lambda *a: kernel_timing.Measured(
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: kernel_timing.Measured(
         timed, 1e-3, "NVIDIA L40S", "torch 2.13.0", "2026-11-24T00:00:00Z"))
     spec = build_spec(["model=gpt2-125m"])
     hw = spec.cfg.hardware
@@ -270,7 +271,7 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
     assert "unknown" in shown.get()
     with pytest.raises(ConfigError, match="run.objective"):  # nothing to rank by
         build_spec(["model=gpt2-125m", "run.objective=mfu"])
-    monkeypatch.setattr(kernel_timing, "measure", lambda *a: (_ for _ in ()).throw(KernelTimingError("OOM")))
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: (_ for _ in ()).throw(KernelTimingError("OOM")))
     with pytest.raises(ConfigError, match="hardware.peak_tflops.bf16"):  # no kernels and no peak: no plan
         make_plan(spec)
 
@@ -287,7 +288,7 @@ def test_kernels_that_sum_past_their_block_timed_whole_are_said_so(monkeypatch):
     alone = KernelTimes(layer_gemms=(2e-3, 4e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
                         memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=0.0)
     whole = dataclasses.replace(alone, block=(1e-3, 2e-3), ends=(1e-3, 2e-3))
-    monkeypatch.setattr(kernel_timing, "measure", lambda *a: kernel_timing.Measured(
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: kernel_timing.Measured(
         whole, 1e-3, "a CPU", "torch 2.13.0", "2026-11-27T00:00:00Z"))
     monkeypatch.setattr(planner, "engine_settings", lambda spec: None)  # no engine to time
     spec = small_spec()
@@ -366,11 +367,37 @@ def test_the_engines_process_imports_beside_the_kernels_and_times_only_when_told
 
     alive_while_kernels_timed = []
     real_measure = kernel_timing.measure
-    monkeypatch.setattr(kernel_timing, "measure",
-                        lambda *a: alive_while_kernels_timed.append(bool(timing_processes())) or real_measure(*a))
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: alive_while_kernels_timed.append(
+        bool(timing_processes())) or real_measure(*a, **k))
+    events = []
+    real_imported, real_probe = engine_timing.EngineTiming.imported, kernel_timing.QuietCheck.probe
+    monkeypatch.setattr(engine_timing.EngineTiming, "imported", lambda self: events.append("imported") or real_imported(self))
+    monkeypatch.setattr(kernel_timing.QuietCheck, "probe", lambda self: events.append("probe") or real_probe(self))
     plan = make_plan(spec)
     assert alive_while_kernels_timed == [True]
+    assert events[:2] == ["imported", "probe"]  # no kernel timed before the engine's process has imported
     assert "fsdp's own step, timed as it runs it" in plan.time.optimizer_source and not timing_processes()
+
+
+def test_the_plan_waits_for_the_engines_process_to_import_before_it_times_a_kernel(fresh_cache):
+    """`EngineTiming.imported` returns once that process has imported and waits, idle, to be
+    told: on a CPU whose planner imports first, the kernels were otherwise timed beside its
+    import (and the quiet check then dropped them)."""
+    from orchestrator.plan.planner import engine_settings
+
+    spec = small_spec("engine=fsdp", "zero=stage3", "parallel.dp=1")
+    with engine_timing.EngineTiming(engine_settings(spec), 1, 10_000, "cpu") as engine:
+        engine.imported()
+        pid = engine.proc.pid
+        before = _cpu_ticks(pid)
+        time.sleep(0.5)
+        assert engine.proc.poll() is None and _cpu_ticks(pid) == before  # alive, blocked on its stdin
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
 
 
 def test_a_busy_machine_is_said_and_its_timings_are_not_cached(fresh_cache, monkeypatch):

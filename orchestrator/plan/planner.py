@@ -143,7 +143,7 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False) -> tupl
             raise KernelTimingError("no CUDA device on this machine")
         with engine_timing.EngineTiming(engine_settings(spec), threads, sum(shares), device) as engine:
             m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
-                                      spec.cfg.recompute.mode)
+                                      spec.cfg.recompute.mode, before_timing=engine.imported)
             m = dataclasses.replace(engine.apply(m), discarded=Cache.take_discarded())
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
