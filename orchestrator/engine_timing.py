@@ -143,7 +143,7 @@ class EngineTiming:
         first kernel is timed, so that no kernel is timed beside that import (on a CPU whose
         planner imports faster than the engine's process, the first timings ran beside it,
         and the quiet check threw them away: bench/RESULTS.md, "Plan speed")."""
-        if self.proc is None or self.proc.stdout is None:
+        if self.proc is None:
             return
         fd, said, deadline = self.proc.stdout.fileno(), b"", time.monotonic() + IMPORT_WAIT_S
         # Read from the pipe itself, as `communicate` in `finish_timing` goes on to: what came

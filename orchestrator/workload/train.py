@@ -50,15 +50,15 @@ def main() -> None:
     paths = TrialPaths(trial_dir)
     redirect_output(paths.rank_log(rank))
     running = _mark_running(paths.rank_running(rank))
+    code = 0
     try:
         train(trial_dir, rank, world, console if rank == 0 else None)
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then ends the rank
         _record_failure(trial_dir, rank, exc)
-        running.unlink(missing_ok=True)
-        leave(exc.exit_code if isinstance(exc, Interrupted) else 1, console)
+        code = exc.exit_code if isinstance(exc, Interrupted) else 1
     running.unlink(missing_ok=True)
-    if not forked():
-        leave(0, console)
+    if code or not forked():
+        leave(code, console)
     flush(console)  # torchrun waits for this function's return; multiprocessing then calls os._exit
 
 
