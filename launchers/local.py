@@ -19,7 +19,7 @@ from typing import Callable
 
 from orchestrator.launchers import forked
 from orchestrator.launchers.binding import Binding
-from orchestrator import hardware
+from orchestrator import cpu_allocator, hardware
 from orchestrator.config import DeviceType
 from orchestrator.spec import TrialSpec
 from orchestrator.process import PROGRESS, clear_stale_build_locks, die_with_parent, end_group
@@ -35,13 +35,6 @@ class Command:
     env: dict[str, str] = field(default_factory=dict)
 
 
-# glibc's malloc serves a block below its mmap threshold from its heap, whose freed blocks
-# stay resident, and raises that threshold to the size of each mmapped block freed (up to
-# 32 MiB; mallopt(3), M_MMAP_THRESHOLD). A CPU trial's activations (MBs to tens of MBs)
-# then live in the heap, and its resident peak grows past its live tensors: 0.52 GiB on a
-# two-layer gpt2-125m at micro 4 (bench/RESULTS.md). Fixed, the threshold stops moving and
-# every block from 1 MiB up is returned to the system when freed.
-MALLOC_MMAP_THRESHOLD = 1 << 20
 
 
 def rank_environment(spec: TrialSpec, threads: int) -> dict[str, str]:
@@ -49,8 +42,7 @@ def rank_environment(spec: TrialSpec, threads: int) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": str(threads)}
     if not spec.cfg.hardware.device.is_gpu:
         env["DS_ACCELERATOR"] = DeviceType.cpu.value  # DeepSpeed would otherwise look for CUDA
-        # the user's own setting, where there is one, is theirs
-        env["MALLOC_MMAP_THRESHOLD_"] = os.environ.get("MALLOC_MMAP_THRESHOLD_", str(MALLOC_MMAP_THRESHOLD))
+        env.update(cpu_allocator.rank_environment())  # the resident peak is the live tensors' (cpu_allocator.py)
     elif spec.cfg.run.expandable_segments:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # less fragmentation (003)
     return env

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+from orchestrator import cpu_allocator
 from orchestrator.kernel_cache import MAX_KERNEL_S, Cache
 from orchestrator.kernel_timing import KernelTimingError, Measured, device_name, software
 from orchestrator.process import clear_stale_build_locks
@@ -38,10 +39,15 @@ METHOD = "engine 2 (a dip taken in proportion; a small share on a CPU bracketed)
 
 def start_timing(settings: dict) -> subprocess.Popen:
     """step_timing's process for `settings` (the engine's, threads and sizes), importing
-    until `finish_timing` tells it to time."""
+    until `finish_timing` tells it to time; on a CPU it allocates as the ranks do."""
     clear_stale_build_locks()  # DeepSpeed builds its CPU op there first: a killed build's lock would hang it
+    env = {**os.environ, **(cpu_allocator.rank_environment() if _on_cpu(settings) else {})}
     return subprocess.Popen([sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings), WHEN_TOLD],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _on_cpu(settings: dict) -> bool:
+    return str(settings.get("device", "cpu")).split(":")[0] == "cpu"
 
 
 def finish_timing(proc: subprocess.Popen) -> tuple[dict[str, tuple[float, float]], str]:
@@ -119,6 +125,8 @@ class EngineTiming:
         if engine is None:
             return
         self.settings = {**engine, "threads": threads}
+        if _on_cpu(self.settings):  # in the key: a line timed under another allocator is timed again
+            self.settings["allocator"] = cpu_allocator.allocator_key()
         sizes = stand_in_sizes(str(engine.get("device", "cpu")), elements)
         if sizes:  # one timing per power of two of the share, cached as any other
             self.settings["sizes"] = sizes

@@ -38,7 +38,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
-from orchestrator import kernels
+from orchestrator import cpu_allocator, kernels
 from orchestrator.hardware import torch_version
 from orchestrator.config import ModelConfig
 from orchestrator.kernel_cache import Cache
@@ -309,7 +309,9 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     (the planner waits there for the engine's timing process to finish its imports).
     KernelTimingError where the device cannot run one."""
     name, sw = device_name(device), software()
-    prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads|{precision}|"
+    on_cpu = device == "cpu"
+    allocator = f"{cpu_allocator.allocator_key()}|" if on_cpu else ""
+    prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads|{precision}|{allocator}"
     tick, whole_tick = clock(device), clock(device, whole=True)
     whens: list[str] = []
 
@@ -339,6 +341,8 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
             with collector_paused():
                 kernels.import_libraries(model.arch)
             timing.enter_context(threads(threads_per_rank))
+            if on_cpu:  # a rank's page faults are part of its kernels' time (cpu_allocator.py)
+                cpu_allocator.allocate_as_the_ranks()
             before_timing()
         return quiet.first(how)
 

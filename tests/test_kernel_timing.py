@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import engine_timing, kernel_timing
+from orchestrator import cpu_allocator, engine_timing, kernel_timing
 from orchestrator.calibrate import with_params
 from orchestrator.kernel_cache import Cache, plausible_times
+from orchestrator.cpu_allocator import allocator_key
 from orchestrator.kernel_timing import KernelTimingError, clock, measure, time_kernel
 from orchestrator import kernels
 from orchestrator.kernels import Kernel, trial_gemms
@@ -54,7 +55,10 @@ def small_spec(*extra: str, arch: str = "llama"):
 def test_every_kernel_of_a_micro_batch_is_timed_once_and_cached(fresh_cache, monkeypatch, arch):
     spec = small_spec(arch=arch)
     model, tensors = spec.cfg.model, [p.numel for p in parameter_tensors(spec.cfg.model)]
+    fixed = []  # the threshold itself is test_cpu_allocator's; here, that the timing fixes it first
+    monkeypatch.setattr(cpu_allocator, "allocate_as_the_ranks", lambda: fixed.append(len(Cache.known())))
     m = measure(model, 2, "bf16", "cpu", 1, tensors)
+    assert fixed == [0]  # once, before the first kernel was timed
     keys = json.loads(fresh_cache.read_text())
     gemms = [k for k in keys if "|gemm " in k]
     assert len(gemms) == len(trial_gemms(model, 64)) + 1  # each distinct layer GEMM, and the head
@@ -64,6 +68,7 @@ def test_every_kernel_of_a_micro_batch_is_timed_once_and_cached(fresh_cache, mon
     for part in ("attention sdpa causal s=32", f"memory-bound {arch}", "loss vocab=256", "launch", "adamw"):
         assert sum(part in k for k in keys) == 1, part
     assert all(k.startswith(f"{m.device}|torch ") and "|1 threads|bf16|" in k for k in keys)
+    assert all(f"|{allocator_key()}|" in k for k in keys if "|engine " not in k)  # timed as the ranks allocate
     assert all(x > 0 for x in (*m.kernels.layer_gemms, *m.kernels.head, m.kernels.attention[0], m.optimizer_s))
 
     # Again, in this process and in a new one (the file): nothing is timed a second time.

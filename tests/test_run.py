@@ -8,7 +8,6 @@ run on a fresh machine does once).
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -241,38 +240,6 @@ def test_only_a_cpu_trials_ranks_are_forked_from_a_launcher_that_imported_their_
     assert torchrun[:-3] == [*cpu[3:-1], "--start-method=fork"] and torchrun[-1] == str(tmp_path)
     script = Path(torchrun[torchrun.index("--run-path") + 1])
     assert script.is_file() and script.stem == "train"
-
-
-# A freed heap block stays resident; a CPU rank's activations are such blocks unless glibc's
-# mmap threshold is fixed (its default rises to each mmapped block freed, up to 32 MiB).
-HEAP_PATTERN = """
-import resource, sys, torch
-def rss(): return int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize()
-big = torch.empty(16 << 20, dtype=torch.uint8).fill_(1); del big   # a freed mmapped block
-base = rss()
-blocks = [torch.empty(4 << 20, dtype=torch.uint8).fill_(1) for _ in range(50)]
-last = blocks.pop(); del blocks                                        # 49 freed, one alive on top
-print(rss() - base)
-"""
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc tunable; other libcs ignore it")
-def test_a_cpu_ranks_freed_activations_go_back_to_the_system(tmp_path):
-    from orchestrator.launchers.binding import binding
-    from orchestrator.launchers.local import local_command
-
-    env = local_command(build_spec([]), tmp_path, binding("none", "cpu", 2)).env
-    assert "MALLOC_MMAP_THRESHOLD_" not in local_command(build_spec(["hardware=h100-sxm"]), tmp_path,
-                                                          binding("none", "cuda", 2)).env
-
-    def held(extra: dict) -> int:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-        out = subprocess.run([sys.executable, "-c", HEAP_PATTERN], env={**clean, **extra}, capture_output=True,
-                             text=True, timeout=120, check=True).stdout
-        return int(out)
-
-    assert held({}) > 150 << 20  # glibc's default: the 49 freed 4 MiB blocks stay resident
-    assert held({"MALLOC_MMAP_THRESHOLD_": env["MALLOC_MMAP_THRESHOLD_"]}) < 16 << 20  # the ranks': returned
 
 
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
