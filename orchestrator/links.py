@@ -39,6 +39,7 @@ from orchestrator.process import run_group
 from orchestrator.spec import build_spec
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
+MEASURED = "measured: "  # how a level this module wrote names itself
 MIN_BYTES = 2**20
 
 
@@ -195,10 +196,10 @@ def write_links(hardware: str, inside: Level, between: Level | None, what: str,
     NAME if new)."""
     def levels(data: dict) -> None:
         data["intra_node"] = {**data.get("intra_node", {}), "busbw_gbps": round(inside.busbw / 1e9, 4),
-                              "latency_us": round(inside.latency * 1e6, 2), "name": f"measured: {what}"}
+                              "latency_us": round(inside.latency * 1e6, 2), "name": f"{MEASURED}{what}"}
         if between is not None:
             data["inter_node"] = {**data.get("inter_node", {}), "busbw_gbps": round(between.busbw / 1e9, 4),
-                                  "latency_us": round(between.latency * 1e6, 2), "name": f"measured: {what}"}
+                                  "latency_us": round(between.latency * 1e6, 2), "name": f"{MEASURED}{what}"}
 
     return _write_preset(hardware, f"the network measured as nccl-tests does ({what})", levels, table)
 

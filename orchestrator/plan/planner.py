@@ -17,9 +17,11 @@ from orchestrator.plan import advice, bus_table
 from orchestrator.plan.collectives import Network, network
 from orchestrator.plan.comm import Schedule, StepTime, bytes_per_rank_per_step, step_time
 from orchestrator.config import KernelSource
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, MeasurementFailed
 from orchestrator.kernel_cache import Cache
 from orchestrator.kernel_timing import KernelTimingError, Measured
+from orchestrator.links import MEASURED
+from orchestrator.local_links import LocalLinks, local_links
 from orchestrator.plan.compute import ComputeTime, Rates, estimated_kernels, micro_batch_time
 from orchestrator.plan.flops import flops
 from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, layout_of
@@ -54,8 +56,10 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     # A trial that will be refused for its memory is not worth timing (a 175B model's kernels
     # on a slow CPU take most of a minute): the refusal comes at once, its time from the preset.
     refused = not memory.fits and not cfg.run.force and peak_tflops is not None
-    measured, compute_source = measured_kernels(spec, here=on_the_node or cfg.cluster.name == "local",
-                                                refused=refused)
+    here = on_the_node or cfg.cluster.name == "local"
+    links, links_note = measured_links(spec, here=here, refused=refused)  # before the kernels: nothing beside them
+    net = network_of(spec, links)
+    measured, compute_source = measured_kernels(spec, here=here, refused=refused)
     if not measured and peak_tflops is None:
         raise ConfigError("hardware.peak_tflops." + spec.precision, None, f"the dense peak of this GPU: its kernels could "
                           f"not be timed ({compute_source}), and without them the plan estimates from the peak")
@@ -63,7 +67,7 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                                                                   element_bytes(spec.precision))
     engine = (measured.engine_forward_s, measured.engine_backward_s) if measured else (0.0, 0.0)
     micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None, engine=engine)
-    t, t_one = (step_times(spec, sharded, grad_accum, micro_time) for grad_accum in (spec.grad_accum_steps, 1))
+    t, t_one = (step_times(spec, sharded, grad_accum, micro_time, net) for grad_accum in (spec.grad_accum_steps, 1))
     offloaded = bool((sharded.offload if sharded else layout.offload_optimizer and cfg.zero.stage) and hw.device.is_gpu)
     optimizer_s = measured.optimizer_s if measured and not offloaded else optimizer_step_s(spec, n, offloaded, bandwidth)
     step_s = t.step_s + optimizer_s
@@ -89,7 +93,8 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                   added_micro_batch_s=(t.step_s - t_one.step_s) / (spec.grad_accum_steps - 1)
                   if spec.grad_accum_steps > 1 else 0.0),
         max_micro_batch=max_micro,
-        assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source),
+        assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source,
+                                f"network{links_note}: {network_note(spec.cfg.hardware, links)}"),
         sources={"compute": compute_source, "peak": peak_note},
     )
     if not plan.fits:
@@ -102,14 +107,15 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     return plan
 
 
-def step_times(spec: TrialSpec, sharded: FsdpLayout | None, grad_accum: int, micro_time: ComputeTime) -> StepTime:
+def step_times(spec: TrialSpec, sharded: FsdpLayout | None, grad_accum: int, micro_time: ComputeTime,
+               net: Network) -> StepTime:
     """The step of `grad_accum` micro batches (compute and communication, no optimizer)
     under the trial's engine: FSDP2's schedule, or DeepSpeed's (and DDP's)."""
     if sharded:
         return fsdp_step_time(dataclasses.replace(sharded, grad_accum=grad_accum), fwd_s=micro_time.forward_s,
-                              bwd_s=micro_time.backward_s, net=network_of(spec))
+                              bwd_s=micro_time.backward_s, net=net)
     return step_time(schedule_of(spec), grad_accum=grad_accum, fwd_s=micro_time.forward_s,
-                     bwd_s=micro_time.backward_s, net=network_of(spec))
+                     bwd_s=micro_time.backward_s, net=net)
 
 
 def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: float | None) -> float:
@@ -153,6 +159,20 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False) -> tupl
     return m, f"compute: {m.source()}{on}"
 
 
+def measured_links(spec: TrialSpec, here: bool, refused: bool) -> tuple[LocalLinks | None, str]:
+    """This host's links where a CPU trial whose kernels are measured puts several ranks on
+    it and its preset's inside-node level is not a measured one (local_links.py); where
+    they cannot be measured, None and what the plan says instead."""
+    hw = spec.cfg.hardware
+    if (hw.device.is_gpu or hw.kernels != KernelSource.measured or not here or refused or spec.gpus_per_node < 2
+            or hw.network or hw.intra_node.name.startswith(MEASURED)):
+        return None, ""
+    try:
+        return local_links(spec.gpus_per_node), ""
+    except (MeasurementFailed, ConfigError, OSError) as exc:
+        return None, f" (this host's links could not be measured: {str(exc)[:200]})"
+
+
 def engine_settings(spec: TrialSpec) -> dict | None:
     """What workload/step_timing.py needs to time the trial's engine as it runs: DeepSpeed
     (also under accelerate) with its ZeRO section and optimizer, or FSDP2; None for DDP
@@ -175,14 +195,13 @@ def engine_settings(spec: TrialSpec) -> dict | None:
 
 
 def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, bandwidth_note: str, offloaded: bool,
-                compute_source: str) -> list[str]:
+                compute_source: str, network: str) -> list[str]:
     """What the plan's figures rest on, said with their sources (the plan prints them)."""
     hw = spec.cfg.hardware
     return [
         f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})" if peak_tflops else peak_note,
         compute_source,
-        _network_source(hw) + f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}; "
-        f"{hw.device.collective_backend}'s " + ("ring or tree, the faster per call" if hw.device.is_gpu else "ring")
+        f"{network}; {hw.device.collective_backend}'s " + ("ring or tree, the faster per call" if hw.device.is_gpu else "ring")
         + f"; gradients on the wire in {wire_dtype(spec)}; {hw.collective_overhead_us:g} us fixed cost per call "
         "(hardware.collective_overhead_us)",
         f"memory-bound kernels and the optimizer step ({optimizer_traffic_bytes(1, spec.precision)} bytes moved per "
@@ -194,24 +213,34 @@ def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, band
     ]
 
 
-def _network_source(hw) -> str:
+def network_note(hw, links: LocalLinks | None) -> str:
+    """What the plan's network rests on: this host's measured links, a measured table, or
+    the preset's levels."""
+    if links:
+        return (f"intra-node measured on this host ({links.source}): bus bandwidth by collective and message "
+                f"size, and where that has no curve {links.level.busbw / 1e9:.3g} GB/s busbw, "
+                f"{links.level.latency * 1e6:.3g} us a hop; {_level(hw.inter_node, 'inter-node')}")
     if not hw.network:
-        return "network: "
+        return f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}"
     source = bus_table.load(hw.network).source
-    return (f"network: bus bandwidth by collective, message size and node count as measured in {hw.network} "
-            f"({source[:160] + '...' if len(source) > 160 else source}); where it has no curve, ")
+    return (f"bus bandwidth by collective, message size and node count as measured in {hw.network} "
+            f"({source[:160] + '...' if len(source) > 160 else source}); where it has no curve, "
+            f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}")
 
 
 def _level(link, where: str) -> str:
     return f"{where} {link.name + ' ' if link.name else ''}{link.busbw_gbps:g} GB/s busbw, {link.latency_us:g} us a hop"
 
 
-def network_of(spec: TrialSpec) -> Network:
-    """The trial's ranks on its nodes, over the preset's (or the user's) two network levels."""
+def network_of(spec: TrialSpec, links: LocalLinks | None = None) -> Network:
+    """The trial's ranks on its nodes, over the preset's (or the user's) two network levels,
+    or inside a node over this host's measured `links`."""
     hw = spec.cfg.hardware
-    return network(spec.world_size, spec.nodes, hw.intra_node.busbw_gbps, hw.intra_node.latency_us,
-                   hw.inter_node.busbw_gbps, hw.inter_node.latency_us, backend=hw.device.collective_backend,
-                   call_us=hw.collective_overhead_us, table=bus_table.load(hw.network) if hw.network else None)
+    intra = (links.level.busbw / 1e9, links.level.latency * 1e6) if links else (hw.intra_node.busbw_gbps,
+                                                                               hw.intra_node.latency_us)
+    table = links.table if links else bus_table.load(hw.network) if hw.network else None
+    return network(spec.world_size, spec.nodes, *intra, hw.inter_node.busbw_gbps, hw.inter_node.latency_us,
+                   backend=hw.device.collective_backend, call_us=hw.collective_overhead_us, table=table)
 
 
 def fsdp_layout(spec: TrialSpec) -> FsdpLayout | None:

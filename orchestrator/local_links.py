@@ -1,0 +1,90 @@
+"""This host's own links, measured once: what a CPU trial's ranks on one node talk over.
+
+A CPU preset cannot know what a gloo collective costs between processes of this host: on
+a 2-core AMD EPYC it was 186 us a hop at 0.8 GB/s of bus bandwidth, where the preset
+assumes 50 us and 5 GB/s, and a ZeRO-3 or FSDP2 step at dp 2 makes about forty calls
+(bench/RESULTS.md, "This host's links, measured by the plan"). So where a CPU trial puts
+several ranks on a node and its preset's inside-node level was not measured (`orchestrator
+calibrate --links` writes a measured one), the plan measures it here as `calibrate --links
+--nodes 1` does (links.py: torchrun, workload/collective_timing.py), once per CPU, torch
+version and ranks a node, cached beside the kernels (local_links.json), and plans from that
+curve and the level fitted to it, as it would from a calibrated preset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+
+from orchestrator.errors import MeasurementFailed
+from orchestrator.files import atomic_write_text, read_json
+from orchestrator.hardware import cache_dir, cpu_model, torch_version
+from orchestrator.links import OPS, Measurement, fit_level, measure, table_of
+from orchestrator.plan.bus_table import BusTable
+from orchestrator.plan.collectives import Level
+
+BACKEND = "gloo"
+MAX_MB = 16  # 1 to 16 MB: a small model's buckets and a ZeRO-3 module's gather; larger calls are bandwidth
+REPS = 5
+# Longer than this, a call is not a host's loopback (a stalled machine): measured again.
+MAX_CALL_S = 60.0
+
+
+@dataclass(frozen=True)
+class LocalLinks:
+    level: Level
+    table: BusTable
+    source: str  # what was measured, where and when, for the plan's assumptions
+
+
+def cache_path():
+    return cache_dir() / "local_links.json"
+
+
+def key(ranks_per_node: int) -> str:
+    return f"{cpu_model()}|torch {torch_version()}|{BACKEND}|{ranks_per_node} ranks|1-{MAX_MB} MB"
+
+
+def local_links(ranks_per_node: int) -> LocalLinks:
+    """This host's links between `ranks_per_node` ranks: cached, else measured now (seconds:
+    the ranks import torch). MeasurementFailed where they cannot be measured."""
+    cache = cache_path()
+    known = read_json(cache) or {}
+    entry = known.get(key(ranks_per_node))
+    rows = rows_of(entry)
+    if rows is None:
+        # A call timed at nothing (the barriers' cost taken off a call as short as they are)
+        # says nothing of the link; the others are kept.
+        rows = [m for m in measure([1], ranks_per_node, MAX_MB, REPS, "cpu") if m.seconds > 0]
+        entry = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                 "rows": [[m.op, m.ranks, m.nodes, m.bytes, m.seconds] for m in rows]}
+        if rows_of(entry) is None:
+            raise MeasurementFailed(f"{ranks_per_node} ranks of this host timed no usable call of each collective")
+        known[key(ranks_per_node)] = entry
+        with contextlib.suppress(OSError):  # an unusable cache costs the measurement next time, nothing else
+            atomic_write_text(cache, json.dumps(known, indent=1))
+    what = f"{BACKEND} between {ranks_per_node} ranks of this host, 1-{MAX_MB} MB, measured {entry['when']}"
+    try:
+        level = fit_level(rows, BACKEND)
+    except (ValueError, np.linalg.LinAlgError) as exc:
+        raise MeasurementFailed(f"no level fits this host's measured calls ({exc})") from None
+    return LocalLinks(level, table_of(rows, what), what)
+
+
+def rows_of(entry) -> list[Measurement] | None:
+    """The cached rows where every one is a measurement this host could have made (each
+    collective at least once, a time within (0, MAX_CALL_S]), else None."""
+    try:
+        rows = [Measurement(str(op), int(ranks), int(nodes), int(size), float(seconds))
+                for op, ranks, nodes, size, seconds in entry["rows"]]
+        str(entry["when"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    fine = all(m.op in OPS and m.ranks > 1 and m.nodes == 1 and m.bytes > 0
+               and math.isfinite(m.seconds) and 0 < m.seconds <= MAX_CALL_S for m in rows)
+    return rows if fine and {m.op for m in rows} == set(OPS) else None
