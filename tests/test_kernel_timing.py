@@ -22,6 +22,7 @@ from orchestrator import kernels
 from orchestrator.kernels import Kernel, trial_gemms
 from orchestrator.plan.compute import KernelTimes, micro_batch_time
 from orchestrator.plan.params import parameter_tensors
+from orchestrator.plan import planner
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
 
@@ -42,6 +43,9 @@ def fresh_cache(tmp_path, monkeypatch):
     # These tests are about what is timed and cached; other tests beside them (xdist) would
     # make the busy check drop the times. The check has its own test, with a stand-in probe.
     monkeypatch.setattr(kernel_timing.QuietCheck, "probe", lambda self: 0.01)
+    # Nor about this host's links, which a fresh cache would measure again for every plan of
+    # two ranks (seconds each): tests/test_local_links.py measures them.
+    monkeypatch.setattr(planner, "measured_links", lambda *a, **k: (None, ""))
     yield tmp_path / "orchestrator" / "kernels.json"
     Cache._known = None
 
