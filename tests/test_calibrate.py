@@ -5,6 +5,7 @@ under torchrun); the fit and the preset it writes are what a user gets."""
 
 import json
 import math
+import re
 
 import pytest
 
@@ -34,13 +35,15 @@ def test_calibrate_fits_measured_trials_and_the_plan_uses_the_preset(cli, tmp_pa
     report = cli("report", "--json", str(tmp_path / "runs"), env=env)
     rows = json.loads(report.stdout)
     assert len(rows) == 2 and all(r["calibrated_step_s"] and r["predicted_step_s"] for r in rows)
-    # The preset the report reads is the fit's: it predicts the measured trials strictly
-    # better (squared log error, what the fit minimises) than the preset they ran with.
-    # How close it comes is an accuracy target, bench/calibration_check.py's: CI runs tests
-    # two at a time, and a neighbour's load can slow one trial past what the model reproduces.
-    before = [math.log(r["predicted_step_s"] / r["step_time_s"]) ** 2 for r in rows]
-    after = [math.log(r["calibrated_step_s"] / r["step_time_s"]) ** 2 for r in rows]
-    assert sum(after) < sum(before), (before, after)
+    # The fit is no worse than the preset it started from on the trials it fitted (squared log
+    # error, what its search minimises, keeping the best it saw), as calibrate's table shows
+    # them (before, after). Not against the trials' own plans: those time the kernels on this
+    # machine and may already be closer; how close either comes is bench/calibration_check.py's.
+    ratios = [[float(x) for x in re.findall(r"\d+\.\d+", line)[-2:]] for line in done.stdout.splitlines()
+              if line.startswith("│") and "run.steps=6" in line]
+    assert len(ratios) == 2 and all(len(r) == 2 for r in ratios), done.stdout
+    before, after = (sum(math.log(r[i]) ** 2 for r in ratios) for i in (0, 1))
+    assert after <= before + 0.02, ratios  # the table's two decimals
     # An empty directory is refused with exit 2.
     (tmp_path / "empty").mkdir()
     empty = cli("calibrate", str(tmp_path / "empty"), env=env)

@@ -20,10 +20,10 @@ def _net(ranks, nodes, backend="nccl", call_us=0.0, **links):
     return network(ranks, nodes, **{**H100, **links}, backend=backend, call_us=call_us)
 
 
-def _schedule(stage, n=10**9, bucket=5 * 10**8, overlap=True, wire=2, ddp=False, tensors=None):
+def _schedule(stage, n=10**9, bucket=5 * 10**8, overlap=True, wire=2, ddp=False, tensors=None, persistence=0):
     return comm.Schedule(stage=stage, tensors=tensors or [n // 2, n - n // 2], param_bytes=2, wire_bytes=wire,
                          reduce_bucket=bucket, allgather_bucket=5 * 10**8, prefetch_bucket=5 * 10**7,
-                         overlap_comm=overlap, ddp=ddp)
+                         overlap_comm=overlap, ddp=ddp, persistence_threshold=persistence)
 
 
 def _step(stage, dp, ga=1, nodes=1, **kw):
@@ -113,6 +113,20 @@ def test_only_the_last_backward_hides_a_reduction_and_the_gather_after_step_hide
     assert many.exposed_s == pytest.approx(one.exposed_s)  # more micro batches hide nothing more
     gather = one.collectives[1]
     assert gather.op == "all_gather" and gather.exposed_s == gather.time_s
+
+
+def test_zero3_gathers_each_persistent_parameter_after_step_in_a_call_of_its_own():
+    tensors = [4 * 10**6, 256, 4 * 10**6, 768, 256]  # weights, and the biases and norms kept whole
+    net = _net(2, 1, backend="gloo", call_us=100.0)
+    kept = comm.step_time(_schedule(3, tensors=tensors, persistence=1000), grad_accum=4, fwd_s=0.1, bwd_s=0.2, net=net)
+    none = comm.step_time(_schedule(3, tensors=tensors), grad_accum=4, fwd_s=0.1, bwd_s=0.2, net=net)
+    after = kept.collectives[-1]
+    assert after.phase.startswith("after step()") and after.op == "all_gather" and after.calls == 3  # once a step
+    assert after.exposed_s == after.time_s > 3 * 100e-6  # each call pays its own fixed cost, behind nothing
+    assert kept.step_s == pytest.approx(none.step_s + after.time_s) and len(none.collectives) == 3
+    one_rank = comm.step_time(_schedule(3, tensors=tensors, persistence=1000), grad_accum=4, fwd_s=0.1, bwd_s=0.2,
+                              net=_net(1, 1, backend="gloo"))
+    assert not any(c.phase.startswith("after step()") for c in one_rank.collectives)
 
 
 def test_ddp_overlaps_its_buckets_and_deepspeed_stage0_does_not():

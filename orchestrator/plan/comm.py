@@ -19,7 +19,12 @@ gradients' own dtype):
   during the last micro batch's backward; stage 2 during every micro batch's (gradients
   live only as partitions).
 - DeepSpeed stage 3: all-gather in forward + all-gather in backward + reduce-scatter,
-  every micro batch.
+  every micro batch; after step(), each persistent parameter (at most
+  param_persistence_threshold elements, kept whole on every rank but updated as a
+  partition) is all-gathered in a call of its own (DeepSpeed's `_post_step`, whose
+  "coalesced" gather issues one all-gather per parameter), behind nothing. Small calls,
+  but one per bias and norm: at dp 2 on a CPU's gloo 39 of them took about 80 ms of a
+  0.36 s step (bench/RESULTS.md).
 
 Overlap (overlap_comm=true): a pass's buckets go out as its backward produces them, so
 the pass takes the first bucket's backward, then the longer of the rest of the backward
@@ -146,6 +151,7 @@ class Schedule:
     prefetch_bucket: int
     overlap_comm: bool
     ddp: bool = False  # stage 0 as torch DDP (engine=accelerate): bucketed, overlapped
+    persistence_threshold: int = 0  # stage 3: tensors of at most this many elements stay whole
 
 
 def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: Network) -> StepTime:
@@ -190,13 +196,16 @@ def _stage3(s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Netwo
         fwd, bwd = fwd_s + sum(fetch), bwd_s + sum(fetch) + sum(reduce)
     per_micro = {"forward": fwd - fwd_s, "backward": bwd - bwd_s}
     b_total = sum(fetch) + sum(reduce)
+    persistent = calls("all_gather", [n for n in s.tensors if n <= s.persistence_threshold], s.param_bytes, net)
     c = [collective("forward, every micro batch", gathers, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["forward"]),
          collective("backward, every micro batch", gathers, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["backward"] * (sum(fetch) / b_total if b_total else 0)),
          collective("backward, every micro batch", scatters, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["backward"] * (sum(reduce) / b_total if b_total else 0))]
-    return grad_accum * (fwd + bwd), c
+    if persistent.sizes and net.ranks > 1:
+        c.append(collective("after step(), each persistent parameter", persistent, net, exposed_s=math.inf))
+    return grad_accum * (fwd + bwd) + (c[-1].time_s if len(c) > 3 else 0.0), c
 
 
 def _interleave(fetch: list[float], reduce: list[float]) -> list[float]:

@@ -37,11 +37,12 @@ def _tensors(arch: str, h: int, f: int, v: int, kv: int, max_positions: int, n_l
     if arch == "gpt2":
         # Conv1D layers carry a bias; LayerNorm a weight and a bias.
         embed = [t("wte", v * h, matmul=tie_embeddings), t("wpe", max_positions * h, False)]
-        layer = [t("ln_1", 2 * h, False), t("attn.c_attn", h * 3 * h, True), t("attn.c_attn", 3 * h, False),
-                 t("attn.c_proj", h * h, True), t("attn.c_proj", h, False), t("ln_2", 2 * h, False),
+        layer = [t("ln_1", h, False), t("ln_1", h, False), t("attn.c_attn", h * 3 * h, True),
+                 t("attn.c_attn", 3 * h, False), t("attn.c_proj", h * h, True), t("attn.c_proj", h, False),
+                 t("ln_2", h, False), t("ln_2", h, False),
                  t("mlp.c_fc", h * f, True), t("mlp.c_fc", f, False), t("mlp.c_proj", f * h, True),
                  t("mlp.c_proj", h, False)]
-        final = [t("ln_f", 2 * h, False)]
+        final = [t("ln_f", h, False), t("ln_f", h, False)]
     else:
         embed = [t("embed_tokens", v * h, matmul=tie_embeddings)]
         layer = [t("input_layernorm", h, False), t("self_attn.q_proj", h * h, True), t("self_attn.k_proj", h * kv, True),

@@ -269,7 +269,8 @@ def schedule_of(spec: TrialSpec) -> Schedule:
                     param_bytes=element_bytes(spec.precision), wire_bytes=element_bytes(wire_dtype(spec)),
                     reduce_bucket=z.reduce_bucket_size, allgather_bucket=z.allgather_bucket_size,
                     prefetch_bucket=z.prefetch_bucket_size, overlap_comm=z.overlap_comm,
-                    ddp=engine.name == "accelerate" and engine.backend == "fsdp" and z.stage == 0)
+                    ddp=engine.name == "accelerate" and engine.backend == "fsdp" and z.stage == 0,
+                    persistence_threshold=z.param_persistence_threshold)
 
 
 def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> Rates:
