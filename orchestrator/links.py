@@ -61,13 +61,13 @@ class Measurement:
         return self.algbw * bus_factor(self.op, self.ranks)
 
 
-def sizes(max_mb: float) -> list[int]:
-    """1 MB, doubling, up to max_mb."""
-    out, size = [], MIN_BYTES
+def sizes(max_mb: float, min_bytes: int = MIN_BYTES) -> list[int]:
+    """min_bytes (1 MB), doubling, up to max_mb."""
+    out, size = [], min_bytes
     while size <= max_mb * 2**20:
         out.append(size)
         size *= 2
-    return out or [MIN_BYTES]
+    return out or [min_bytes]
 
 
 def ring_terms(m: Measurement, backend: str) -> tuple[float, float]:
@@ -153,13 +153,13 @@ def _check_slurm_has(most: int, nodes_text: str, partition: str | None) -> None:
 
 
 def measure(node_counts: list[int], ranks_per_node: int, max_mb: float, reps: int, device: str,
-            partition: str | None = None) -> list[Measurement]:
+            partition: str | None = None, min_bytes: int = MIN_BYTES) -> list[Measurement]:
     """Every collective and size on each node count; one node runs here unless SLURM is asked.
     The ranks end with this process (run_group): a signal to the command ends them too."""
     out = []
     for nodes in node_counts:
         ranks = nodes * ranks_per_node
-        worker = ["-m", "orchestrator.workload.collective_timing", ",".join(map(str, sizes(max_mb))), str(reps), device]
+        worker = ["-m", "orchestrator.workload.collective_timing", ",".join(map(str, sizes(max_mb, min_bytes))), str(reps), device]
         if nodes == 1 and partition is None:
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *worker]
         else:

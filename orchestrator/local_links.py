@@ -8,7 +8,9 @@ several ranks on a node and its preset's inside-node level was not measured (`or
 calibrate --links` writes a measured one), the plan measures it here as `calibrate --links
 --nodes 1` does (links.py: torchrun, workload/collective_timing.py), once per CPU, torch
 version and ranks a node, cached beside the kernels (local_links.json), and plans from that
-curve and the level fitted to it, as it would from a calibrated preset.
+curve and the level fitted to it, as it would from a calibrated preset. The preset's fixed
+cost per call the engine issues (`collective_overhead_us`) is still added: planned without
+it, the dp 2 trials came out 0.71-0.85 of their steps, with it 0.81-0.96 (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from orchestrator.plan.bus_table import BusTable
 from orchestrator.plan.collectives import Level
 
 BACKEND = "gloo"
-MAX_MB = 16  # 1 to 16 MB: a small model's buckets and a ZeRO-3 module's gather; larger calls are bandwidth
+# 16 KB to 16 MB: ZeRO-3's persistent parameters after each step (a bias, a norm) up to a
+# small model's buckets; a call below the smallest size measured is read as that size's time.
+MIN_BYTES, MAX_MB = 16 << 10, 16
 REPS = 5
 # Longer than this, a call is not a host's loopback (a stalled machine): measured again.
 MAX_CALL_S = 60.0
@@ -47,7 +51,7 @@ def cache_path():
 
 
 def key(ranks_per_node: int) -> str:
-    return f"{cpu_model()}|torch {torch_version()}|{BACKEND}|{ranks_per_node} ranks|1-{MAX_MB} MB"
+    return f"{cpu_model()}|torch {torch_version()}|{BACKEND}|{ranks_per_node} ranks|{MIN_BYTES >> 10} KB-{MAX_MB} MB"
 
 
 def local_links(ranks_per_node: int) -> LocalLinks:
@@ -60,7 +64,7 @@ def local_links(ranks_per_node: int) -> LocalLinks:
     if rows is None:
         # A call timed at nothing (the barriers' cost taken off a call as short as they are)
         # says nothing of the link; the others are kept.
-        rows = [m for m in measure([1], ranks_per_node, MAX_MB, REPS, "cpu") if m.seconds > 0]
+        rows = [m for m in measure([1], ranks_per_node, MAX_MB, REPS, "cpu", min_bytes=MIN_BYTES) if m.seconds > 0]
         entry = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                  "rows": [[m.op, m.ranks, m.nodes, m.bytes, m.seconds] for m in rows]}
         if rows_of(entry) is None:
@@ -68,7 +72,8 @@ def local_links(ranks_per_node: int) -> LocalLinks:
         known[key(ranks_per_node)] = entry
         with contextlib.suppress(OSError):  # an unusable cache costs the measurement next time, nothing else
             atomic_write_text(cache, json.dumps(known, indent=1))
-    what = f"{BACKEND} between {ranks_per_node} ranks of this host, 1-{MAX_MB} MB, measured {entry['when']}"
+    what = (f"{BACKEND} between {ranks_per_node} ranks of this host, {MIN_BYTES >> 10} KB-{MAX_MB} MB, "
+            f"measured {entry['when']}")
     try:
         level = fit_level(rows, BACKEND)
     except (ValueError, np.linalg.LinAlgError) as exc:

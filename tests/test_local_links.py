@@ -42,8 +42,9 @@ def test_the_links_are_measured_once_then_read_from_the_cache(cache, monkeypatch
     measured = local_links(2)  # real: two ranks under torchrun, gloo on this host
     rows = json.loads(cache_path().read_text())[key(2)]["rows"]
     assert {r[0] for r in rows} == set(OPS) and all(r[1] == 2 and r[4] > 0 for r in rows)
+    assert min(r[3] for r in rows) == local.MIN_BYTES < 1 << 20  # the small calls too (a bias, a norm)
     assert measured.level.busbw > 0 and measured.level.latency >= 0 and "2 ranks of this host" in measured.source
-    monkeypatch.setattr(local, "measure", lambda *a: pytest.fail("measured again"))
+    monkeypatch.setattr(local, "measure", lambda *a, **k: pytest.fail("measured again"))
     assert local_links(2).level == measured.level
 
 
@@ -59,7 +60,7 @@ def test_a_damaged_cache_entry_is_measured_again(cache, monkeypatch, damage):
     data[key(2)]["rows"] = damage(data[key(2)]["rows"])
     cache_path().write_text(json.dumps(data))
     again = rows_of_a_level(2e-3, 5e8)
-    monkeypatch.setattr(local, "measure", lambda *a: again)
+    monkeypatch.setattr(local, "measure", lambda *a, **k: again)
     assert local_links(2).level.latency == pytest.approx(2e-3, rel=1e-6)
 
 
@@ -85,12 +86,12 @@ def test_a_cpu_trial_with_ranks_on_this_host_is_planned_over_its_measured_links(
 ])
 def test_the_links_are_measured_only_where_the_trial_runs_here_on_a_cpu_with_several_ranks(
         cache, monkeypatch, overrides, here):
-    monkeypatch.setattr(local, "measure", lambda *a: pytest.fail("measured"))
+    monkeypatch.setattr(local, "measure", lambda *a, **k: pytest.fail("measured"))
     assert planner.measured_links(build_spec(overrides), here=here, refused=False) == (None, "")
 
 
 def test_links_that_cannot_be_measured_leave_the_preset_and_say_why(cache, monkeypatch):
-    def fail(*a):
+    def fail(*a, **k):
         raise links.MeasurementFailed("2 ranks on 1 node(s) failed: no port")
 
     monkeypatch.setattr(local, "measure", fail)

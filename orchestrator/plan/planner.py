@@ -202,8 +202,7 @@ def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, band
         f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})" if peak_tflops else peak_note,
         compute_source,
         f"{network}; {hw.device.collective_backend}'s " + ("ring or tree, the faster per call" if hw.device.is_gpu else "ring")
-        + f"; gradients on the wire in {wire_dtype(spec)}; {hw.collective_overhead_us:g} us fixed cost per call "
-        "(hardware.collective_overhead_us)",
+        + f"; gradients on the wire in {wire_dtype(spec)}",
         f"memory-bound kernels and the optimizer step ({optimizer_traffic_bytes(1, spec.precision)} bytes moved per "
         f"parameter updated on the device) at {bandwidth_note}",
         "data loading takes no time; times are for the global batch after any warm-up",
@@ -219,13 +218,15 @@ def network_note(hw, links: LocalLinks | None) -> str:
     if links:
         return (f"intra-node measured on this host ({links.source}): bus bandwidth by collective and message "
                 f"size, and where that has no curve {links.level.busbw / 1e9:.3g} GB/s busbw, "
-                f"{links.level.latency * 1e6:.3g} us a hop; {_level(hw.inter_node, 'inter-node')}")
+                f"{links.level.latency * 1e6:.3g} us a hop; {_level(hw.inter_node, 'inter-node')}; "
+                f"{hw.collective_overhead_us:g} us fixed cost per call (hardware.collective_overhead_us)")
+    call = f"; {hw.collective_overhead_us:g} us fixed cost per call (hardware.collective_overhead_us)"
     if not hw.network:
-        return f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}"
+        return f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}{call}"
     source = bus_table.load(hw.network).source
     return (f"bus bandwidth by collective, message size and node count as measured in {hw.network} "
             f"({source[:160] + '...' if len(source) > 160 else source}); where it has no curve, "
-            f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}")
+            f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}{call}")
 
 
 def _level(link, where: str) -> str:
