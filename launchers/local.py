@@ -35,8 +35,6 @@ class Command:
     env: dict[str, str] = field(default_factory=dict)
 
 
-
-
 def rank_environment(spec: TrialSpec, threads: int) -> dict[str, str]:
     """What every rank's environment needs, whichever launcher starts it."""
     env = {"OMP_NUM_THREADS": str(threads)}

@@ -18,7 +18,6 @@ kernels, and the engine's timing process, allocate as the ranks do.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 ENV = "MALLOC_MMAP_THRESHOLD_"
@@ -65,4 +64,4 @@ def allocate_as_the_ranks() -> None:
     glibc cannot be given its moving threshold back."""
     threshold = _fixed_threshold()
     if threshold is not None:
-        ctypes.CDLL(ctypes.util.find_library("c")).mallopt(_M_MMAP_THRESHOLD, threshold)
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, threshold)  # this process's libc, glibc here

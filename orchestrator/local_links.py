@@ -54,9 +54,23 @@ def key(ranks_per_node: int) -> str:
     return f"{cpu_model()}|torch {torch_version()}|{BACKEND}|{ranks_per_node} ranks|{MIN_BYTES >> 10} KB-{MAX_MB} MB"
 
 
+# What this process has read or measured: a sweep plans every point with the same links,
+# and the plan's per-call cache (collectives.call_time) is keyed by the table object.
+_IN_PROCESS: dict[tuple[str, str], LocalLinks] = {}
+
+
 def local_links(ranks_per_node: int) -> LocalLinks:
-    """This host's links between `ranks_per_node` ranks: cached, else measured now (seconds:
-    the ranks import torch). MeasurementFailed where they cannot be measured."""
+    """This host's links between `ranks_per_node` ranks: read or measured once per process
+    and cache file."""
+    where = (str(cache_path()), key(ranks_per_node))
+    if where not in _IN_PROCESS:
+        _IN_PROCESS[where] = _cached_or_measured(ranks_per_node)
+    return _IN_PROCESS[where]
+
+
+def _cached_or_measured(ranks_per_node: int) -> LocalLinks:
+    """Cached, else measured now (seconds: the ranks import torch). MeasurementFailed where
+    they cannot be measured."""
     cache = cache_path()
     known = read_json(cache) or {}
     entry = known.get(key(ranks_per_node))

@@ -40,6 +40,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from orchestrator.plan.collectives import CallTime, Network, call_time
+from orchestrator.plan.params import persistent
 
 
 @dataclass(frozen=True)
@@ -196,16 +197,17 @@ def _stage3(s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Netwo
         fwd, bwd = fwd_s + sum(fetch), bwd_s + sum(fetch) + sum(reduce)
     per_micro = {"forward": fwd - fwd_s, "backward": bwd - bwd_s}
     b_total = sum(fetch) + sum(reduce)
-    persistent = calls("all_gather", [n for n in s.tensors if n <= s.persistence_threshold], s.param_bytes, net)
     c = [collective("forward, every micro batch", gathers, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["forward"]),
          collective("backward, every micro batch", gathers, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["backward"] * (sum(fetch) / b_total if b_total else 0)),
          collective("backward, every micro batch", scatters, net, per_step=grad_accum,
                     exposed_s=grad_accum * per_micro["backward"] * (sum(reduce) / b_total if b_total else 0))]
-    if persistent.sizes and net.ranks > 1:
-        c.append(collective("after step(), each persistent parameter", persistent, net, exposed_s=math.inf))
-    return grad_accum * (fwd + bwd) + (c[-1].time_s if len(c) > 3 else 0.0), c
+    kept = persistent(s.tensors, s.persistence_threshold) if net.ranks > 1 else []
+    if kept:
+        c.append(collective("after step(), each persistent parameter", calls("all_gather", kept, s.param_bytes, net),
+                            net, exposed_s=math.inf))
+    return grad_accum * (fwd + bwd) + (c[-1].time_s if kept else 0.0), c
 
 
 def _interleave(fetch: list[float], reduce: list[float]) -> list[float]:

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from orchestrator.config import DeviceType, ModelConfig
-from orchestrator.plan.params import element_bytes, module_sizes, parameter_tensors
+from orchestrator.plan.params import element_bytes, module_sizes, parameter_tensors, persistent
 
 if TYPE_CHECKING:
     from orchestrator.spec import TrialSpec
@@ -364,8 +364,8 @@ def _stage3_states(model: ModelConfig, z: ZeroLayout, tensors: list, low: int) -
     n, dp = sum(p.numel for p in tensors), z.dp
     partitions = [-(-p.numel // dp) for p in tensors]
     shard = sum(partitions)
-    persistent = sum(p.numel for p in tensors if p.numel <= z.param_persistence_threshold) if dp > 1 else 0
-    params = low * (shard + persistent)
+    kept = sum(persistent([p.numel for p in tensors], z.param_persistence_threshold)) if dp > 1 else 0
+    params = low * (shard + kept)
     grads = low * shard  # the flat gradient partition buffer, kept between steps
     optimizer = 12 * shard
     # the step's fp32 gradients: one sub-group at a time on the device, the whole shard offloaded

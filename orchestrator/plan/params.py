@@ -24,6 +24,12 @@ class ParamTensor:
     matmul: bool  # a weight of a matmul, so it costs 6 FLOPs per token in training
 
 
+def persistent(numels: list[int], threshold: int) -> list[int]:
+    """The tensors ZeRO-3 keeps whole on every rank (param_persistence_threshold): those of at
+    most `threshold` elements."""
+    return [n for n in numels if n <= threshold]
+
+
 def parameter_tensors(m: ModelConfig) -> tuple[ParamTensor, ...]:
     return _tensors(m.arch, m.hidden, m.ffn, m.vocab, m.kv_width, m.max_positions, m.n_layers, m.tie_embeddings)
 
