@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.trial_dir import claim, trials_below
-from tests.conftest import run_cli, run_in_process
+from tests.conftest import PRESET_KERNELS, run_cli, run_in_process
 
 pytestmark = pytest.mark.slow
 # Minutes of steps, ended by the test. One rank where the number of ranks is not the point:
 # a rank's start-up is a third of a small trial's cost.
-LONG = ["model=tiny", "run.steps=3000", "run.bf16=false", "parallel.dp=1"]
+LONG = ["model=tiny", PRESET_KERNELS, PRESET_KERNELS, "run.steps=3000", "run.bf16=false", "parallel.dp=1"]
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -101,8 +101,8 @@ def test_a_killed_orchestrator_takes_its_ranks_along_and_status_says_interrupted
 
 def test_two_runs_on_one_directory_never_share_it(tmp_path):
     out = tmp_path / "same"
-    a = start("run", "model=tiny", "run.steps=3", "parallel.dp=1", "run.seed=1", "--out", str(out))
-    b = start("run", "model=tiny", "run.steps=3", "parallel.dp=1", "run.seed=99", "--out", str(out))
+    a = start("run", "model=tiny", PRESET_KERNELS, "run.steps=3", "parallel.dp=1", "run.seed=1", "--out", str(out))
+    b = start("run", "model=tiny", PRESET_KERNELS, "run.steps=3", "parallel.dp=1", "run.seed=99", "--out", str(out))
     outs = [p.communicate(timeout=300)[0] for p in (a, b)]
     codes = sorted([a.returncode, b.returncode])
     assert codes == [0, 2], outs
@@ -134,7 +134,7 @@ def test_reusing_a_trial_directory_is_refused_unless_asked_and_never_mixes(defau
     tmp_path = tmp_path / "trial"
     shutil.copytree(default_trial, tmp_path)  # a trial that ran
     before = (tmp_path / "result.json").read_bytes()
-    again = run_cli("run", "model=tiny", "run.steps=3", "--out", str(tmp_path))
+    again = run_cli("run", "model=tiny", PRESET_KERNELS, "run.steps=3", "--out", str(tmp_path))
     assert again.returncode == 2 and "--overwrite" in again.stderr
     assert (tmp_path / "result.json").read_bytes() == before  # nothing of the old trial touched
     refused = run_cli("run", "model=tiny", "hardware.memory_gib=0.01", "--overwrite", "--out", str(tmp_path))
@@ -168,7 +168,7 @@ def mount(tmp_path):
 
 def test_a_read_only_directory_is_refused_without_a_traceback(mount):
     read_only = mount("1M", "ro")
-    proc = run_cli("run", "model=tiny", "--out", str(read_only / "trial"))
+    proc = run_cli("run", "model=tiny", PRESET_KERNELS, "--out", str(read_only / "trial"))
     assert proc.returncode == 2 and "--out" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
@@ -191,7 +191,7 @@ def test_a_full_disk_still_leaves_a_result(mount):
     # of it computes (40 steps of 0.1 s were 14 CPU-s of the rank).
     full = mount("4M")
     trial = full / "trial"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "model=tiny", "run.steps=12",
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "model=tiny", PRESET_KERNELS, "run.steps=12",
                              "run.step_sleep_s=0.4", "parallel.dp=1", "--out", str(trial)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
@@ -207,13 +207,13 @@ def test_a_full_disk_still_leaves_a_result(mount):
 
 
 def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
-    stopped = run_in_process("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false",
+    stopped = run_in_process("run", "model=tiny", PRESET_KERNELS, "run.lr=1e6", "run.steps=8", "run.bf16=false",
                              "logger.mode=disabled", "parallel.dp=1", "--out", str(tmp_path / "stop"))
     assert stopped.returncode == 1 and "not finite" in stopped.stdout, stopped.stdout
     r = strict(tmp_path / "stop" / "result.json")
     assert r["status"] == "failed" and r["error"]["type"] == "NonFiniteLoss" and "run.lr=1000000.0" in r["error"]["message"]
-    kept = run_in_process("run", "model=tiny", "run.lr=1e6", "run.steps=8", "run.bf16=false", "parallel.dp=1",
-                          "run.stop_on_nonfinite_loss=false", "--out", str(tmp_path / "keep"))
+    kept = run_in_process("run", "model=tiny", PRESET_KERNELS, "run.lr=1e6", "run.steps=8", "run.bf16=false",
+                          "parallel.dp=1", "run.stop_on_nonfinite_loss=false", "--out", str(tmp_path / "keep"))
     assert kept.returncode == 0, kept.stdout
     r = strict(tmp_path / "keep" / "result.json")
     steps = r["metrics"]["nonfinite_loss_steps"]
@@ -274,7 +274,7 @@ def test_a_rank_the_oom_killer_ends_is_recorded_oom_with_the_step_it_reached(tmp
     try:
         (group / "memory.limit_in_bytes").write_text(str(4 << 30))
         proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(tmp_path / "t"), "model=tiny",
-                               "parallel.dp=1", "run.steps=4", "run.warmup_steps=1", "run.fail_at_step=2",
+                               PRESET_KERNELS, "parallel.dp=1", "run.steps=4", "run.warmup_steps=1", "run.fail_at_step=2",
                                "run.fail_mode=grow", "logger.mode=disabled"], capture_output=True, text=True,
                               timeout=300, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
         r = json.loads((tmp_path / "t" / "result.json").read_text())
@@ -293,8 +293,8 @@ def test_a_library_that_fails_to_import_is_the_ranks_recorded_failure(tmp_path):
     broken = tmp_path / "broken" / "deepspeed"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text('raise ImportError("this deepspeed cannot be imported (the test\'s)")\n')
-    proc = run_cli("run", "--out", str(tmp_path / "t"), "model=tiny", "parallel.dp=1", "logger.mode=disabled",
-                   env={"PYTHONPATH": str(broken.parent)}, timeout=300)
+    proc = run_cli("run", "--out", str(tmp_path / "t"), "model=tiny", PRESET_KERNELS, "parallel.dp=1",
+                   "logger.mode=disabled", env={"PYTHONPATH": str(broken.parent)}, timeout=300)
     r = json.loads((tmp_path / "t" / "result.json").read_text())
     assert r["status"] == "failed" and r["error"]["type"] == "ImportError" and r["error"]["rank"] == 0, r["error"]
     assert "this deepspeed cannot be imported" in r["error"]["message"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import PRESET_KERNELS, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -200,8 +200,8 @@ def test_tune_budgets_are_checked_by_their_flag_before_a_directory_is_made(cli, 
 
 def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refused(cli, tmp_path):
     out = tmp_path / "tune"
-    space = ["logger.mode=disabled", "run.steps=4", "run.warmup_steps=1", "run.step_sleep_s=2", "parallel.dp=1",
-             "zero=stage0", "batch.micro_batch_size=1,2", "recompute=none", "zero.offload_optimizer=none"]
+    space = ["logger.mode=disabled", PRESET_KERNELS, "run.steps=4", "run.warmup_steps=1", "run.step_sleep_s=2",
+             "parallel.dp=1", "zero=stage0", "batch.micro_batch_size=1,2", "recompute=none", "zero.offload_optimizer=none"]
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "tune", "--trials", "1", "--out", str(out), *space],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
@@ -239,7 +239,7 @@ def test_directories_that_are_not_a_new_trial_are_never_claimed(ok_trial, tmp_pa
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("my own")
-    run = ["run", "model=tiny", "run.steps=3", "logger.mode=disabled"]
+    run = ["run", "model=tiny", PRESET_KERNELS, "run.steps=3", "logger.mode=disabled"]
     proc = run_cli(*run, "--out", str(mine))
     assert proc.returncode == 2 and "notes.txt" in said(proc) and (mine / "notes.txt").read_text() == "my own"
     trial = tmp_path / "trial"

@@ -10,9 +10,9 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.compose import expand_sweep
 
-from conftest import run_cli, run_in_process
+from conftest import PRESET_KERNELS, run_cli, run_in_process
 
-FAST = ["run.steps=1", "run.warmup_steps=0", "logger.mode=disabled", "parallel.dp=1"]
+FAST = ["run.steps=1", "run.warmup_steps=0", "logger.mode=disabled", "parallel.dp=1", PRESET_KERNELS]
 
 
 # --- Hydra's flags: each flag and the output it must give ----------------------------------
@@ -51,7 +51,7 @@ def test_config_name_and_config_dir_choose_the_tree(tmp_path, capsys):
     (tmp_path / "model" / "mine.yaml").write_text("arch: gpt2\nn_layers: 3\nhidden: 96\nheads: 4\nkv_heads: 4\n"
                                                   "ffn_hidden: 384\nvocab: 512\nseq_len: 64\nmax_positions: 64\n"
                                                   "tie_embeddings: true\n")
-    assert main(["plan", "--json", "-cd", str(tmp_path), "model=mine"]) == 0
+    assert main(["plan", "--json", "-cd", str(tmp_path), "model=mine", PRESET_KERNELS]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["parameters"] == 512 * 96 + 64 * 96 + 3 * (12 * 96 * 96 + 13 * 96) + 2 * 96
     assert main(["plan", "--cfg", "job", "-cd", str(tmp_path), "model=mine"]) == 0
@@ -71,7 +71,7 @@ def test_glob_range_and_choice_expand_as_in_hydra():
 
 
 def test_plan_sweeps_a_glob(capsys):
-    assert main(["plan", "-m", "--json", "zero=glob(*)"]) == 0
+    assert main(["plan", "-m", "--json", "zero=glob(*)", PRESET_KERNELS]) == 0
     points = json.loads(capsys.readouterr().out)
     assert sorted(p["overrides"][0] for p in points) == [f"zero=stage{s}" for s in range(4)]
 
@@ -87,7 +87,7 @@ ERRORS = [
     (["plan", "numa.mode=sockte"], "did you mean socket?"),
     (["plna"], "did you mean plan?"),
     (["plan", "--cfg", "job", "model=gpt2-1.3B"], "did you mean gpt2-1.3b?"),
-    (["run", "-m", "parallel.dp=1,0", *FAST[:3]], "sweep point 2 of 2"),
+    (["run", "-m", "parallel.dp=1,0", *FAST[:3], PRESET_KERNELS], "sweep point 2 of 2"),
 ]
 
 

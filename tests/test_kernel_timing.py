@@ -239,7 +239,7 @@ def test_which_plans_time_kernels(fresh_cache):
     gpu = make_plan(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b"]))
     assert gpu.sources["compute"].startswith("compute (the h100-sxm preset's parameters)")
     # On SLURM the submitting host is not the node: it plans from the preset, and the
-    # allocated node times the kernels before the ranks start (tests/test_slurm.py runs it).
+    # allocated node times the kernels before the ranks start (tests/test_multinode.py runs it).
     slurm = small_spec("cluster=slurm")
     submitted, on_the_node = make_plan(slurm), make_plan(slurm, on_the_node=True)
     assert not submitted.time.micro_batch.timed and submitted.sources["compute"].endswith(

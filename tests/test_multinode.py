@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, sacct
+from tests.conftest import PRESET_KERNELS, run_cli, sacct
 from tests.conftest import results_below as results
 from tests.conftest import wait_cli as wait
 
 pytestmark = pytest.mark.multinode
-ONE_PER_NODE = ["cluster=slurm", "hardware=cpu", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", "run.steps=3",
-                "run.warmup_steps=1", "logger.mode=disabled"]
+ONE_PER_NODE = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
+                "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
 
 
 def allocated(job_id: str) -> list[str]:
@@ -31,7 +31,9 @@ def allocated(job_id: str) -> list[str]:
 
 
 def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
-    proc = run_cli("run", "-m", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=1,2,4", timeout=300)
+    # the plan that times its kernels, on the node (the other tests here plan from the preset)
+    proc = run_cli("run", "-m", "--out", str(tmp_path), *ONE_PER_NODE, "hardware.kernels=measured", "parallel.dp=1,2,4",
+                   timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jobs = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("slurm.json"))]
     assert len(jobs) == 3 and not any(j["array"] for j in jobs)  # different resources: separate jobs

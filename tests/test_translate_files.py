@@ -12,6 +12,7 @@ from orchestrator.cli import main
 from orchestrator.spec import build_spec, load_spec
 from orchestrator.translate import write_trial_files
 from orchestrator.translate.deepspeed import ds_config
+from tests.conftest import PRESET_KERNELS
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = {
@@ -128,7 +129,8 @@ def test_the_trial_directory_loads_back_as_the_same_trial(tmp_path):
 
 
 def test_translate_sweep_writes_one_directory_per_point(tmp_path):
-    assert main(["translate", "-m", "zero=stage1,stage2", "parallel.dp=1,2", "--out", str(tmp_path)]) == 0
+    points = ["zero=stage1,stage2", "parallel.dp=1,2", PRESET_KERNELS]
+    assert main(["translate", "-m", *points, "--out", str(tmp_path)]) == 0
     dirs = sorted(p.name for p in tmp_path.iterdir())
     assert len(dirs) == 4 and all((tmp_path / d / "ds_config.json").is_file() for d in dirs)
     stages = {json.loads((tmp_path / d / "ds_config.json").read_text())["zero_optimization"]["stage"] for d in dirs}
