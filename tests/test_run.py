@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.spec import build_spec
-from tests.conftest import default_trial_stdout, results_below, run_in_process, wandb_summary
+from tests.conftest import PRESET_KERNELS, default_trial_stdout, results_below, run_in_process, wandb_summary
 
 pytestmark = pytest.mark.slow
 QUICK = ["run.steps=4", "run.warmup_steps=1"]
@@ -87,7 +87,7 @@ def counting_tokens(tmp_path) -> Path:
 def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counting_tokens):
     # fp32: the engines must agree to rounding, and bf16 matmuls crawl on a CPU without AVX512-BF16.
     proc = run(tmp_path / "runs", "zero=stage0,stage1,stage2,stage3", "run.lr=1e-2", f"run.data={counting_tokens}",
-                  "run.steps=6", "run.warmup_steps=1", "run.bf16=false", NO_WANDB, multirun=True)
+                  "run.steps=6", "run.warmup_steps=1", "run.bf16=false", NO_WANDB, PRESET_KERNELS, multirun=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = results_below(tmp_path / "runs")
     assert [r["config"]["zero"]["stage"] for r in results] == [0, 1, 2, 3]
@@ -99,7 +99,7 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
     # (zero3_init_flag), from the same weights.
     accel = run(tmp_path / "accelerate", "engine=accelerate", "engine.backend=deepspeed", "zero=stage3",
                    "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1", "run.bf16=false",
-                   NO_WANDB)
+                   NO_WANDB, PRESET_KERNELS)
     assert accel.returncode == 0, accel.stdout + accel.stderr
     (accelerated,) = results_below(tmp_path / "accelerate")
     engine = accelerated["metrics"]["engine"]
@@ -185,7 +185,7 @@ def test_a_rank_that_exits_without_a_python_error_is_named(failing_sweep):
 def test_accelerate_runs_ddp_on_cpu_with_the_plans_buckets(tmp_path):
     # (Accelerate's DeepSpeed engine on CPU: test_every_zero_stage_and_engine_trains_the_same_loss_curve.)
     proc = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage0",
-                  "zero.reduce_bucket_size=1000000", *QUICK, NO_WANDB)
+                  "zero.reduce_bucket_size=1000000", *QUICK, NO_WANDB, PRESET_KERNELS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results_below(tmp_path)
     engine = r["metrics"]["engine"]
@@ -244,7 +244,8 @@ def test_only_a_cpu_trials_ranks_are_forked_from_a_launcher_that_imported_their_
 
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
     # 100,000 steps would take hours: ending within pytest's timeout is the limit at work.
-    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "parallel.dp=1", NO_WANDB)
+    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "parallel.dp=1", NO_WANDB,
+               PRESET_KERNELS)
     assert proc.returncode == 1
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["status"] == "timeout" and r["error"]["type"] == "Timeout" and r["metrics"] is None
