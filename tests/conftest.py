@@ -103,7 +103,7 @@ CLUSTER_SHAPE = ("--nodes", str(NODES), "--cpus-per-node", "2", "--link-mbit", s
 # step (the default trial's: 12 s and 16 CPU-s on the AVX-512 EPYC, two to three times that on
 # one without bf16 instructions), and a newcomer's first run of the suite pays it for every
 # configuration its trials use. The timed plan keeps tests of its own: test_kernel_timing, the
-# default trial, the trials of test_run, test_plan_drift and test_fsdp, and on SLURM nodes
+# default trial and test_run's trials like it, test_fsdp, tune's search, and on SLURM nodes
 # test_multinode's dp sweep.
 PRESET_KERNELS = "hardware.kernels=preset"
 # A two-rank trial on one node of it, a few steps.
