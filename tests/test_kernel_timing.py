@@ -21,8 +21,8 @@ from orchestrator.kernel_timing import KernelTimingError, clock, measure, time_k
 from orchestrator import kernels
 from orchestrator.kernels import Kernel, trial_gemms
 from orchestrator.plan.compute import KernelTimes, micro_batch_time
-from orchestrator.plan.params import parameter_tensors
 from orchestrator.plan import planner
+from orchestrator.plan.params import parameter_tensors
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import build_spec
 

@@ -215,12 +215,11 @@ def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, band
 def network_note(hw, links: LocalLinks | None) -> str:
     """What the plan's network rests on: this host's measured links, a measured table, or
     the preset's levels."""
+    call = f"; {hw.collective_overhead_us:g} us fixed cost per call (hardware.collective_overhead_us)"
     if links:
         return (f"intra-node measured on this host ({links.source}): bus bandwidth by collective and message "
                 f"size, and where that has no curve {links.level.busbw / 1e9:.3g} GB/s busbw, "
-                f"{links.level.latency * 1e6:.3g} us a hop; {_level(hw.inter_node, 'inter-node')}; "
-                f"{hw.collective_overhead_us:g} us fixed cost per call (hardware.collective_overhead_us)")
-    call = f"; {hw.collective_overhead_us:g} us fixed cost per call (hardware.collective_overhead_us)"
+                f"{links.level.latency * 1e6:.3g} us a hop; {_level(hw.inter_node, 'inter-node')}{call}")
     if not hw.network:
         return f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}{call}"
     source = bus_table.load(hw.network).source
