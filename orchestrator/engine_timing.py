@@ -73,34 +73,31 @@ def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
     return finish_timing(start_timing(settings))
 
 
-# The stand-in's two sizes in elements where the plan names none (step_timing's; the step is a
-# line through them), by device type: a GPU moves a small stand-in in microseconds, too little
-# to see its per-element cost above the noise.
+# The stand-in's two sizes in elements where the plan names none (step_timing's, when run by
+# hand; the step is a line through them), by device type: a GPU moves a small stand-in in
+# microseconds, too little to see its per-element cost above the noise.
 DEFAULT_SIZES = {"cpu": (2**20, 2**21), "cuda": (2**24, 2**25)}
-# A GPU's stand-ins: from those up to what the optimizer's states of a stand-in (about 18
-# bytes an element) leave a GPU to spare.
-GPU_MAX_SIZE = 2**28
-# A CPU's: the defaults, or, for a rank holding fewer, the powers of two around its share,
-# down to SMALLEST_CPU_SIZE.
+# The largest stand-in on each device: what the optimizer's states of a stand-in (about 18
+# bytes an element) leave a GPU to spare; on a CPU, 32M elements (some 600 MB of states, past
+# any CPU's L3) time in about 9 s, and a larger share is on the line's straight part.
+MAX_SIZE = {"cpu": 2**25, "cuda": 2**28}
+# The smallest: a few thousand elements on a CPU, the defaults on a GPU.
 SMALLEST_CPU_SIZE = 2**12
 
 
-def stand_in_sizes(device: str, elements: int) -> list[int] | None:
-    """The two sizes to time the engine's stand-in at, or None for step_timing's defaults.
-    On a GPU they bracket the rank's own share (powers of two): on an H200 a line through 16M
-    and 32M elements, extrapolated to gpt2-125m's 124M, put DeepSpeed's step at 68.6 ms in one
-    timing and 23.2 ms in the next, where 62M and 124M gave 32.4 ms and the real engine
-    28.5 ms (bench/RESULTS.md); a GPU runs such a stand-in in tens of ms. A CPU keeps its
-    small sizes for a share above them (a stand-in there costs seconds, and its line held) and
-    brackets a smaller share: the default trial's 141k elements on the line through 1M and 2M
-    (a 32 MB L3 filling between the two) had DeepSpeed's step at -11 ms, taken as 0."""
+def stand_in_sizes(device: str, elements: int) -> list[int]:
+    """The two sizes to time the engine's stand-in at: the powers of two around the rank's
+    own share, within the device's bounds, so the line is read between its two points, or
+    past them only where both are far past the caches. Read far past them it moved: on an
+    H200 a line through 16M and 32M elements, extrapolated to gpt2-125m's 124M, put
+    DeepSpeed's step at 68.6 ms in one timing and 23.2 ms in the next (62M and 124M: 32.4 ms,
+    the real engine 28.5 ms); on a 2-core CPU with 32 MB of L3 a line through 1M and 2M
+    (states inside the L3) put a 34M share's step at 42-330 ms, where the stand-in at that
+    share took 230-290 ms and a line through 16M and 32M 250 ms (bench/RESULTS.md)."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
     top = 1 << max(elements - 1, 1).bit_length()
-    if device.startswith("cuda"):
-        top = min(max(top, 2 * DEFAULT_SIZES["cuda"][0]), GPU_MAX_SIZE)
-    elif elements >= DEFAULT_SIZES["cpu"][0]:
-        return None
-    else:
-        top = max(top, 2 * SMALLEST_CPU_SIZE)
+    low = 2 * DEFAULT_SIZES["cuda"][0] if kind == "cuda" else 2 * SMALLEST_CPU_SIZE
+    top = min(max(top, low), MAX_SIZE[kind])
     return [top // 2, top]
 
 
@@ -127,9 +124,8 @@ class EngineTiming:
         self.settings = {**engine, "threads": threads}
         if _on_cpu(self.settings):  # in the key: a line timed under another allocator is timed again
             self.settings["allocator"] = cpu_allocator.allocator_key()
-        sizes = stand_in_sizes(str(engine.get("device", "cpu")), elements)
-        if sizes:  # one timing per power of two of the share, cached as any other
-            self.settings["sizes"] = sizes
+        # One timing per power of two of the share, cached as any other.
+        self.settings["sizes"] = stand_in_sizes(str(engine.get("device", "cpu")), elements)
         self.key = (f"{device_name(device)}|{software()}|{METHOD} "
                     + hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16])
 

@@ -450,17 +450,19 @@ def test_the_engines_line_through_two_sizes_never_falls_and_a_dip_is_taken_in_pr
     assert lines["step_s"] == (0.0, pytest.approx(2e-4))
 
 
-def test_a_gpus_engine_is_timed_at_about_the_ranks_share_and_a_cpus_at_its_small_sizes():
+def test_the_engine_is_timed_at_the_powers_of_two_around_the_ranks_share():
     # Pure arithmetic: no GPU needed. A line extrapolated 8x from small stand-ins moved 3x
-    # between two timings on an H200; bracketing the share keeps the extrapolation within 2x.
-    from orchestrator.engine_timing import DEFAULT_SIZES, GPU_MAX_SIZE, stand_in_sizes
+    # between two timings on an H200, and 16x from a CPU's L3-sized ones 8x; bracketing the
+    # share reads the line between its points.
+    from orchestrator.engine_timing import DEFAULT_SIZES, MAX_SIZE, stand_in_sizes
 
-    assert stand_in_sizes("cpu", 124_439_808) is None  # step_timing's own DEFAULT_SIZES["cpu"]
-    assert stand_in_sizes("cpu", 2**20) is None
-    assert stand_in_sizes("cpu", 141_056) == [2**17, 2**18]  # the default trial: its own share, bracketed
+    assert stand_in_sizes("cpu", 6_293_760) == [2**22, 2**23]  # Llama h256, 4 layers, dp 1
+    assert stand_in_sizes("cpu", 2**20) == [2**19, 2**20]  # a power of two is its own top
+    assert stand_in_sizes("cpu", 141_056) == [2**17, 2**18]  # the default trial
     assert stand_in_sizes("cpu", 10) == [2**12, 2**13]  # never below a few thousand elements
+    assert stand_in_sizes("cpu", 124_439_808) == [MAX_SIZE["cpu"] // 2, MAX_SIZE["cpu"]]  # gpt2-125m: capped
     assert stand_in_sizes("cuda", 124_439_808) == [2**26, 2**27]  # gpt2-125m whole on one rank
-    assert stand_in_sizes("cuda:1", 2**27) == [2**26, 2**27]  # a power of two is its own top
+    assert stand_in_sizes("cuda:1", 2**27) == [2**26, 2**27]
     small = DEFAULT_SIZES["cuda"][0]
     assert stand_in_sizes("cuda", 1_000) == [small, 2 * small]  # never below the defaults
-    assert stand_in_sizes("cuda", 70 * 10**9) == [GPU_MAX_SIZE // 2, GPU_MAX_SIZE]  # a 70B share: capped
+    assert stand_in_sizes("cuda", 70 * 10**9) == [MAX_SIZE["cuda"] // 2, MAX_SIZE["cuda"]]  # a 70B share: capped
