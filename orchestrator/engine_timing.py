@@ -2,9 +2,10 @@
 (kernel_timing.py) where the trial's engine is DeepSpeed or FSDP2 on this machine's CPU.
 
 workload/step_timing.py, started in a process of its own, wraps a stand-in with the trial's
-modules in the real engine and times its hooks and its step at two sizes; each comes back
-as a line in the elements a rank holds (intercept, slope), cached with the kernels, so one
-timing serves every data-parallel degree, ZeRO share and bucket size of a model. The
+modules in the real engine and times its hooks and its step at the two powers of two around
+the rank's share; each comes back as a line in the elements a rank holds (intercept, slope),
+cached with the kernels, so one timing serves every share within that power of two and every
+bucket size. The
 process starts before the plan times its kernels and imports while the planner does, then
 waits to be told to time (`EngineTiming`): a new shape's plan pays its imports once.
 """

@@ -205,8 +205,9 @@ def timed(settings: dict) -> tuple[tuple[float, float, float], str]:
 def main() -> None:
     """The stand-in at two sizes, module for module in the trial's proportions; each time as
     a line in the elements a rank holds (intercept, slope): what the engine does per call
-    (hooks, Python) is the intercept, what it does per element (copies, AdamW) the slope. So
-    one timing serves every data-parallel degree and ZeRO share of the model."""
+    (hooks, Python) is the intercept, what it does per element (copies, AdamW) the slope. The
+    plan picks the sizes around the rank's share (engine_timing.stand_in_sizes), so one timing
+    serves every share within that power of two."""
     freeze_at_exit()
     settings = json.loads(sys.argv[1])
     torch.set_num_threads(settings["threads"])
