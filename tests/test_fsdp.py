@@ -167,6 +167,9 @@ def test_fsdp2_trains_here_with_sharded_parameters(fsdp2_trial):
     engine = r["metrics"]["engine"]
     assert r["status"] == "ok" and engine["engine"] == "fsdp2" and engine["parameters_sharded"]
     assert engine["reshard_after_forward"] is (stage == 3) and engine["sharded_blocks"] == 2
+    # The root's parameters stay gathered into the backward, which needs them first (as the
+    # plan's one gather of the root a micro batch has it); the blocks' only at stage 2.
+    assert engine["gathered_after_forward"] == {"root": True, "blocks": stage == 2}
     assert engine["reduce_dtype"] == ("fp32" if stage == 2 else "bf16") and not engine["cpu_offload"]
     losses = r["metrics"]["losses"]
     assert all(isinstance(x, float) for x in losses) and losses[-1] < losses[0] + 0.5

@@ -7,6 +7,7 @@ with gloo here, "cuda" with NCCL on GPUs). The trial's settings map to FSDP2's:
 - zero.stage=3: `reshard_after_forward=True`, each block's parameters are gathered again
   for the backward (the ZeRO-3 pattern); zero.stage=2: False, the gathered parameters are
   kept from the forward to the backward (ZeRO-2's memory for parameters, one gather less).
+  The root's are kept either way.
 - run.bf16 / fp32: `MixedPrecisionPolicy(param_dtype)`, the dtype blocks compute in; the
   sharded master parameters and the optimizer states stay fp32.
 - zero.communication_dtype: the dtype gradients are reduce-scattered in (`reduce_dtype`;
@@ -56,7 +57,10 @@ class FSDP2Engine:
         blocks = [m for m in model.modules() if type(m).__name__ == LAYER_CLASS[spec.cfg.model.arch]]
         for block in blocks:
             fully_shard(block, **shard)
-        fully_shard(model, **shard)
+        # The root is never resharded after forward, as torchtitan (and FSDP2's own default for
+        # the root) has it: its backward needs its parameters first thing, so resharding them
+        # only gathers them again (one more all-gather of the embeddings a micro batch).
+        fully_shard(model, **{**shard, "reshard_after_forward": False})
         if not self.settings["cpu_offload"]:
             model.to(device.torch)  # the shards move; each rank holds 1/dp of every parameter
         run = spec.cfg.run
@@ -65,12 +69,26 @@ class FSDP2Engine:
                                            weight_decay=run.weight_decay)
         self.sharded = all(type(p).__name__ == "DTensor" for p in model.parameters())
         self.blocks = len(blocks)
+        self._block_names = tuple(f"{n}." for n, m in model.named_modules() if m in blocks)
+        self._gathered_after_forward: dict | None = None
         self._fsdp_root = model
         self.grad_clip = run.grad_clip
         self.micro_batches = MicroBatches(spec.schedule[0][1], spec.micro_batch_size, spec.world_size)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=tokens, labels=tokens).loss
+        loss = self.model(input_ids=tokens, labels=tokens).loss
+        if self._gathered_after_forward is None:
+            self._gathered_after_forward = self.gathered_after_forward()
+        return loss
+
+    def gathered_after_forward(self) -> dict[str, bool]:
+        """Whether the root's and the blocks' parameters are still gathered between forward and
+        backward, read off the module: FSDP2 registers a gathered parameter as a plain tensor
+        and a sharded one as a DTensor."""
+        kept: dict[str, list[bool]] = {"root": [], "blocks": []}
+        for name, p in self._fsdp_root.named_parameters():
+            kept["blocks" if name.startswith(self._block_names) else "root"].append(type(p).__name__ != "DTensor")
+        return {part: all(flags) for part, flags in kept.items() if flags}
 
     def backward_and_step(self, loss: torch.Tensor) -> None:
         def backward(scaled: torch.Tensor, sync: bool) -> None:
@@ -112,4 +130,5 @@ class FSDP2Engine:
 
     def describe(self) -> dict:
         return {"engine": "fsdp2", **self.settings, "sharded_blocks": self.blocks, "parameters_sharded": self.sharded,
-                "optimizer": type(self.optimizer).__name__, "built_partitioned": False}
+                "optimizer": type(self.optimizer).__name__, "built_partitioned": False,
+                "gathered_after_forward": self._gathered_after_forward}

@@ -172,7 +172,7 @@ def fsdp_step(settings: dict) -> tuple[float, float, float, str]:
              "mp_policy": MixedPrecisionPolicy(param_dtype=DTYPES[settings["precision"]])}
     for block in model.layer_blocks:  # as workload/fsdp.py: every transformer block, then the root
         fully_shard(block, **shard)
-    fully_shard(model, **shard)
+    fully_shard(model, **shard, reshard_after_forward=False)
     opt = settings["optimizer"]["params"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
                                   weight_decay=opt["weight_decay"])
