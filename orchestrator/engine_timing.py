@@ -79,9 +79,11 @@ def time_engine(settings: dict) -> tuple[dict[str, tuple[float, float]], str]:
 # microseconds, too little to see its per-element cost above the noise.
 DEFAULT_SIZES = {"cpu": (2**20, 2**21), "cuda": (2**24, 2**25)}
 # The largest stand-in on each device: what the optimizer's states of a stand-in (about 18
-# bytes an element) leave a GPU to spare; on a CPU, 32M elements (some 600 MB of states, past
-# any CPU's L3) time in about 9 s, and a larger share is on the line's straight part.
-MAX_SIZE = {"cpu": 2**25, "cuda": 2**28}
+# bytes an element) leave a GPU to spare; on a CPU 16M elements (some 300 MB of states, past
+# the L3 of most CPUs), which with 8M take about 4 s to time on a 2-core CPU, where 16M and
+# 32M took 7 s: a larger share reads the line past its points, on its straight part (a 34M
+# share's step: 237 ms from 8M and 16M, 250 ms from 16M and 32M, 231-286 ms at the share).
+MAX_SIZE = {"cpu": 2**24, "cuda": 2**28}
 # The smallest: a few thousand elements on a CPU, the defaults on a GPU.
 SMALLEST_CPU_SIZE = 2**12
 
@@ -94,7 +96,7 @@ def stand_in_sizes(device: str, elements: int) -> list[int]:
     DeepSpeed's step at 68.6 ms in one timing and 23.2 ms in the next (62M and 124M: 32.4 ms,
     the real engine 28.5 ms); on a 2-core CPU with 32 MB of L3 a line through 1M and 2M
     (states inside the L3) put a 34M share's step at 42-330 ms, where the stand-in at that
-    share took 230-290 ms and a line through 16M and 32M 250 ms (bench/RESULTS.md)."""
+    share took 230-290 ms and a line through 8M and 16M 237 ms (bench/RESULTS.md)."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
     top = 1 << max(elements - 1, 1).bit_length()
     low = 2 * DEFAULT_SIZES["cuda"][0] if kind == "cuda" else 2 * SMALLEST_CPU_SIZE

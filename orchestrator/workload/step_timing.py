@@ -34,7 +34,10 @@ import torch.distributed as dist
 from orchestrator.engine_timing import DEFAULT_SIZES, GO, READY, WHEN_TOLD
 from orchestrator.process import collector_paused, freeze_at_exit
 
-REPS = 8  # steps timed; the first two are warm-up (allocation, the optimizer's state)
+REPS = 8  # steps timed at most; the first two are warm-up (allocation, the optimizer's state)
+# A large stand-in stops at MIN_REPS (three kept) once its steps have taken BUDGET_S: on a
+# 2-core CPU a step of 32M elements takes 0.45 s, and eight of them were half a plan's time.
+MIN_REPS, BUDGET_S = 5, 1.0
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -102,8 +105,11 @@ def join_one_rank_group(device: str) -> None:
 
 
 def median_times(forward, backward, step, device: str = "cpu") -> tuple[float, float, float]:
-    times = []
+    times: list[tuple[float, float, float]] = []
+    started = time.perf_counter()
     for _ in range(REPS):
+        if len(times) >= MIN_REPS and time.perf_counter() - started > BUDGET_S:
+            break
         synchronize(device)
         a = time.perf_counter()
         out = forward()
