@@ -8,7 +8,8 @@ Memory per rank (what phases() in memory.py adds up):
   casts a copy for compute), its fp32 gradient shard, and Adam's two moments: 16 bytes
   per sharded element, no separate master copy;
 - the unsharded working set: the root's parameters (embeddings, final norm, head) in the
-  compute dtype for the whole forward and backward, plus two blocks' (the one computing and
+  compute dtype for the whole forward and backward (the root is never resharded after
+  forward, as torchtitan and accelerate apply it), plus two blocks' (the one computing and
   the one prefetched), or every block's when parameters are kept from the forward to the
   backward (reshard_after_forward=False, the ZeRO-2 pattern);
 - in a block's backward, its unsharded gradients in the compute dtype and, where the
@@ -80,6 +81,13 @@ def layout_of(tensors: Sequence[ParamTensor], dp: int, param_bytes: int, wire_by
                       largest_tensor=max(p.numel for p in tensors), dp=dp, param_bytes=param_bytes,
                       wire_bytes=wire_bytes, reshard_after_forward=reshard, grad_accum=grad_accum, offload=offload,
                       adam_foreach=adam_foreach, overlap=overlap)
+
+
+def kept_after_forward(f: FsdpLayout) -> int:
+    """Bytes of gathered parameters a forward leaves for the backward: the root's always (it is
+    never resharded after forward: its backward needs it first), every block's too where they
+    are not resharded."""
+    return f.param_bytes * (f.root + (0 if f.reshard_after_forward else sum(f.blocks)))
 
 
 def fsdp_states(f: FsdpLayout) -> dict[str, int]:
