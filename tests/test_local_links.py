@@ -42,7 +42,9 @@ def test_the_links_are_measured_once_then_read_from_the_cache(cache, monkeypatch
     measured = local_links(2)  # real: two ranks under torchrun, gloo on this host
     rows = json.loads(cache_path().read_text())[key(2)]["rows"]
     assert {r[0] for r in rows} == set(OPS) and all(r[1] == 2 and r[4] > 0 for r in rows)
-    assert min(r[3] for r in rows) == local.MIN_BYTES < 1 << 20  # the small calls too (a bias, a norm)
+    # The small calls too (a bias, a norm): from MIN_BYTES, though on a busy machine a call as
+    # short as the barriers around it is timed at nothing and left out (a CI run lost 16-32 KB).
+    assert local.MIN_BYTES <= min(r[3] for r in rows) < 1 << 20
     assert measured.level.busbw > 0 and measured.level.latency >= 0 and "2 ranks of this host" in measured.source
     monkeypatch.setattr(local, "measure", lambda *a, **k: pytest.fail("measured again"))
     assert local_links(2).level == measured.level
