@@ -7,9 +7,9 @@ Two sweeps: one planned from a GPU preset (h100-sxm), and one on this CPU, whose
 time the trial's kernels (kernel_timing.py): with an empty kernel cache (what a fresh
 sweep costs) and then with the cache warm. Target: 1,000 points in under 10 s on the
 2-core CI machine, warm. Then new shapes: `orchestrator plan` of a shape this machine has
-not timed, each in a fresh process as a user types it, with the CPU's peak already measured
-(once per machine) and DeepSpeed's CPU op already built (once per machine, by the first
-trial or plan): what a user waits for a shape they try. Target: 10 s each.
+not timed, each in a fresh process as a user types it, with the CPU's peak and this host's
+links already measured and DeepSpeed's CPU op already built (each once per machine, by the
+first trial or plan): what a user waits for a shape they try. Target: 10 s each.
 """
 
 import os
@@ -64,7 +64,9 @@ def new_shapes() -> None:
     for shape in NEW_SHAPES:
         with tempfile.TemporaryDirectory() as cache:
             (Path(cache) / "orchestrator").mkdir()
-            shutil.copy(home / "orchestrator" / "cpu_peak.json", Path(cache) / "orchestrator")
+            for once_per_machine in ("cpu_peak.json", "local_links.json"):  # the CPU's peak, this host's links
+                if (home / "orchestrator" / once_per_machine).exists():
+                    shutil.copy(home / "orchestrator" / once_per_machine, Path(cache) / "orchestrator")
             extensions = home / "torch_extensions"  # DeepSpeed's CPU op, where torch builds it by default
             if extensions.exists():
                 (Path(cache) / "torch_extensions").symlink_to(extensions)
