@@ -84,8 +84,8 @@ DEFAULT_SIZES = {"cpu": (2**20, 2**21), "cuda": (2**24, 2**25)}
 # 32M took 7 s: a larger share reads the line past its points, on its straight part (a 34M
 # share's step: 237 ms from 8M and 16M, 250 ms from 16M and 32M, 231-286 ms at the share).
 MAX_SIZE = {"cpu": 2**24, "cuda": 2**28}
-# The smallest: a few thousand elements on a CPU, the defaults on a GPU.
-SMALLEST_CPU_SIZE = 2**12
+# The smallest lower size: a few thousand elements on a CPU, the defaults on a GPU.
+MIN_SIZE = {"cpu": 2**12, "cuda": DEFAULT_SIZES["cuda"][0]}
 
 
 def stand_in_sizes(device: str, elements: int) -> list[int]:
@@ -99,8 +99,7 @@ def stand_in_sizes(device: str, elements: int) -> list[int]:
     share took 230-290 ms and a line through 8M and 16M 237 ms (bench/RESULTS.md)."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
     top = 1 << max(elements - 1, 1).bit_length()
-    low = 2 * DEFAULT_SIZES["cuda"][0] if kind == "cuda" else 2 * SMALLEST_CPU_SIZE
-    top = min(max(top, low), MAX_SIZE[kind])
+    top = min(max(top, 2 * MIN_SIZE[kind]), MAX_SIZE[kind])
     return [top // 2, top]
 
 
