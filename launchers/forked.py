@@ -55,11 +55,19 @@ def import_trial_libraries(trial_dir: Path) -> None:
     says why). A failure is left to the ranks: each imports again and records the cause as
     its own failure."""
     from orchestrator.spec import load_spec
-    from orchestrator.workload.engines import import_libraries
+    from orchestrator.workload.wandb_compat import import_wandb
 
     with collector_paused():
         try:
-            import_libraries(load_spec(trial_dir))
+            spec = load_spec(trial_dir)
+            import_wandb(spec.cfg.logger.mode)  # before torch, where it costs a fifth (wandb_compat)
+            from orchestrator.workload.engines import import_libraries
+
+            import_libraries(spec)
+            if "deepspeed" in sys.modules:
+                from orchestrator.workload.deepspeed_compat import probe_ops
+
+                probe_ops()  # once here, not in every rank
         except Exception:  # noqa: BLE001 - see above
             pass
         gc.freeze()
@@ -69,6 +77,9 @@ def run_torchrun(argv: list[str]) -> int:
     """torchrun's `main` on `argv` here; its exit code (a failure's traceback on stderr)."""
     from torch.distributed.run import main as torchrun
 
+    from orchestrator.workload.torch_compat import cheap_rendezvous_records
+
+    cheap_rendezvous_records()  # its records' names read off each frame's source: 0.5 CPU-s a trial here
     try:
         torchrun(torchrun_argv(argv))
     except SystemExit as exc:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import uuid
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from orchestrator.files import atomic_write_json
 from orchestrator.redact import redact
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths
+from orchestrator.workload.wandb_compat import import_wandb
 
 HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_sec_per_gpu", "global_batch_size", "lr", "tokens_seen")
 SUMMARY_KEYS = ("tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "hfu", "step_time_s",
@@ -89,10 +89,7 @@ class Tracker:
         self.run = None
         if logger.mode == "disabled":
             return
-        os.environ["WANDB_MODE"] = logger.mode  # before the import: offline never opens a connection
-        os.environ.setdefault("WANDB_SILENT", "true")
-        import wandb
-
+        wandb = import_wandb(logger.mode)
         self.run = wandb.init(  # names and tags masked as the config is (redact.py)
             id=run_id(trial_dir), resume="allow",
             project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,

@@ -41,28 +41,38 @@ def test_muon_is_imported_uncompiled_without_torchs_inductor_and_only_for_anothe
 
 SHM_CHECK = """
 import json, os, sys
-import deepspeed, deepspeed.comm
-from orchestrator.workload.deepspeed_compat import SHM_COMM_OP, leave_shm_comm_unbuilt
+import deepspeed, deepspeed.comm, deepspeed.ops
+from orchestrator.workload.deepspeed_compat import SHM_COMM_OP, leave_shm_comm_unbuilt, probe_ops
 
+probe_ops()  # as the launcher server does; the rank below is its fork
+if os.fork():
+    _, status = os.wait()
+    print(json.dumps({"parents": deepspeed.ops.__compatible_ops__[SHM_COMM_OP]}))  # the fork marked its own copy
+    sys.exit(os.waitstatus_to_exitcode(status))
+probed = "__compatible_ops__" in vars(deepspeed.ops)
 was = leave_shm_comm_unbuilt()
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # what a CPU rank starts
 backend = deepspeed.comm.comm.cdb
 built = sorted(os.listdir(os.environ["TORCH_EXTENSIONS_DIR"])) if os.path.isdir(os.environ["TORCH_EXTENSIONS_DIR"]) else []
-print(json.dumps({"was": was, "op": repr(backend.shm_comm_op), "built": built, "world": deepspeed.comm.get_world_size()}))
+print(json.dumps({"was": was, "op": repr(backend.shm_comm_op), "built": built, "world": deepspeed.comm.get_world_size(),
+                  "probed": probed}), flush=True)
+os._exit(0)
 """
 
 
 def test_a_cpu_ranks_deepspeed_backend_starts_without_compiling_its_shared_memory_op(tmp_path):
-    """Without the mark DeepSpeed compiles deepspeed_shm_comm into TORCH_EXTENSIONS_DIR (an empty
+    """The launcher server probes the ops (probe_ops), each forked rank marks its copy. Without
+    the mark DeepSpeed compiles deepspeed_shm_comm into TORCH_EXTENSIONS_DIR (an empty
     one here, so it would be built: ~110 s of CPU) and keeps it as the backend's shm_comm_op."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DS_ACCELERATOR": "cpu",
            "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(_free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     proc = subprocess.run([sys.executable, "-c", SHM_CHECK], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen["was"] is True  # this machine could build it: the mark is what left it unbuilt
-    assert seen["op"] == "None" and seen["built"] == [] and seen["world"] == 1
+    *_, child, parent = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert child["was"] is True  # this machine could build it: the mark is what left it unbuilt
+    assert child["op"] == "None" and child["built"] == [] and child["world"] == 1
+    assert child["probed"] is True and parent["parents"] is True  # probed once before the fork; marked in the fork only
 
 
 def _free_port() -> int:

@@ -1,4 +1,5 @@
-"""The rank's memory censuses on real tensors and real transformers models (CPU)."""
+"""The rank's memory censuses on real tensors and real transformers models (CPU), and the rest of
+torch_compat (the rendezvous records' names)."""
 
 import threading
 
@@ -79,3 +80,25 @@ def test_held_growth_replays_frees_and_addresses_handed_out_again():
     assert held_growth([(1, 100), (2, 50), (1, -100), (3, 10)]) == (150, 1)
     assert held_growth([(1, 100), (1, 100), (2, 20)]) == (120, 2)
     assert held_growth([(9, -40), (1, 30)]) == (0, None)  # a block from before the start was freed
+
+
+def test_rendezvous_records_name_the_method_as_torch_does():
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from orchestrator.workload import torch_compat
+
+    torchs = dynamic_rendezvous.get_method_name
+
+    def record(name_of):  # as DynamicRendezvousHandler._record calls it
+        return name_of()
+
+    def next_rendezvous(name_of):
+        return record(name_of)
+
+    assert next_rendezvous(torchs) == next_rendezvous(torch_compat._method_name) == "next_rendezvous"
+    assert torchs(10_000) == torch_compat._method_name(10_000) == "no_method_name"
+    try:
+        torch_compat.cheap_rendezvous_records()
+        assert next_rendezvous(dynamic_rendezvous.get_method_name) == "next_rendezvous"
+    finally:
+        dynamic_rendezvous.get_method_name = torchs

@@ -20,6 +20,8 @@
   `deepspeed.ops.__compatible_ops__`, one dict per process whose edits persist by design;
   marking the op there as not buildable makes the backend skip it, and an inference
   all-reduce falls back to torch.distributed, as it does where the op is missing.
+  The dict is filled on its first look (setuptools imported, a compiler run): a CPU
+  launcher server looks once (`probe_ops`), and every rank forked from it marks its copy.
 """
 
 from __future__ import annotations
@@ -63,3 +65,12 @@ def leave_shm_comm_unbuilt() -> bool:
     was = bool(compatible.get(SHM_COMM_OP, False))
     compatible[SHM_COMM_OP] = False
     return was
+
+
+def probe_ops() -> None:
+    """On a CPU, in a process whose forks will start DeepSpeed (launchers/forked.py): fill
+    `__compatible_ops__` here, once, where each fork would fill its own (0.1-0.2 CPU-s a
+    rank on the 2-core AMD EPYC)."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__  # noqa: B018 - the first look probes

@@ -68,17 +68,22 @@ def forked() -> bool:
 
 
 def train(trial_dir: Path, rank: int, world: int, console) -> None:
+    from orchestrator.spec import load_spec
+    from orchestrator.workload.wandb_compat import import_wandb
+
+    spec = load_spec(trial_dir)
+    if rank == 0:  # before torch, where W&B's imports cost a fifth (wandb_compat)
+        import_wandb(spec.cfg.logger.mode)
+
     import torch
     import torch.distributed as dist
 
     from orchestrator.files import atomic_write_json
-    from orchestrator.spec import load_spec
     from orchestrator.tracking import Tracker
     from orchestrator.workload.device import Device
     from orchestrator.workload.engines import import_libraries, make_engine
     from orchestrator.workload.summary import summarize, versions
 
-    spec = load_spec(trial_dir)
     paths = TrialPaths(trial_dir)
     meta = json.loads(paths.meta.read_text())
     plan = json.loads(paths.plan.read_text()) if paths.plan.is_file() else None
