@@ -217,6 +217,14 @@ def results_below(base: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(base.rglob("result.json"))]
 
 
+def history_is_whole(r: dict, steps: int, ranks: int) -> None:
+    """A requeued trial's figures are an uninterrupted run's: no step lost, none repeated, 1
+    warm-up step, then a micro batch of 4 x 128 tokens a rank each step."""
+    m = r["metrics"]
+    assert [h["step"] for h in m["history"]] == list(range(steps))
+    assert m["steps"] == steps and m["tokens"] == (steps - 1) * ranks * 4 * 128
+
+
 def wait_cli(base: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """`orchestrator wait BASE`: until every trial below BASE has its result.json."""
     return run_cli("wait", str(base), "--timeout", str(timeout), timeout=timeout + 60)

@@ -126,7 +126,7 @@ def test_status_shows_why_a_trial_is_still_pending(slurm_cluster, tmp_path):
         while squeue(blocker, "%T") != "RUNNING":
             assert time.monotonic() < deadline, squeue(blocker, "%T %r")
             time.sleep(1)
-        submit(tmp_path, *SMALL, "cluster.exclude='orch-node[1-3]'")
+        submit(tmp_path, *SMALL, *ONE_RANK, "cluster.exclude='orch-node[1-3]'")
         job = json.loads((tmp_path / "slurm.json").read_text())["job_id"]
         reason = squeue(job, "%r")
         assert squeue(job, "%T") == "PENDING" and reason
@@ -153,8 +153,8 @@ def test_tune_runs_its_rounds_as_slurm_jobs_and_waits_for_each(slurm_cluster, tm
     # runs whatever the first measured on however busy a machine. (With two a round, the third
     # of three ran only where the first two measured within the model's error of each other:
     # a CI run whose two identical trials measured 780 and over 1,000 tokens/s stopped at two.)
-    proc = run_cli("tune", "--out", str(out), "--trials", "2", "hydra.sweeper.batch_size=1", *SMALL, "run.seed=1,2",
-                   "zero=stage2", "batch.micro_batch_size=1", "recompute=none", "zero.reduce_bucket_size=1e6",
+    proc = run_cli("tune", "--out", str(out), "--trials", "2", "hydra.sweeper.batch_size=1", *SMALL, *ONE_RANK,
+                   "run.seed=1,2", "zero=stage2", "batch.micro_batch_size=1", "recompute=none", "zero.reduce_bucket_size=1e6",
                    "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none", timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = json.loads((out / "tune.json").read_text())

@@ -1,7 +1,7 @@
-"""Requeues on the real SLURM test cluster: `scontrol requeue` of a DeepSpeed and an FSDP2
-trial, and a time limit whose warning checkpoints, requeues and finishes. The three are
-submitted together (`submitted`): the time limit's minute runs while the others requeue.
-Mocked: nothing."""
+"""Requeues on the real SLURM test cluster: `scontrol requeue` of an FSDP2 trial, and a time
+limit whose warning checkpoints, requeues and finishes. The two are submitted together
+(`submitted`): the time limit's minute runs while the other requeues. A DeepSpeed trial's
+requeue, across two nodes, is tests/test_multinode.py's. Mocked: nothing."""
 
 import json
 import subprocess
@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ONE_RANK
 from tests.conftest import SLURM_SMALL as SMALL
-from tests.conftest import results_below, submit, wait_cli
+from tests.conftest import history_is_whole, results_below, submit, wait_cli
 
 pytestmark = pytest.mark.slow
 # The requeue trials are requeued once step 4 is saved; 20 more steps of at least 0.3 s each
@@ -29,15 +29,13 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     runs = {"time-limit": [*ONE_RANK, "run.bf16=false", f"run.steps={TIME_LIMIT_STEPS}", "cluster.time=1",
                            "cluster.signal_delay_s=5", "run.checkpoint_every=40", "cluster.max_requeues=10",
                            "run.step_sleep_s=0.7"],
-            "deepspeed": ["engine=deepspeed", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2",
-                          f"run.step_sleep_s={REQUEUE_SLEEP_S}"],
             "fsdp2": ["engine=fsdp", "zero=stage3", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2",
                       f"run.step_sleep_s={REQUEUE_SLEEP_S}"]}
     for name, extra in runs.items():
         submit(base / name, *SMALL, *extra)
     job = {name: json.loads((base / name / "slurm.json").read_text())["job_id"] for name in runs}
-    # Each requeue trial is requeued here once it has saved step 4, so both run side by side
-    # (a job left to a later test would have finished before it was requeued). The time-limit
+    # The requeue trial is requeued here once it has saved step 4, so it runs beside the
+    # time-limit trial (a job left to a later test would have finished before it was requeued). The time-limit
     # trial, once its limit has requeued it, gets a limit it cannot reach: one requeue is
     # what the test is about, and at a minute an allocation (start-up ~15-25 s on a busy
     # machine, warned 25-55 s in) trains too little to finish in fewer than 5-10 of them.
@@ -71,22 +69,14 @@ def _warned_save(trial: Path) -> bool:
     return latest.is_file() and bool(json.loads(latest.read_text()).get("signalled"))
 
 
-def _history_is_whole(r: dict, steps: int, ranks: int) -> None:
-    m = r["metrics"]
-    assert [h["step"] for h in m["history"]] == list(range(steps))  # no step lost, none repeated
-    # as an uninterrupted run: 1 warm-up step, then a micro batch of 4 x 128 tokens a rank
-    assert m["steps"] == steps and m["tokens"] == (steps - 1) * ranks * 4 * 128
-
-
-@pytest.mark.parametrize("engine", ["deepspeed", "fsdp2"])
-def test_scontrol_requeue_resumes_from_the_last_checkpoint(submitted, engine):
-    out = submitted[engine]  # requeued by the fixture after step 4
+def test_scontrol_requeue_of_fsdp2_resumes_from_the_last_checkpoint(submitted):
+    out = submitted["fsdp2"]  # requeued by the fixture after step 4
     done = wait_cli(out)
     assert done.returncode == 0, done.stdout + done.stderr
     (r,) = results_below(out)
     assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1 and r["metrics"]["resumed_at_steps"][0] >= 4
-    assert r["metrics"]["engine"]["engine"] == engine
-    _history_is_whole(r, REQUEUE_STEPS, ranks=2)
+    assert r["metrics"]["engine"]["engine"] == "fsdp2"
+    history_is_whole(r, REQUEUE_STEPS, ranks=2)
 
 
 def test_a_time_limit_checkpoints_requeues_and_finishes(submitted):
@@ -104,7 +94,7 @@ def test_a_time_limit_checkpoints_requeues_and_finishes(submitted):
     (r,) = results_below(out)
     assert r["status"] == "ok" and r["metrics"]["restarts"] >= 1
     assert r["metrics"]["checkpoints_on_warning"]  # saved on SIGUSR2, not only every 40 steps
-    _history_is_whole(r, TIME_LIMIT_STEPS, ranks=1)
+    history_is_whole(r, TIME_LIMIT_STEPS, ranks=1)
     # Once the warning's checkpoint is complete the allocation ends promptly: the requeue's
     # SIGTERM reaches the ranks within seconds (3-5 s here, most of it scontrol's requeue on a
     # busy 2-core machine). Before, a save made before submitit's handler ran was missed
