@@ -154,8 +154,9 @@ def test_tune_runs_its_rounds_as_slurm_jobs_and_waits_for_each(slurm_cluster, tm
     # of three ran only where the first two measured within the model's error of each other:
     # a CI run whose two identical trials measured 780 and over 1,000 tokens/s stopped at two.)
     proc = run_cli("tune", "--out", str(out), "--trials", "2", "hydra.sweeper.batch_size=1", *SMALL, *ONE_RANK,
-                   "run.seed=1,2", "zero=stage2", "batch.micro_batch_size=1", "recompute=none", "zero.reduce_bucket_size=1e6",
-                   "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none", timeout=900)
+                   "run.seed=1,2", "zero=stage2", "batch.micro_batch_size=1", "recompute=none",
+                   "zero.reduce_bucket_size=1e6", "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none",
+                   timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = json.loads((out / "tune.json").read_text())
     assert state["ran"] == 2 and state["winner"] and state["rounds"] == 2  # the second round waited for the first
