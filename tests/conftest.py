@@ -226,13 +226,15 @@ def history_is_whole(r: dict, steps: int, ranks: int) -> None:
 
 
 def wait_cli(base: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`orchestrator wait BASE`: until every trial below BASE has its result.json."""
-    return run_cli("wait", str(base), "--timeout", str(timeout), timeout=timeout + 60)
+    """`orchestrator wait BASE`: until every trial below BASE has its result.json (in-process:
+    waiting is the test's point, not the program)."""
+    return run_in_process("wait", str(base), "--timeout", str(timeout))
 
 
 def submit(out: Path, *overrides: str, multirun: bool = False) -> subprocess.CompletedProcess:
-    """`orchestrator run [-m] --out OUT OVERRIDES` on SLURM: returns once submitted; asserts it was."""
-    proc = run_cli("run", *(["-m"] if multirun else []), "--out", str(out), *overrides, timeout=300)
+    """`orchestrator run [-m] --out OUT OVERRIDES` on SLURM (in-process): returns once
+    submitted; asserts it was."""
+    proc = run_in_process("run", *(["-m"] if multirun else []), "--out", str(out), *overrides)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 

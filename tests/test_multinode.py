@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PRESET_KERNELS, history_is_whole, run_cli, sacct
+from tests.conftest import PRESET_KERNELS, history_is_whole, run_in_process, sacct
 from tests.conftest import results_below as results
 from tests.conftest import wait_cli as wait
 
@@ -32,8 +32,8 @@ def allocated(job_id: str) -> list[str]:
 
 def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
     # the plan that times its kernels, on the node (the other tests here plan from the preset)
-    proc = run_cli("run", "-m", "--out", str(tmp_path), *ONE_PER_NODE, "hardware.kernels=measured", "parallel.dp=1,2,4",
-                   timeout=300)
+    proc = run_in_process("run", "-m", "--out", str(tmp_path), *ONE_PER_NODE, "hardware.kernels=measured",
+                          "parallel.dp=1,2,4")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jobs = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("slurm.json"))]
     assert len(jobs) == 3 and not any(j["array"] for j in jobs)  # different resources: separate jobs
@@ -59,8 +59,8 @@ def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
 
 
 def test_two_ranks_per_node_on_two_nodes(slurm_cluster, tmp_path):
-    proc = run_cli("run", "--out", str(tmp_path), *ONE_PER_NODE, "cluster.gpus_per_node=2", "parallel.dp=4",
-                   "zero=stage2", "cluster.wait=true", timeout=600)
+    proc = run_in_process("run", "--out", str(tmp_path), *ONE_PER_NODE, "cluster.gpus_per_node=2", "parallel.dp=4",
+                          "zero=stage2", "cluster.wait=true")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results(tmp_path)
     hosts = {x["rank"]: x["host"] for x in r["env"]["ranks"]}
@@ -69,8 +69,8 @@ def test_two_ranks_per_node_on_two_nodes(slurm_cluster, tmp_path):
 
 
 def test_a_failure_on_the_second_node_names_rank_host_cause_and_log(slurm_cluster, tmp_path):
-    assert run_cli("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.fail_at_step=1",
-                   "run.fail_rank=1").returncode == 0
+    assert run_in_process("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.fail_at_step=1",
+                          "run.fail_rank=1").returncode == 0
     assert wait(tmp_path).returncode == 1
     (r,) = results(tmp_path)
     e = r["error"]
@@ -80,7 +80,7 @@ def test_a_failure_on_the_second_node_names_rank_host_cause_and_log(slurm_cluste
 
 
 def test_the_pre_check_knows_the_partition_has_four_nodes(slurm_cluster, tmp_path):
-    proc = run_cli("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=8")
+    proc = run_in_process("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=8")
     said = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 3 and "parallel.dp=8" in said and "the largest that fits is parallel.dp=4" in said
 
@@ -96,10 +96,10 @@ def _started(trial: Path, at_step: int = 0, timeout: float = 300) -> None:
 
 def test_scancel_of_a_two_node_job_is_recorded(slurm_cluster, tmp_path):
     # Until the test ends it, the trial sleeps between steps (the cores stay with the other tests).
-    assert run_cli("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.steps=100000",
-                   "run.checkpoint_every=1", "run.step_sleep_s=0.5").returncode == 0
+    assert run_in_process("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.steps=100000",
+                          "run.checkpoint_every=1", "run.step_sleep_s=0.5").returncode == 0
     _started(tmp_path, 1)
-    assert "running" in run_cli("status", str(tmp_path)).stdout
+    assert "running" in run_in_process("status", str(tmp_path)).stdout
     subprocess.run(["scancel", json.loads((tmp_path / "slurm.json").read_text())["job_id"]], check=True, timeout=30)
     assert wait(tmp_path).returncode == 1
     (r,) = results(tmp_path)
@@ -109,8 +109,8 @@ def test_scancel_of_a_two_node_job_is_recorded(slurm_cluster, tmp_path):
 def test_a_requeued_two_node_job_resumes_its_steps_and_its_wandb_run(slurm_cluster, tmp_path):
     steps = 30
     overrides = [o for o in ONE_PER_NODE if not o.startswith("logger.")]
-    assert run_cli("run", "--out", str(tmp_path), *overrides, "parallel.dp=2", f"run.steps={steps}",
-                   "run.checkpoint_every=2", "logger.mode=offline").returncode == 0
+    assert run_in_process("run", "--out", str(tmp_path), *overrides, "parallel.dp=2", f"run.steps={steps}",
+                          "run.checkpoint_every=2", "logger.mode=offline").returncode == 0
     _started(tmp_path, 4)
     subprocess.run(["scontrol", "requeue", json.loads((tmp_path / "slurm.json").read_text())["job_id"]], check=True,
                    timeout=30)

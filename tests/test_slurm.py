@@ -17,7 +17,7 @@ import submitit
 from orchestrator.launchers import slurm
 from tests.conftest import ONE_RANK
 from tests.conftest import SLURM_SMALL as SMALL
-from tests.conftest import results_below, run_cli, sacct, squeue, submit, wait_cli
+from tests.conftest import results_below, run_in_process, sacct, squeue, submit, wait_cli
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def test_a_sweep_submits_returns_at_once_and_wait_collects_it(submitted):
     out = submitted["zero"]
     jobs = [json.loads(p.read_text())["job_id"] for p in sorted(out.rglob("slurm.json"))]
     assert len(jobs) == 2 and all("_" in j for j in jobs) and len({j.split("_")[0] for j in jobs}) == 1  # one array
-    status = run_cli("status", str(out))
+    status = run_in_process("status", str(out))
     assert status.returncode == 0 and jobs[0] in status.stdout
     done = wait_cli(out)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -84,14 +84,14 @@ def test_a_trial_that_ran_every_step_is_never_reported_failed(submitted):
 
 
 def test_cluster_wait_blocks_until_the_result(slurm_cluster, tmp_path):
-    proc = run_cli("run", "--out", str(tmp_path), *SMALL, *ONE_RANK, "cluster.wait=true", timeout=600)
+    proc = run_in_process("run", "--out", str(tmp_path), *SMALL, *ONE_RANK, "cluster.wait=true")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results_below(tmp_path)
     assert r["status"] == "ok" and "1 ok" in proc.stdout and "tokens/s/GPU" in proc.stdout
 
 
 def test_a_request_beyond_every_node_is_refused_before_submission(slurm_cluster, tmp_path):
-    proc = run_cli("run", "--out", str(tmp_path), *SMALL, "cluster.cpus_per_task=8")
+    proc = run_in_process("run", "--out", str(tmp_path), *SMALL, "cluster.cpus_per_task=8")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     said = " ".join((proc.stdout + proc.stderr).split())
     assert "cluster.cpus_per_task=8" in said and "the most that fits is cluster.cpus_per_task=1" in said
@@ -105,7 +105,7 @@ def test_a_job_slurm_can_never_start_ends_at_once_with_the_reason(slurm_cluster,
     # PENDING (PartitionConfig) for ever.
     submit(tmp_path, *SMALL, "cluster.cpus_per_task=8", "run.force=true")
     job = json.loads((tmp_path / "slurm.json").read_text())["job_id"]
-    done = run_cli("wait", str(tmp_path), "--timeout", "120", timeout=180)
+    done = run_in_process("wait", str(tmp_path), "--timeout", "120")
     assert done.returncode == 1, done.stdout + done.stderr
     (r,) = results_below(tmp_path)
     assert r["status"] == "failed" and r["error"]["type"] == "SlurmNeverStarts"
@@ -134,7 +134,7 @@ def test_status_shows_why_a_trial_is_still_pending(slurm_cluster, tmp_path):
         while f"pending ({reason})" not in shown:
             assert time.monotonic() < deadline, (reason, shown)
             time.sleep(1)
-            shown = " ".join(run_cli("status", str(tmp_path)).stdout.split())
+            shown = " ".join(run_in_process("status", str(tmp_path)).stdout.split())
             reason = squeue(job, "%r") or reason
         # asked with another job in one query (as `wait` asks for a sweep's), the pending one
         # has the controller's live reason (sacct may still say the blocker is pending)
@@ -153,10 +153,10 @@ def test_tune_runs_its_rounds_as_slurm_jobs_and_waits_for_each(slurm_cluster, tm
     # runs whatever the first measured on however busy a machine. (With two a round, the third
     # of three ran only where the first two measured within the model's error of each other:
     # a CI run whose two identical trials measured 780 and over 1,000 tokens/s stopped at two.)
-    proc = run_cli("tune", "--out", str(out), "--trials", "2", "hydra.sweeper.batch_size=1", *SMALL, *ONE_RANK,
-                   "run.seed=1,2", "zero=stage2", "batch.micro_batch_size=1", "recompute=none",
-                   "zero.reduce_bucket_size=1e6", "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none",
-                   timeout=900)
+    proc = run_in_process("tune", "--out", str(out), "--trials", "2", "hydra.sweeper.batch_size=1", *SMALL, *ONE_RANK,
+                          "run.seed=1,2", "zero=stage2", "batch.micro_batch_size=1", "recompute=none",
+                          "zero.reduce_bucket_size=1e6", "zero.allgather_bucket_size=1e6",
+                          "zero.offload_optimizer=none")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = json.loads((out / "tune.json").read_text())
     assert state["ran"] == 2 and state["winner"] and state["rounds"] == 2  # the second round waited for the first
