@@ -243,9 +243,10 @@ def test_only_a_cpu_trials_ranks_are_forked_from_a_launcher_that_imported_their_
 
 
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
-    # 100,000 steps would take hours: ending within pytest's timeout is the limit at work.
-    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "parallel.dp=1", NO_WANDB,
-               PRESET_KERNELS)
+    # 100,000 steps would take hours: ending within pytest's timeout is the limit at work. The
+    # steps sleep, so the 6 s the limit allows leave the cores to the other tests.
+    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "run.step_sleep_s=0.5",
+               "parallel.dp=1", NO_WANDB, PRESET_KERNELS)
     assert proc.returncode == 1
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["status"] == "timeout" and r["error"]["type"] == "Timeout" and r["metrics"] is None
