@@ -7,7 +7,8 @@
   took 0.16 CPU-s in a bare interpreter and 0.9 after torch, transformers and DeepSpeed
   (3,400 modules), on the 2-core AMD EPYC (2026-11-28). Rank 0 imports it before torch,
   and the launcher server imports it once for every rank it forks (a forked rank 0 paid
-  1-2 CPU-s of its trial's 2-4 for it: docs/measurements.md, "W&B's imports").
+  1-2 CPU-s of its trial's 2-4 for it: docs/measurements.md, "Costs of every trial that
+  were not the trial's").
 """
 
 from __future__ import annotations
