@@ -106,9 +106,15 @@ CLUSTER_SHAPE = ("--nodes", str(NODES), "--cpus-per-node", "2", "--link-mbit", s
 # default trial and test_run's trials like it, test_fsdp, tune's search, and on SLURM nodes
 # test_multinode's dp sweep.
 PRESET_KERNELS = "hardware.kernels=preset"
+# fp32 for a trial whose test is not about its precision. A CPU without bf16 instructions
+# (the AVX2 EPYC of docs/measurements.md) multiplies bf16 7-50x slower than fp32, so every
+# step of a bf16 trial there costs 5-6x its fp32 one; with them the two cost the same (a
+# two-rank six-step trial 1.3-1.6 CPU-s either way). The default trial, the drift points'
+# bf16 memory and FSDP2's mixed precision keep bf16: there it is the point.
+FP32 = "run.bf16=false"
 # A two-rank trial on one node of it, a few steps.
-SLURM_SMALL = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, "cluster.gpus_per_node=2", "cluster.cpus_per_task=1",
-               "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
+SLURM_SMALL = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, FP32, "cluster.gpus_per_node=2",
+               "cluster.cpus_per_task=1", "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
 # The same with one rank, where the number of ranks is not the point (a rank costs ~7 s of CPU).
 ONE_RANK = ["parallel.dp=1", "cluster.gpus_per_node=1"]
 _STATE = Path(os.environ.get("ORCH_SLURM_STATE", "/var/lib/orchestrator-slurm"))

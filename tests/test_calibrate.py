@@ -9,14 +9,14 @@ import re
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import FP32, run_cli
 
 pytestmark = pytest.mark.slow
 
 
 def test_calibrate_fits_measured_trials_and_the_plan_uses_the_preset(cli, tmp_path):
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
-    sweep = ["run", "-m", "--out", str(tmp_path / "runs"), "parallel.dp=1", "run.steps=6", "run.warmup_steps=2",
+    sweep = ["run", "-m", "--out", str(tmp_path / "runs"), "parallel.dp=1", "run.steps=6", "run.warmup_steps=2", FP32,
              "logger.mode=disabled", "batch.micro_batch_size=1,8"]
     proc = run_cli(*sweep, env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -27,7 +27,7 @@ def test_calibrate_fits_measured_trials_and_the_plan_uses_the_preset(cli, tmp_pa
     assert "calibrated_on: 2 trials" in text and "op_overhead_us" in text
     assert "within +-25 %" in " ".join(done.stdout.split())  # it says how many trials the fit brought there
     # hardware=auto (the default) now picks the calibrated preset, and says so.
-    plan = cli("plan", "--json", "parallel.dp=1", "batch.micro_batch_size=8", env=env)
+    plan = cli("plan", "--json", "parallel.dp=1", "batch.micro_batch_size=8", FP32, env=env)
     assert plan.returncode == 0, plan.stderr
     assumptions = " ".join(json.loads(plan.stdout)["assumptions"])
     assert "calibrated on 2 trials" in assumptions

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.trial_dir import claim, trials_below
-from tests.conftest import PRESET_KERNELS, run_cli, run_in_process
+from tests.conftest import FP32, PRESET_KERNELS, run_cli, run_in_process
 
 pytestmark = pytest.mark.slow
 # Minutes of steps, ended by the test. One rank where the number of ranks is not the point:
 # a rank's start-up is a third of a small trial's cost.
-LONG = ["model=tiny", PRESET_KERNELS, PRESET_KERNELS, "run.steps=3000", "run.bf16=false", "parallel.dp=1"]
+LONG = ["model=tiny", PRESET_KERNELS, FP32, "run.steps=3000", "parallel.dp=1"]
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -207,12 +207,12 @@ def test_a_full_disk_still_leaves_a_result(mount):
 
 
 def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
-    stopped = run_in_process("run", "model=tiny", PRESET_KERNELS, "run.lr=1e6", "run.steps=8", "run.bf16=false",
+    stopped = run_in_process("run", "model=tiny", PRESET_KERNELS, "run.lr=1e6", "run.steps=8", FP32,
                              "logger.mode=disabled", "parallel.dp=1", "--out", str(tmp_path / "stop"))
     assert stopped.returncode == 1 and "not finite" in stopped.stdout, stopped.stdout
     r = strict(tmp_path / "stop" / "result.json")
     assert r["status"] == "failed" and r["error"]["type"] == "NonFiniteLoss" and "run.lr=1000000.0" in r["error"]["message"]
-    kept = run_in_process("run", "model=tiny", PRESET_KERNELS, "run.lr=1e6", "run.steps=8", "run.bf16=false",
+    kept = run_in_process("run", "model=tiny", PRESET_KERNELS, "run.lr=1e6", "run.steps=8", FP32,
                           "parallel.dp=1", "run.stop_on_nonfinite_loss=false", "--out", str(tmp_path / "keep"))
     assert kept.returncode == 0, kept.stdout
     r = strict(tmp_path / "keep" / "result.json")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import PRESET_KERNELS, run_cli
+from tests.conftest import FP32, PRESET_KERNELS, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -200,7 +200,7 @@ def test_tune_budgets_are_checked_by_their_flag_before_a_directory_is_made(cli, 
 
 def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refused(cli, tmp_path):
     out = tmp_path / "tune"
-    space = ["logger.mode=disabled", PRESET_KERNELS, "run.steps=4", "run.warmup_steps=1", "run.step_sleep_s=2",
+    space = ["logger.mode=disabled", PRESET_KERNELS, FP32, "run.steps=4", "run.warmup_steps=1", "run.step_sleep_s=2",
              "parallel.dp=1", "zero=stage0", "batch.micro_batch_size=1,2", "recompute=none", "zero.offload_optimizer=none"]
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "tune", "--trials", "1", "--out", str(out), *space],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -10,9 +10,9 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.compose import expand_sweep
 
-from conftest import PRESET_KERNELS, run_cli, run_in_process
+from tests.conftest import FP32, PRESET_KERNELS, run_cli, run_in_process
 
-FAST = ["run.steps=1", "run.warmup_steps=0", "logger.mode=disabled", "parallel.dp=1", PRESET_KERNELS]
+FAST = ["run.steps=1", "run.warmup_steps=0", "logger.mode=disabled", "parallel.dp=1", PRESET_KERNELS, FP32]
 
 
 # --- Hydra's flags: each flag and the output it must give ----------------------------------

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PRESET_KERNELS, history_is_whole, run_in_process, sacct
+from tests.conftest import FP32, PRESET_KERNELS, history_is_whole, run_in_process, sacct
 from tests.conftest import results_below as results
 from tests.conftest import wait_cli as wait
 
 pytestmark = pytest.mark.multinode
-ONE_PER_NODE = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
-                "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
+ONE_PER_NODE = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, FP32, "cluster.gpus_per_node=1",
+                "cluster.cpus_per_task=1", "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
 
 
 def allocated(job_id: str) -> list[str]:

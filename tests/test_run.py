@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.spec import build_spec
-from tests.conftest import PRESET_KERNELS, default_trial_stdout, results_below, run_in_process, wandb_summary
+from tests.conftest import FP32, PRESET_KERNELS, default_trial_stdout, results_below, run_in_process, wandb_summary
 
 pytestmark = pytest.mark.slow
 QUICK = ["run.steps=4", "run.warmup_steps=1"]
@@ -87,7 +87,7 @@ def counting_tokens(tmp_path) -> Path:
 def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counting_tokens):
     # fp32: the engines must agree to rounding, and bf16 matmuls crawl on a CPU without AVX512-BF16.
     proc = run(tmp_path / "runs", "zero=stage0,stage1,stage2,stage3", "run.lr=1e-2", f"run.data={counting_tokens}",
-                  "run.steps=6", "run.warmup_steps=1", "run.bf16=false", NO_WANDB, PRESET_KERNELS, multirun=True)
+                  "run.steps=6", "run.warmup_steps=1", FP32, NO_WANDB, PRESET_KERNELS, multirun=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = results_below(tmp_path / "runs")
     assert [r["config"]["zero"]["stage"] for r in results] == [0, 1, 2, 3]
@@ -98,7 +98,7 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
     # Accelerate's DeepSpeed ZeRO-3 as well: the model is built partitioned there too
     # (zero3_init_flag), from the same weights.
     accel = run(tmp_path / "accelerate", "engine=accelerate", "engine.backend=deepspeed", "zero=stage3",
-                   "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1", "run.bf16=false",
+                   "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1", FP32,
                    NO_WANDB, PRESET_KERNELS)
     assert accel.returncode == 0, accel.stdout + accel.stderr
     (accelerated,) = results_below(tmp_path / "accelerate")
@@ -114,7 +114,7 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
 WARMUP = ["batch=warmup", "batch.global_batch_size=32", "batch.warmup.ramp_tokens=4096", "run.steps=6",
           "run.warmup_steps=1"]
 KNOBS = ["run.profile=true", "run.gc_collect_every=2", "run.dataloader_workers=1", "run.pin_memory=true",
-         "logger.mode=disabled"]
+         "logger.mode=disabled", PRESET_KERNELS, FP32]
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,8 @@ def failing_sweep(tmp_path_factory) -> list[Path]:
     out = tmp_path_factory.mktemp("failing") / "sweep"
     # Rank 0, blocked in a collective, is ended rather than left hanging: gloo would wait 30
     # minutes, so a hang fails pytest's timeout (a guard far above any trial's time, not a speed).
-    proc = run(out, "run.fail_mode=oom,raise,exit", "run.fail_at_step=2", "run.fail_rank=1", *QUICK, multirun=True)
+    proc = run(out, "run.fail_mode=oom,raise,exit", "run.fail_at_step=2", "run.fail_rank=1", *QUICK, PRESET_KERNELS, FP32,
+               multirun=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     return sorted(p.parent for p in out.rglob("result.json"))
 
@@ -259,7 +260,7 @@ def test_a_timing_target_stops_the_ranks_together_where_rank_0s_steps_pin_the_me
     from orchestrator.timing_stats import precise_enough
 
     proc = run(tmp_path / "t", "run.steps=40", "run.warmup_steps=1", "run.min_timed_steps=6", "run.timing_ci=0.3",
-               "logger.mode=disabled")
+               "logger.mode=disabled", PRESET_KERNELS, FP32)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     m = json.loads((tmp_path / "t" / "result.json").read_text())["metrics"]
     times = [h["step_time_s"] for h in m["history"] if h["timed"]]

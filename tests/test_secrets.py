@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.redact import MASK, RedactedOutput, redact, redact_text, secret_exports
-from tests.conftest import PRESET_KERNELS, run_cli
+from tests.conftest import FP32, PRESET_KERNELS, run_cli
 
 SPELLINGS = {  # the value after each spelling is the secret
     "PGPASSWORD=s3cretpg": "s3cretpg",
@@ -83,7 +83,7 @@ def test_printed_output_is_masked_even_when_a_line_arrives_in_pieces(capsys):
 def test_a_sweep_with_secrets_in_values_tags_and_setup_writes_and_prints_none(cli, tmp_path):
     swept = ["s3cretsweep1", "s3cretsweep2"]
     setup = ",".join(f"['export A_PASSWORD={s}','export PGPASSWORD=s3cretpg']" for s in swept)
-    proc = run_cli("run", "-m", "model=tiny", PRESET_KERNELS, "run.steps=2", "run.warmup_steps=1",
+    proc = run_cli("run", "-m", "model=tiny", PRESET_KERNELS, FP32, "run.steps=2", "run.warmup_steps=1",
                    f"cluster.setup={setup}",
                    "logger.tags=['token=s3crettag','s3://ak:s3cret/tagslash@h/b']",
                    "logger.group='https://x.com/hook?api_key=s3cretgroup&a=b'",

@@ -26,7 +26,7 @@ TIME_LIMIT_STEPS, SAVE_WAIT_S, KILL_WAIT_S = 100, 5, 5
 @pytest.fixture(scope="module")
 def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("slurm-requeue")
-    runs = {"time-limit": [*ONE_RANK, "run.bf16=false", f"run.steps={TIME_LIMIT_STEPS}", "cluster.time=1",
+    runs = {"time-limit": [*ONE_RANK, f"run.steps={TIME_LIMIT_STEPS}", "cluster.time=1",
                            "cluster.signal_delay_s=5", "run.checkpoint_every=40", "cluster.max_requeues=10",
                            "run.step_sleep_s=0.7"],
             "fsdp2": ["engine=fsdp", "zero=stage3", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2",

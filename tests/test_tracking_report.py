@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import PRESET_KERNELS, run_cli, wandb_summary
+from tests.conftest import FP32, PRESET_KERNELS, run_cli, wandb_summary
 
 pytestmark = pytest.mark.slow
 SECRET = "sentinel-api-key-0123456789abcdef0123456789"
@@ -18,7 +18,7 @@ CONFIG_GROUPS = {"model", "batch", "recompute", "zero", "numa", "engine", "clust
 def local_sweep(tmp_path_factory):
     """The local dp_bucket sweep, run once as a user would, with a W&B key in the environment."""
     out = tmp_path_factory.mktemp("sweep") / "dp_bucket_local"
-    proc = run_cli("run", "-m", "+sweep=dp_bucket_local", "run.steps=4", "run.warmup_steps=1", PRESET_KERNELS,
+    proc = run_cli("run", "-m", "+sweep=dp_bucket_local", "run.steps=4", "run.warmup_steps=1", PRESET_KERNELS, FP32,
                    "--out", str(out), env={"WANDB_API_KEY": SECRET}, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "wandb sync" in proc.stdout

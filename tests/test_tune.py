@@ -10,7 +10,7 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.tune.search import CandidateRun, Search
 from orchestrator.tune.space import DEFAULT_AXES, axes_of, plan_space, points
-from tests.conftest import run_cli
+from tests.conftest import FP32, run_cli
 
 GPU = ["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "zero.reduce_bucket_size=2e8"]
 
@@ -123,7 +123,7 @@ def test_a_space_where_nothing_fits_says_so_before_anything_runs(cli, tmp_path):
 def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_rerunning(cli, tmp_path):
     out = tmp_path / "tune"
     # W&B offline and a secret in a setup line: it reaches no file of the search and no output.
-    space = ["logger.mode=offline", "run.steps=3", "run.warmup_steps=1", "parallel.dp=1", "zero=stage0,stage1",
+    space = ["logger.mode=offline", FP32, "run.steps=3", "run.warmup_steps=1", "parallel.dp=1", "zero=stage0,stage1",
              "batch.micro_batch_size=1,2", "recompute=none", "zero.reduce_bucket_size=1e6",
              "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none",
              "cluster.setup=['export WANDB_API_KEY=s3crettune']"]
