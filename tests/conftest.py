@@ -107,10 +107,10 @@ CLUSTER_SHAPE = ("--nodes", str(NODES), "--cpus-per-node", "2", "--link-mbit", s
 # test_multinode's dp sweep.
 PRESET_KERNELS = "hardware.kernels=preset"
 # fp32 for a trial whose test is not about its precision. A CPU without bf16 instructions
-# (the AVX2 EPYC of docs/measurements.md) multiplies bf16 7-50x slower than fp32, so every
-# step of a bf16 trial there costs 5-6x its fp32 one; with them the two cost the same (a
-# two-rank six-step trial 1.3-1.6 CPU-s either way). The default trial, the drift points'
-# bf16 memory and FSDP2's mixed precision keep bf16: there it is the point.
+# (the AVX2 EPYC of docs/measurements.md) multiplies bf16 at 0.84-8.5 GFLOPS a thread and fp32
+# at 60: the default trial's step took 0.18 s there, 0.027 s on a CPU with them, where bf16 and
+# fp32 cost the same (a two-rank six-step trial 1.3-1.6 CPU-s either way). The default trial,
+# the drift points' bf16 memory and FSDP2's mixed precision keep bf16: there it is the point.
 FP32 = "run.bf16=false"
 # A two-rank trial on one node of it, a few steps.
 SLURM_SMALL = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, FP32, "cluster.gpus_per_node=2",
