@@ -58,8 +58,19 @@ class Interrupted(BaseException):
 
     @staticmethod
     def install(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
-        """Turn these signals into Interrupted in the main thread."""
+        """Turn the first of these signals into Interrupted in the main thread, and ignore the
+        ones after it: what the first sets going (recording the trial, closing its W&B run)
+        must not be cut short by a second. Two often come together: a forked rank gets the
+        launcher group's SIGTERM and torchrun's forwarded one, SLURM and a user repeat theirs.
+        A second SIGTERM once left a rank's W&B run unwritten (7 bytes) on a busy machine."""
+        raised: list[int] = []
+
         def handler(signum, frame):
+            if raised:  # one that arrived before the ignore below took effect
+                return
+            raised.append(signum)
+            for sig in signals:
+                signal.signal(sig, signal.SIG_IGN)
             raise Interrupted(signum)
 
         for sig in signals:

@@ -85,6 +85,26 @@ def test_an_interrupted_sweep_records_the_point_and_closes_its_wandb_run(tmp_pat
     assert not list(tmp_path.glob("1_*"))  # the sweep stopped where it was told to
 
 
+SECOND_SIGNAL = """
+import os, signal, sys, time
+from orchestrator.errors import Interrupted
+Interrupted.install()
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+except Interrupted as first:
+    os.kill(os.getpid(), signal.SIGTERM)  # a second, while the first is handled (a W&B run closing)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)  # time for Python to run a handler, were one still installed
+    print("closed after", first)
+"""
+
+
+def test_a_second_signal_does_not_cut_short_what_the_first_set_going():
+    proc = subprocess.run([sys.executable, "-c", SECOND_SIGNAL], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "closed after SIGTERM", proc.stdout + proc.stderr
+
+
 def test_a_killed_orchestrator_takes_its_ranks_along_and_status_says_interrupted(cli, tmp_path):
     proc = start("run", *LONG, "logger.mode=disabled", "--out", str(tmp_path))
     wait_for_step(proc, 3)
