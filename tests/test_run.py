@@ -114,14 +114,14 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
 WARMUP = ["batch=warmup", "batch.global_batch_size=32", "batch.warmup.ramp_tokens=4096", "run.steps=6",
           "run.warmup_steps=1"]
 KNOBS = ["run.profile=true", "run.gc_collect_every=2", "run.dataloader_workers=1", "run.pin_memory=true",
-         "logger.mode=disabled", PRESET_KERNELS, FP32]
+         "logger.mode=disabled"]
 
 
 @pytest.fixture(scope="module")
 def knobs_trial(tmp_path_factory) -> Path:
     """One trial with a batch warm-up and every tuning knob on: neither touches what the other checks."""
     out = tmp_path_factory.mktemp("knobs") / "trial"
-    proc = run(out, *WARMUP, *KNOBS)
+    proc = run(out, *WARMUP, *KNOBS, PRESET_KERNELS, FP32)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (out.parent / "stdout.txt").write_text(proc.stdout)
     return out
