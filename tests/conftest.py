@@ -148,7 +148,7 @@ RANK_LIBRARIES = ("torch", "torch.distributed.run", "deepspeed", "accelerate", "
 
 
 def _compile_what_ranks_import() -> None:
-    """Where the libraries were installed without bytecode (`.ci/run`: pip's PIP_NO_COMPILE),
+    """Where the libraries were installed without bytecode (`.ci/run`: PIP_COMPILE=0),
     one process imports them, and so compiles each module once, before the workers start: else
     the first workers and ranks would each compile the same modules at once."""
     import importlib.util
