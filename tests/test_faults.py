@@ -157,7 +157,7 @@ def test_reusing_a_trial_directory_is_refused_unless_asked_and_never_mixes(defau
     again = run_cli("run", "model=tiny", PRESET_KERNELS, "run.steps=3", "--out", str(tmp_path))
     assert again.returncode == 2 and "--overwrite" in again.stderr
     assert (tmp_path / "result.json").read_bytes() == before  # nothing of the old trial touched
-    refused = run_cli("run", "model=tiny", "hardware.memory_gib=0.01", "--overwrite", "--out", str(tmp_path))
+    refused = run_cli("run", "model=tiny", PRESET_KERNELS, "hardware.memory_gib=0.01", "--overwrite", "--out", str(tmp_path))
     assert refused.returncode == 3, refused.stdout + refused.stderr
     r = strict(tmp_path / "result.json")
     assert r["status"] == "refused" and r["metrics"] is None  # not the old run's figures

@@ -230,7 +230,7 @@ def test_a_tune_record_of_the_wrong_shape_is_refused_or_read_as_far_as_it_is_rig
     out.mkdir()
     (out / "tune.json").write_text(json.dumps(record))
     proc = cli("tune", "--trials", "1", "--out", str(out), "batch.micro_batch_size=1,2", "zero=stage0",
-               "parallel.dp=1")
+               "parallel.dp=1", PRESET_KERNELS, FP32)
     assert proc.returncode == 2 and "tune.json" in said(proc) or "--out" in said(proc), said(proc)
     assert "Traceback" not in said(proc)
 
@@ -247,7 +247,8 @@ def test_directories_that_are_not_a_new_trial_are_never_claimed(ok_trial, tmp_pa
     proc = run_cli(*run[:1], "-m", *run[1:], "run.seed=1,2", f"hydra.sweep.dir={trial}/inner")
     assert proc.returncode == 2 and "is a trial's" in said(proc) and not (trial / "inner").exists()
     (trial / "tune.json").write_text("{}")  # a trial with a tune.json is not a tune to take over
-    proc = run_cli("tune", "--out", str(trial), "batch.micro_batch_size=1,2", "zero=stage0", "parallel.dp=1")
+    proc = run_cli("tune", "--out", str(trial), "batch.micro_batch_size=1,2", "zero=stage0", "parallel.dp=1",
+                   PRESET_KERNELS, FP32)
     assert proc.returncode == 2 and (trial / "result.json").is_file()
 
 
