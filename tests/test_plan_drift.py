@@ -92,6 +92,7 @@ def test_recompute_orders_measured_activations(drift_trial):
 ENGINE_SUB_GROUPS = """
 import json, sys
 import deepspeed
+from orchestrator.process import leave
 from orchestrator.spec import build_spec
 from orchestrator.translate.deepspeed import ds_config
 from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt
@@ -105,6 +106,7 @@ join_one_rank_group("cpu")
 model = build_model(spec.cfg.model)
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 print(json.dumps(engine.optimizer.fp16_partitioned_groups_flat_numel))
+leave(0)  # as a rank ends: gloo's and DeepSpeed's threads can abort an interpreter's exit
 """
 
 
