@@ -159,10 +159,17 @@ def _compile_what_ranks_import() -> None:
     subprocess.run([sys.executable, "-c", "import " + ", ".join(RANK_LIBRARIES)], capture_output=True, timeout=600)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own `-m` reads the markers
 def pytest_collection_modifyitems(items):
-    """Files whose tests wait on SLURM first, then those that run real engines, then the
-    rest: xdist hands files out in this order, so the long waits start at once and the
-    quick tests fill the gaps at the end. Within a file the order is kept."""
+    """A test that takes the cluster is marked `slurm`: the README's `pytest` leaves those
+    out (pyproject.toml) and `pytest -m slurm` runs them. Then files whose tests wait on
+    SLURM first, then those that run real engines, then the rest: xdist hands files out in
+    this order, so the long waits start at once and the quick tests fill the gaps at the
+    end. Within a file the order is kept."""
+    for item in items:
+        if "slurm_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.slurm)
+
     def weight(item) -> int:
         if "slurm_cluster" in item.fixturenames:
             return 0
