@@ -171,7 +171,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slurm)
 
     def weight(item) -> int:
-        if "slurm_cluster" in item.fixturenames:
+        if item.get_closest_marker("slurm"):
             return 0
         return 1 if item.get_closest_marker("slow") else 2
     first = {}
