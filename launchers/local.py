@@ -19,7 +19,7 @@ from typing import Callable
 
 from orchestrator.launchers import forked
 from orchestrator.launchers.binding import Binding
-from orchestrator import cpu_allocator, hardware
+from orchestrator import cpu_allocator
 from orchestrator.config import DeviceType
 from orchestrator.spec import TrialSpec
 from orchestrator.process import PROGRESS, clear_stale_build_locks, die_with_parent, end_group
@@ -47,7 +47,7 @@ def rank_environment(spec: TrialSpec, threads: int) -> dict[str, str]:
 
 
 def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
-    env = rank_environment(spec, hardware.threads_per_rank(spec.world_size))
+    env = rank_environment(spec, spec.threads_per_rank)
     if spec.cfg.engine.name == "accelerate":
         argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(TrialPaths(trial_dir).accelerate_config), *bind.accelerate_args, "--module", WORKLOAD_MODULE,

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -25,8 +26,8 @@ import submitit
 
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.binding import Binding, trial_binding
-from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
-from orchestrator.launchers.slurm_task import SlurmTask
+from orchestrator.launchers.local import rank_environment
+from orchestrator.launchers.slurm_task import TASK_MODULE, SlurmTask, save_wait_s
 from orchestrator.redact import secret_exports
 from orchestrator.results import Status, error_record, now
 from orchestrator.checks import time_limit_s
@@ -39,12 +40,17 @@ def timeout_minutes(time: str) -> int:
     return math.ceil(time_limit_s(time) / 60)
 
 
+def task_python(spec: TrialSpec) -> list[str]:
+    """The interpreter each task runs (cluster.python), as words: this one by default."""
+    return shlex.split(spec.cfg.cluster.python) if spec.cfg.cluster.python else [sys.executable]
+
+
 def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
     c = spec.cfg.cluster
     params = {"nodes": spec.nodes, "tasks_per_node": spec.gpus_per_node, "cpus_per_task": c.cpus_per_task,
               "timeout_min": timeout_minutes(c.time), "slurm_signal_delay_s": c.signal_delay_s,
               "slurm_setup": secret_exports(c.setup)[0],  # secrets go through sbatch's environment
-              "slurm_srun_args": [*bind.srun_args, *c.srun_args],
+              "slurm_srun_args": srun_options(spec, bind),
               "slurm_additional_parameters": {**c.additional_parameters, **bind.sbatch_options}}
     if spec.cfg.hardware.device.is_gpu:
         params["gpus_per_node"] = spec.gpus_per_node
@@ -61,7 +67,7 @@ def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
 OPTIONAL_SBATCH = ("partition", "account", "qos", "constraint", "mem_per_gpu", "exclude", "gres", "comment")
 
 
-def sbatch_options(spec: TrialSpec, bind: Binding) -> list[str]:
+def sbatch_options(spec: TrialSpec, bind: Binding, trial_dir: Path) -> list[str]:
     c = spec.cfg.cluster
     opts = [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.gpus_per_node}", f"--cpus-per-task={c.cpus_per_task}",
             f"--time={c.time}"]
@@ -70,20 +76,38 @@ def sbatch_options(spec: TrialSpec, bind: Binding) -> list[str]:
     if c.mem_gb is not None:
         opts.append(f"--mem={int(c.mem_gb * 1024)}M")
     opts += [f"--{name.replace('_', '-')}={getattr(c, name)}" for name in OPTIONAL_SBATCH if getattr(c, name)]
+    if c.exclusive:
+        opts.append("--exclusive")
     # As the orchestrator submits it: SLURM warns the ranks (SIGUSR2) signal_delay_s before
     # the limit so that they checkpoint, and a preempted job is requeued, its log appended.
-    opts += [f"--signal=USR2@{c.signal_delay_s}", "--requeue", "--open-mode=append"]
+    opts += [f"--signal=USR2@{c.signal_delay_s}", "--requeue", "--open-mode=append",
+             f"--output={TrialPaths(trial_dir).sbatch_output}"]
     extra = {**c.additional_parameters, **bind.sbatch_options}
     return opts + [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()]
 
 
 def srun_options(spec: TrialSpec, bind: Binding) -> list[str]:
-    return [*bind.srun_args, *spec.cfg.cluster.srun_args]
+    """srun's options for the ranks' step, the same from submitit and launch.sh.
+
+    --kill-on-bad-exit: a rank that dies ends the step's other tasks at once, where they
+    would otherwise wait inside a collective until the process group's timeout with every
+    GPU of the job idle. --cpus-per-task: since SLURM 22.05 srun no longer takes sbatch's
+    (SRUN_CPUS_PER_TASK aside), so each task would get one CPU under OMP_NUM_THREADS of them.
+    """
+    c = spec.cfg.cluster
+    return ["--kill-on-bad-exit=1", f"--cpus-per-task={c.cpus_per_task}", *bind.srun_args, *c.srun_args]
 
 
-def task_command(trial_dir: Path) -> list[str]:
-    """What each SLURM task runs: the workload, rank and world from SLURM's environment."""
-    return [sys.executable, "-m", WORKLOAD_MODULE, str(trial_dir)]
+def task_command(spec: TrialSpec, trial_dir: Path) -> list[str]:
+    """What each SLURM task of `sbatch launch.sh` runs: the task that submitit's path runs
+    too (slurm_task.py: rendezvous from SLURM's variables, the ranks' environment, the
+    workload as its child)."""
+    return [*task_python(spec), "-m", TASK_MODULE, str(trial_dir)]
+
+
+def result_command(spec: TrialSpec, trial_dir: Path) -> list[str]:
+    """launch.sh's line after srun: result.json from how the ranks ended (srun's exit code follows)."""
+    return [*task_python(spec), "-m", TASK_MODULE, str(trial_dir), "--result"]
 
 
 # --- can the partition ever hold it (sinfo) ---------------------------------------------
@@ -159,16 +183,18 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
     groups: dict[str, list[tuple[TrialSpec, Path]]] = {}
     for spec, trial_dir in trials:
         params = submitit_parameters(spec, trial_binding(spec))
-        key = json.dumps([params, spec.cfg.cluster.max_requeues, secret_exports(spec.cfg.cluster.setup)[1]], sort_keys=True)
+        key = json.dumps([params, spec.cfg.cluster.max_requeues, secret_exports(spec.cfg.cluster.setup)[1],
+                          task_python(spec)], sort_keys=True)
         groups.setdefault(key, []).append((spec, trial_dir))
     job_ids = []
     for key, members in groups.items():
-        params, max_requeues, secrets = json.loads(key)
-        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm", slurm_max_num_timeout=max_requeues)
+        params, max_requeues, secrets, _ = json.loads(key)
+        python = shlex.join(task_python(members[0][0]))  # cluster.python is a submitit parameter too
+        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm", slurm_max_num_timeout=max_requeues,
+                                         slurm_python=python)
         executor.update_parameters(name="orchestrator", **params)
         # The ranks' save after SLURM's warning must end before the job does: leave 20 s.
-        tasks = [SlurmTask(str(d), rank_environment(s, s.cfg.cluster.cpus_per_task),
-                           save_wait_s=max(5, s.cfg.cluster.signal_delay_s - 20)) for s, d in members]
+        tasks = [SlurmTask(str(d), rank_environment(s, s.threads_per_rank), save_wait_s=save_wait_s(s)) for s, d in members]
         with _environment(secrets):  # sbatch passes its environment to the job (--export=ALL)
             if len(tasks) > 1:
                 with executor.batch():

@@ -1,14 +1,20 @@
 """What runs inside one SLURM task, on a compute node: one rank of a trial.
 
-submitit pickles a SlurmTask on the submitting host and srun runs it once per task. The
-task sets up torch.distributed's variables from SLURM's (submitit's
-TorchDistributedEnvironment) and runs the workload as a child process, as under
-torchrun, so that a rank's crash, OOM or os._exit cannot take submitit's own bookkeeping
-with it. The submitting side (parameters, submission, state) is in slurm.py.
+Both ways to submit a trial end here, so both start the same ranks: submitit pickles a
+SlurmTask on the submitting host and srun runs it once per task; `sbatch launch.sh` (what
+`translate` writes) runs `srun python -m orchestrator.launchers.slurm_task TRIAL_DIR`,
+which builds the same SlurmTask from the trial directory (`main`). The task sets up
+torch.distributed's variables from SLURM's (submitit's TorchDistributedEnvironment) and
+runs the workload as a child process, as under torchrun, so that a rank's crash, OOM or
+os._exit cannot take the task's own bookkeeping with it. After srun, launch.sh's last
+line (`--result`) writes result.json as `orchestrator wait` does for a submitit job. The
+submitting side (parameters, submission, state) is in slurm.py.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import json
 import os
 import signal
@@ -23,13 +29,15 @@ import submitit
 from orchestrator import host_load
 from orchestrator.config import KernelSource
 from orchestrator.files import atomic_write_json, read_json
-from orchestrator.launchers.local import WORKLOAD_MODULE
-from orchestrator.process import clear_stale_build_locks, freeze_at_exit
+from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
 from orchestrator.plan.planner import make_plan
+from orchestrator.process import clear_stale_build_locks, freeze_at_exit
 from orchestrator.spec import load_spec
 from orchestrator.trial_dir import TrialPaths
+from orchestrator.workload.placement import one_gpu_task
 
 NODE_PLAN_WAIT_S = 600  # the longest the other ranks wait for rank 0 to time the kernels
+TASK_MODULE = "orchestrator.launchers.slurm_task"
 
 
 def task_environment() -> dict[str, str]:
@@ -38,9 +46,11 @@ def task_environment() -> dict[str, str]:
     CUDA_VISIBLE_DEVICES stays as SLURM set it: submitit's default would narrow it to
     str(LOCAL_RANK), a physical index the job may not hold, after which cuda:LOCAL_RANK
     is out of range for every local rank but 0. The rank picks its GPU from SLURM's list
-    (orchestrator.workload.placement).
+    (orchestrator.workload.placement); a task bound to one GPU is local rank 0 of 1, so that
+    every engine's own choice (cuda:LOCAL_RANK) is that GPU.
     """
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    os.environ.update(one_gpu_task(os.environ))
     names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     return {name: os.environ[name] for name in names}
 
@@ -66,7 +76,7 @@ class SlurmTask(submitit.helpers.Checkpointable):
             error.replace(paths.earlier_rank_error(rank, time.time()))
         started = self._attempt_started = time.time()
         clear_stale_build_locks()  # a requeue that killed an op build mid-way left its lock
-        plan_on_the_node(paths, rank)
+        plan_on_the_node(paths, rank, self.env)
         if rank == 0:  # the node's load before timing, as a local trial records its host's
             load = host_load.measure()
             atomic_write_json(paths.node_load, {**load.as_dict(), "host": socket.gethostname()})
@@ -105,6 +115,10 @@ class SlurmTask(submitit.helpers.Checkpointable):
 
     def checkpoint(self, *args, **kwargs):
         """Called on SLURM's warning: give the ranks time to save (they got SIGUSR2 too)."""
+        self.wait_for_save()
+        return super().checkpoint(*args, **kwargs)
+
+    def wait_for_save(self) -> None:
         latest = TrialPaths(Path(self.trial_dir)).checkpoint_latest
         deadline = time.time() + self.save_wait_s
         while time.time() < deadline and self._proc is not None and self._proc.poll() is None:
@@ -115,18 +129,21 @@ class SlurmTask(submitit.helpers.Checkpointable):
                     and json.loads(latest.read_text())["signalled"]:
                 break
             time.sleep(0.1)
-        return super().checkpoint(*args, **kwargs)
 
     def __getstate__(self) -> dict:  # the running child does not travel with the requeued job
         return {**self.__dict__, "_proc": None}
 
 
-def plan_on_the_node(paths: TrialPaths, rank: int) -> None:
+def plan_on_the_node(paths: TrialPaths, rank: int, env: dict[str, str]) -> None:
     """hardware.kernels=measured: the submitting host could not time the node's kernels, so
     before the ranks start rank 0 times them here and re-plans into plan.json (the result
     compares the measured step with this plan), keeping the submitted one beside it. The
     other ranks wait for it, so nothing runs on the node beside the timing. Once per
-    trial: a requeued job finds it done."""
+    trial: a requeued job finds it done.
+
+    The timing runs in a process of its own with the ranks' environment (their threads):
+    its CUDA context and buffers end with it, so rank 0 finds its GPU as whole as the
+    others do (and an EXCLUSIVE_PROCESS GPU free to open)."""
     spec = load_spec(paths.root)
     if spec.cfg.hardware.kernels != KernelSource.measured or paths.plan_at_submit.exists():
         return
@@ -136,11 +153,87 @@ def plan_on_the_node(paths: TrialPaths, rank: int) -> None:
             time.sleep(0.2)
         return
     submitted = read_json(paths.plan)
-    try:
-        atomic_write_json(paths.plan, make_plan(spec, on_the_node=True).as_dict())
-    finally:  # the other ranks go on either way; a plan that failed leaves the submitted one
+    try:  # a plan that failed or ran out of time leaves the submitted one; its cause is in the task's log
+        subprocess.run([sys.executable, "-m", TASK_MODULE, "--plan", str(paths.root)], env={**os.environ, **env},
+                       timeout=NODE_PLAN_WAIT_S - 10, check=False)
+    except subprocess.TimeoutExpired:
+        print(f"the node's plan took over {NODE_PLAN_WAIT_S - 10} s; the submitted plan stays", file=sys.stderr)
+    finally:  # the other ranks go on either way
         atomic_write_json(paths.plan_at_submit, submitted)
 
 
 def _block_warning() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+
+
+def save_wait_s(spec) -> float:
+    """How long task 0 gives the ranks to save after SLURM's warning: the save must end
+    before the job does, so 20 s before signal_delay_s runs out."""
+    return max(5, spec.cfg.cluster.signal_delay_s - 20)
+
+
+# --- `sbatch launch.sh`: the same task without submitit ----------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=f"python -m {TASK_MODULE}",
+                                     description="One SLURM task of a trial: what launch.sh's srun runs in each task.")
+    parser.add_argument("trial_dir", type=Path)
+    parser.add_argument("--result", type=int, metavar="SRUN_EXIT_CODE",
+                        help="after srun, in the batch script: write result.json from how the job's ranks ended")
+    parser.add_argument("--started", type=float, default=None, help="when the batch script began (seconds since the epoch)")
+    parser.add_argument("--plan", action="store_true", help=argparse.SUPPRESS)  # plan_on_the_node's own process
+    args = parser.parse_args(argv)
+    paths = TrialPaths(args.trial_dir.resolve())
+    if args.plan:
+        atomic_write_json(paths.plan, make_plan(load_spec(paths.root), on_the_node=True).as_dict())
+        return
+    if args.result is not None:
+        sys.exit(write_job_result(paths, args.result, args.started))
+    spec = load_spec(paths.root)
+    os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")  # how submitit's environment knows it is under SLURM
+    task = SlurmTask(str(paths.root), rank_environment(spec, spec.threads_per_rank), save_wait_s=save_wait_s(spec))
+    # SLURM's warning (--signal=USR2@S) reaches every process of the step: its default
+    # action would end this task; task 0 instead waits for the ranks' save and requeues.
+    signal.signal(signal.SIGUSR2, lambda *_: _requeue_on_warning(task, paths, spec.cfg.cluster.max_requeues))
+    try:
+        task()
+    except RuntimeError as exc:  # recorded in errors/ already; srun's --kill-on-bad-exit ends the others
+        print(exc, file=sys.stderr)
+        sys.exit(1)
+
+
+def _requeue_on_warning(task: SlurmTask, paths: TrialPaths, max_requeues: int) -> None:
+    """What submitit's task 0 does on the warning: let the ranks save, then requeue the job,
+    at most max_requeues times (after that the time limit ends it: status timeout)."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if os.environ.get("SLURM_PROCID") != "0" or restarts >= max_requeues:
+        return
+    task.wait_for_save()
+    job = os.environ["SLURM_JOB_ID"]
+    atomic_write_json(paths.requeue_asked, {"job_id": job, "restart_count": restarts})
+    subprocess.run(["scontrol", "requeue", job], check=False, timeout=60)
+
+
+def write_job_result(paths: TrialPaths, srun_code: int, started: float | None) -> int:
+    """result.json of a job that `sbatch launch.sh` ran, from its ranks' records and srun's
+    exit code, as `orchestrator wait` writes one for a submitit job; the exit code to leave
+    with. Nothing while the job is being requeued: its next run writes it."""
+    from orchestrator.results import Status, now, outcome_status, write_result
+
+    asked = read_json(paths.requeue_asked) or {}
+    if asked.get("restart_count") == int(os.environ.get("SLURM_RESTART_COUNT", "0")) \
+            and asked.get("job_id") == os.environ.get("SLURM_JOB_ID"):
+        return 0
+    spec = load_spec(paths.root)
+    status, error = outcome_status(paths.root, srun_code, timed_out=False)
+    start = now() if started is None else dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(timespec="seconds")
+    write_result(paths.root, spec, read_json(paths.plan), status, start, error,
+                 slurm={"job_id": os.environ.get("SLURM_JOB_ID"), "state": "COMPLETED" if srun_code == 0 else "FAILED",
+                        "reason": f"srun exit code {srun_code}", "submitted_by": "sbatch launch.sh"},
+                 host_load=read_json(paths.node_load))
+    return 0 if status == Status.OK else 1
+
+
+if __name__ == "__main__":
+    main()

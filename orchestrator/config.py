@@ -197,6 +197,10 @@ class ClusterConfig:
     constraint: Optional[str] = None
     setup: list[str] = field(default_factory=list)  # shell lines run before srun
     srun_args: list[str] = field(default_factory=list)
+    # The interpreter every SLURM task runs, as a command: null is this one (sys.executable,
+    # which must exist at the same path on the nodes, as a virtualenv on a shared file system
+    # does); a name on the nodes' PATH (python3), or a container's ("apptainer exec img.sif python").
+    python: Optional[str] = None
     wait: bool = False  # block until the job ends (default: submit and return)
     signal_delay_s: int = 90  # SLURM signals this long before the time limit: checkpoint, requeue
     max_requeues: int = 3  # after this many time limits a trial ends as timeout
@@ -385,6 +389,10 @@ class RunConfig:
     objective: Objective = Objective["tokens_per_sec_per_gpu"]
     checkpoint_every: int = 0  # save the training state every N steps (0: only when SLURM warns of the end)
     timeout_min: Optional[float] = None  # end the trial (status timeout) after this long
+    # A collective that waits this long ends its rank (torch.distributed's process-group timeout;
+    # null: torch's own, 10 minutes for NCCL). On SLURM a rank that dies ends the job's other
+    # ranks at once (srun --kill-on-bad-exit); this bounds a rank that hangs instead.
+    collective_timeout_s: Optional[float] = None
     data: Optional[str] = None  # binary file of token ids; null: synthetic tokens
     data_dtype: DataDtype = DataDtype.uint16
     # Tuning knobs (Bekman, Machine Learning Engineering Open Book, "Software tune-up"), each applied for real and recorded.

@@ -15,6 +15,7 @@ import os
 import re
 from pathlib import Path
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import yaml
@@ -44,6 +45,7 @@ MAX_DP = 1_048_576
 MAX_REPEAT = 1000  # repeats of one point: past this a sweep is measuring the machine, not the trial
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed
 MAX_TAG = 64  # W&B refuses longer tags
+MAX_COLLECTIVE_TIMEOUT_S = 86_400
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,21 @@ class TrialSpec:
     global_batch_size: int  # sequences, after the warm-up
     tokens_per_step: int  # at the final global batch
     schedule: Schedule  # [(from_token, global_batch_size)]
+
+    @property
+    def threads_per_rank(self) -> int:
+        """The threads each rank computes with, the same for the plan's timed kernels and the
+        ranks: a SLURM task has cluster.cpus_per_task CPUs (srun --cpus-per-task); here the
+        ranks share this host's usable CPUs."""
+        if self.cfg.cluster.name == "slurm":
+            return self.cfg.cluster.cpus_per_task
+        return hardware.threads_per_rank(self.gpus_per_node)
+
+    @property
+    def collective_timeout(self) -> dict[str, timedelta]:
+        """The process group's timeout as init_process_group's keyword (empty: torch's default)."""
+        seconds = self.cfg.run.collective_timeout_s
+        return {} if seconds is None else {"timeout": timedelta(seconds=seconds)}
 
     def resolved(self) -> dict[str, Any]:
         """The whole config as plain data, secrets masked (redact.py): what result.json,
@@ -267,6 +284,9 @@ def _check_run(cfg: TrialConfig) -> str:
         raise ConfigError("run.step_sleep_s", r.step_sleep_s, "seconds >= 0 (0: no sleep)")
     if r.timeout_min is not None and r.timeout_min <= 0:
         raise ConfigError("run.timeout_min", r.timeout_min, "minutes > 0, or null for no limit")
+    if r.collective_timeout_s is not None and not 0 < r.collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
+        raise ConfigError("run.collective_timeout_s", r.collective_timeout_s,
+                          f"seconds above 0 and at most {MAX_COLLECTIVE_TIMEOUT_S:,} (a day), or null for torch's default")
     if r.fail_at_step is not None and not 0 <= r.fail_rank < cfg.parallel.dp:
         raise ConfigError("run.fail_rank", r.fail_rank, f"a rank from 0 to parallel.dp-1={cfg.parallel.dp - 1}")
     if r.data is not None and cfg.cluster.name == "local":  # on SLURM it may exist only on the cluster

@@ -69,6 +69,10 @@ class TrialPaths:
     result = property(lambda self: self.root / "result.json")
     logs = property(lambda self: self.root / "logs")
     launcher_log = property(lambda self: self.root / "logs" / "launcher.log")
+    # `sbatch launch.sh`: the job's own output (sbatch --output; %j is the job id), and the
+    # requeue that its rank 0 asked for on SLURM's warning (then the job's end writes no result)
+    sbatch_output = property(lambda self: self.root / "logs" / "sbatch-%j.out")
+    requeue_asked = property(lambda self: self.root / "requeue-asked.json")
     errors = property(lambda self: self.root / "errors")
     earlier_errors = property(lambda self: self.root / "errors" / "earlier")  # from attempts before a requeue
     checkpoint = property(lambda self: self.root / "checkpoint")  # the engine's state, per step tag

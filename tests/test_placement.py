@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from orchestrator.workload.placement import DeviceNotVisible, cuda_device_index
+from orchestrator.workload.placement import DeviceNotVisible, cuda_device_index, one_gpu_task
 
 ALLOCATED = "4,5,6,7"  # the node's GPUs this job holds, as SLURM lists them to every task
 
@@ -60,9 +60,20 @@ def test_submitits_default_narrowing_would_put_ranks_on_gpus_the_job_does_not_ho
     assert physical_gpu(narrowed) not in ALLOCATED.split(",")
 
 
-def test_a_task_bound_to_one_gpu_uses_it_whatever_its_local_rank():
-    env = exported(slurm_task_env(2, "6"))  # srun --gpus-per-task=1 / --gpu-bind=single:1
-    assert env["LOCAL_RANK"] == "2" and cuda_device_index(env, device_count=1) == 0
+def test_a_task_bound_to_one_gpu_is_local_rank_0_of_1_for_every_engine():
+    # srun --gpus-per-task=1 / --gpu-bind=single:1: one GPU visible to each of the node's tasks.
+    # The engines pick cuda:LOCAL_RANK themselves (DeepSpeed's init_process_group device_id and
+    # zero.Init's set_device, accelerate's PartialState): told local rank 0 of 1, that is its GPU.
+    env = exported(slurm_task_env(2, "6"))
+    assert env["LOCAL_RANK"] == "0" and env["LOCAL_WORLD_SIZE"] == "1" and env["SLURM_LOCALID"] == "2"
+    assert env["RANK"] == "6" and env["WORLD_SIZE"] == "8"  # its place in the job is kept
+    assert cuda_device_index(env, device_count=1) == 0
+
+
+def test_a_task_that_sees_its_nodes_gpus_keeps_its_local_rank():
+    assert one_gpu_task({"CUDA_VISIBLE_DEVICES": "4,5,6,7", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}) == {}
+    assert one_gpu_task({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}) == {}  # none named: all visible
+    assert one_gpu_task({"CUDA_VISIBLE_DEVICES": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}) == {}
 
 
 def test_torchrun_without_cuda_visible_devices_uses_the_local_rank():

@@ -51,7 +51,7 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                          runtime, capacity)
 
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
-    peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, hardware.threads_per_rank(spec.gpus_per_node))
+    peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, spec.threads_per_rank)
     bandwidth, bandwidth_note = memory_bandwidth(spec)
     # A trial that will be refused for its memory is not worth timing (a 175B model's kernels
     # on a slow CPU take most of a minute): the refusal comes at once, its time from the preset.
@@ -142,7 +142,7 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False) -> tupl
     if not here:  # a login node times nothing of a compute node's
         return None, f"{compute_assumption(hw)}, until the kernels are timed on the allocated node before the ranks start"
     device = hw.device.value
-    threads = hardware.threads_per_rank(spec.gpus_per_node) if not hw.device.is_gpu else 1
+    threads = spec.threads_per_rank if not hw.device.is_gpu else 1
     shares = [p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)]
     try:
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
@@ -278,7 +278,7 @@ def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> 
     hw = spec.cfg.hardware
     memory = bandwidth_gbps * 1e9 * hw.memory_efficiency if bandwidth_gbps else float("inf")
     kn = kn_efficiency(hw)
-    threads = hardware.threads_per_rank(spec.gpus_per_node)
+    threads = spec.threads_per_rank
     if not hw.device.is_gpu and hw.gemm_kn_efficiency is not None and threads > 1:
         # That layout's kernel runs on one thread (1.0-1.35x on two here, bench/RESULTS.md):
         # its share is of one thread's peak, whatever the rank's.

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.launchers import slurm
 from orchestrator.launchers.binding import trial_binding
-from orchestrator.launchers.local import Command, local_command
+from orchestrator.launchers.local import Command, local_command, rank_environment
 from orchestrator.files import atomic_write_json, atomic_write_text
 from orchestrator.spec import TrialSpec
 from orchestrator.redact import redact, secret_exports
@@ -80,12 +80,24 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
                     + ("accelerate launch" if spec.cfg.engine.name == "accelerate" else "torchrun --standalone")
                     + (f", NUMA binding {bind.torchrun_args or bind.accelerate_args}" if bind.torchrun_args else "")]
     else:
-        slurm_launch = {"submitit": slurm.submitit_parameters(spec, bind), "sbatch": slurm.sbatch_options(spec, bind),
-                        "srun": slurm.srun_options(spec, bind), "task": slurm.task_command(trial_dir)}
+        slurm_launch = {"submitit": slurm.submitit_parameters(spec, bind),
+                        "sbatch": slurm.sbatch_options(spec, bind, trial_dir), "srun": slurm.srun_options(spec, bind),
+                        "task": slurm.task_command(spec, trial_dir), "env": rank_environment(spec, spec.threads_per_rank),
+                        "result": slurm.result_command(spec, trial_dir)}
         files[paths.launch_json] = {"cluster": "slurm", **slurm_launch}
         files[paths.launch_sh] = _sbatch_script(spec, slurm_launch)
+        paths.logs.mkdir(parents=True, exist_ok=True)  # sbatch --output's folder: SLURM makes none
+        c = spec.cfg.cluster
         explain += ["## launch (SLURM)", "", f"- {spec.nodes} node(s) x {spec.gpus_per_node} tasks, one per GPU "
-                    f"(ntasks-per-node = ranks per node); time {spec.cfg.cluster.time}",
+                    f"(ntasks-per-node = ranks per node); time {c.time}"
+                    + ("; the nodes to itself (--exclusive: cluster.exclusive)" if c.exclusive else ""),
+                    f"- `sbatch launch.sh` starts the job `orchestrator run cluster=slurm` submits through submitit: "
+                    f"each task runs {slurm.TASK_MODULE} (rendezvous from SLURM's variables, {spec.threads_per_rank} "
+                    f"threads a rank: cluster.cpus_per_task), a rank that dies ends the others (srun --kill-on-bad-exit), "
+                    f"SLURM's warning checkpoints and requeues (at most cluster.max_requeues={c.max_requeues} times); "
+                    "its last line writes result.json",
+                    f"- interpreter: `{shlex.join(slurm.task_python(spec))}` (cluster.python"
+                    + (")" if c.python else "; null: the one that wrote this file, which must be at that path on the nodes)"),
                     f"- binding: srun {bind.srun_args or 'none'}, sbatch {bind.sbatch_options or 'none'}"]
     explain += [f"- warning: {w}" for w in warnings]
     files[paths.explain] = "\n".join(explain) + "\n"
@@ -110,6 +122,10 @@ def _local_script(command: Command) -> str:
 def _sbatch_script(spec: TrialSpec, launch: dict) -> str:
     lines = ["#!/usr/bin/env bash", "#SBATCH --job-name=orchestrator"]
     lines += [f"#SBATCH {opt}" for opt in launch["sbatch"]]
-    lines += ["# Written by orchestrator translate: `sbatch launch.sh` runs one task per GPU.", "set -e"]
+    lines += ["# Written by orchestrator translate: `sbatch launch.sh` runs one task per GPU, the job that",
+              "# `orchestrator run cluster=slurm` submits (EXPLAIN.md), then writes result.json.",
+              "set -u  # not -e: the last line records a failed step too"]
     lines += secret_exports(spec.cfg.cluster.setup)[0]  # the user's setup lines (module load ...), no secret
-    return "\n".join(lines + ["srun " + shlex.join([*launch["srun"], *launch["task"]])]) + "\n"
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in launch["env"].items()]  # what every rank's environment needs
+    lines += ["started=$(date +%s)", "srun " + shlex.join([*launch["srun"], *launch["task"]])]
+    return "\n".join(lines + [shlex.join(launch["result"]) + ' "$?" --started "$started"']) + "\n"

@@ -33,7 +33,7 @@ class DeepSpeedEngine:
 
         if not device.is_gpu:
             leave_shm_comm_unbuilt()
-        deepspeed.init_distributed(dist_backend=device.backend, auto_mpi_discovery=False)
+        deepspeed.init_distributed(dist_backend=device.backend, auto_mpi_discovery=False, **spec.collective_timeout)
         self.config = json.loads(TrialPaths(trial_dir).ds_config.read_text())
         import_muon_uncompiled(self.config)
         # ZeRO-3 builds the model partitioned (no rank holds it whole); the other stages
@@ -84,13 +84,14 @@ class DeepSpeedEngine:
 class AccelerateEngine:
     def __init__(self, spec: TrialSpec, trial_dir: Path, device: Device):
         from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs, DummyOptim
+        from accelerate.utils import DistributedDataParallelKwargs, DummyOptim, InitProcessGroupKwargs
 
         # Configured by accelerate launch from accelerate_config.yaml. Without a GPU, DDP
         # needs cpu=True (else accelerate runs each rank alone); DeepSpeed finds the CPU itself.
         self.deepspeed = spec.cfg.engine.backend == "deepspeed"
         ddp = not self.deepspeed and spec.cfg.zero.stage == 0  # DDP's buckets are the plan's (translate/accelerate.py)
         handlers = [DistributedDataParallelKwargs(bucket_cap_mb=ddp_bucket_mb(spec))] if ddp else []
+        handlers += [InitProcessGroupKwargs(**spec.collective_timeout)] if spec.collective_timeout else []
         if self.deepspeed and not device.is_gpu:  # the Accelerator starts DeepSpeed's backend
             leave_shm_comm_unbuilt()
         self.accelerator = Accelerator(cpu=not device.is_gpu and not self.deepspeed, kwargs_handlers=handlers)

@@ -45,7 +45,7 @@ class FSDP2Engine:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         if not dist.is_initialized():
-            dist.init_process_group(backend=device.backend)
+            dist.init_process_group(backend=device.backend, **spec.collective_timeout)
         mesh = init_device_mesh(device.torch.type, (spec.world_size,))
         self.settings = fsdp_settings(spec)
         model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed)

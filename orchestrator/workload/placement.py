@@ -3,7 +3,11 @@
 torchrun starts the ranks of a node with all of the node's GPUs visible and LOCAL_RANK
 set, so local rank r uses cuda:r. Under SLURM a task may instead see only its own GPU:
 `srun --gpus-per-task=1` or `--gpu-bind=single:1` narrow CUDA_VISIBLE_DEVICES to one
-entry, and then that one device is cuda:0 whatever the local rank. (submitit's
+entry, and then that one device is cuda:0 whatever the local rank. The engines choose
+their device themselves from LOCAL_RANK (DeepSpeed's init_process_group(device_id=cuda:
+LOCAL_RANK) and zero.Init's set_device, accelerate's PartialState), so such a task is told
+that it is local rank 0 of 1 (`one_gpu_task`): the one GPU it sees is then every engine's
+choice. SLURM_LOCALID keeps its place on the node. (submitit's
 TorchDistributedEnvironment.export() narrows it to str(LOCAL_RANK) by default, which
 names a physical GPU the job may not hold and leaves cuda:LOCAL_RANK out of range; the
 SLURM task keeps SLURM's list instead.)
@@ -41,3 +45,13 @@ def cuda_device_index(env: Mapping[str, str], device_count: int) -> int:
     raise DeviceNotVisible(f"local rank {local_rank} needs a GPU of its own, but it sees {count} "
                            f"(CUDA_VISIBLE_DEVICES={shown}); ask SLURM for cluster.gpus_per_node GPUs per node, "
                            "one per task")
+
+
+def one_gpu_task(env: Mapping[str, str]) -> dict[str, str]:
+    """What changes in the environment of a task that sees one GPU while its node runs
+    several tasks (srun --gpus-per-task=1, --gpu-bind=single:1): LOCAL_RANK 0 of 1, so that
+    an engine's cuda:LOCAL_RANK is that GPU. Nothing for a task that sees its node's GPUs."""
+    visible = visible_devices(env)
+    if visible is None or len(visible) != 1 or int(env.get("LOCAL_WORLD_SIZE", "1")) == 1:
+        return {}
+    return {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
