@@ -80,8 +80,17 @@ def _check_no_secret_in_job_script(c: Any) -> None:
 
 
 def placement(cfg: TrialConfig, dp: int) -> tuple[int, int]:
-    """(ranks per node, nodes): local runs every rank here; SLURM fills whole nodes."""
+    """(ranks per node, nodes): local runs every rank here; SLURM fills whole nodes.
+
+    A local GPU trial has one GPU a rank on this one host, so no more ranks than a node's
+    GPUs (cluster.gpus_per_node): past that it is a trial of several nodes, which only
+    cluster=slurm plans and runs (with its collectives between nodes, not all on NVLink)."""
     if cfg.cluster.name == "local":
+        if cfg.hardware.device.is_gpu and dp > cfg.cluster.gpus_per_node:
+            raise ConfigError("parallel.dp", dp, f"at most cluster.gpus_per_node={cfg.cluster.gpus_per_node} with "
+                              "cluster=local, which runs every rank on this one host, one GPU each; plan it across "
+                              f"nodes with cluster=slurm, or the largest trial here is parallel.dp="
+                              f"{cfg.cluster.gpus_per_node}")
         return dp, 1
     per_node = min(dp, cfg.cluster.gpus_per_node)
     if dp % per_node:

@@ -53,7 +53,7 @@ from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.sweep_batch import SweepBatch, TaskReturn
 from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
-from orchestrator.trial import check_runnable_here, wait_for
+from orchestrator.trial import check_runnable_here, refusal, wait_for
 from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, claim, trials_below, writable_dir
 from orchestrator.tune.record import resumable_tune, same_space, tune_budget
 from orchestrator.tune.space import plan_space
@@ -217,12 +217,23 @@ def plan(overrides: list[str], multirun: bool, as_json: bool, most: int = MAX_PO
 def translate(overrides: list[str], multirun: bool, out_dir, most: int = MAX_POINTS) -> int:
     specs = specs_from(overrides, multirun, most)
     out = writable_dir(Path(str(out_dir)), "--out")
+    refused = 0
     for i, spec in enumerate(specs):
         trial_dir = out / point_name(i, spec) if multirun else out
-        files = write_trial_files(spec, trial_dir, plan=make_plan(spec).as_dict())
+        plan = make_plan(spec)
+        files = write_trial_files(spec, trial_dir, plan=plan.as_dict())
         print(f"{trial_label(spec)}\n  wrote {', '.join(p.name for p in files.written)} in {files.directory}")
         for w in files.warnings:
             print(f"  warning: {w}", file=sys.stderr)
+        # The files are written either way (to read, to change by hand), but what `run` would
+        # say of them is said here too: a trial the plan refuses is not a trial to submit.
+        if why := refusal(spec, plan):
+            refused += 1
+            print(f"  refused by the plan (run would not launch it): {why}", file=sys.stderr)
+    if refused:
+        print(f"orchestrator translate: {refused} of {len(specs)} trial(s) written but refused by the plan",
+              file=sys.stderr)
+        return PlanRefused.exit_code
     return 0
 
 

@@ -128,7 +128,7 @@ class EngineTiming:
             self.settings["allocator"] = cpu_allocator.allocator_key()
         # One timing per power of two of the share, cached as any other.
         self.settings["sizes"] = stand_in_sizes(str(engine.get("device", "cpu")), elements)
-        self.key = (f"{device_name(device)}|{software()}|{METHOD} "
+        self.key = (f"{device_name(device)}|{software(str(device))}|{METHOD} "
                     + hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16])
 
     def _uncached(self, part: str) -> bool:

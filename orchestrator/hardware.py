@@ -143,6 +143,27 @@ def local_gpu_name() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def gpu_software() -> str:
+    """The GPU's driver and the CUDA runtime torch was built with, as the kernel cache keys them."""
+    import torch
+
+    try:
+        driver = Path("/proc/driver/nvidia/version").read_text().split("Kernel Module", 1)[1].split()[0]
+    except (OSError, IndexError):
+        driver = "unknown"
+    return f"driver {driver}, CUDA {torch.version.cuda}"
+
+
+def local_gpu_count() -> int:
+    """The GPUs this process sees (CUDA_VISIBLE_DEVICES respected); 0 without a driver.
+    torch counts them through NVML where it can, without creating a CUDA context."""
+    if not gpu_driver_present():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on: its affinity (taskset, a SLURM task's binding, a
     container's cpuset), which may be fewer than the machine has (os.cpu_count)."""

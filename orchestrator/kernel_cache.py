@@ -94,6 +94,12 @@ class Cache:
         return None
 
     @classmethod
+    def reload(cls) -> None:
+        """Read the file again at the next look-up (another process has written it)."""
+        cls._known, cls._dirty = None, False
+        cls._new.clear()
+
+    @classmethod
     def take_discarded(cls) -> str:
         """What `_checked` dropped since the last call, as a warning ('' if nothing)."""
         if not cls.discarded:

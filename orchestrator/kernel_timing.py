@@ -155,7 +155,7 @@ def clock(device, whole: bool = False) -> Callable[..., float]:
             for _ in range(reps):
                 op()
             torch.cuda.synchronize(device)
-        return sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) * 1e-6
+        return kernels_busy_s([e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA])
 
     one_round = (events if whole else device_busy) if cuda else wall
 
@@ -170,6 +170,16 @@ def clock(device, whole: bool = False) -> Callable[..., float]:
 
     tick.__name__ = one_round.__name__  # which clock it is, for a reader (and the tests)
     return tick
+
+
+def kernels_busy_s(kernel_us: list[float]) -> float:
+    """Seconds the GPU ran kernels, from the profiler's CUDA events. None recorded means the
+    profiler saw no kernel at all (CUPTI missing, another profiler attached), never a free
+    call: the timing fails, and the plan says so and keeps the preset."""
+    if not kernel_us:
+        raise KernelTimingError("the profiler recorded no GPU kernel (CUPTI missing, or another profiler attached), "
+                                "so a kernel's own time cannot be read")
+    return sum(kernel_us) * 1e-6
 
 
 @contextmanager
@@ -282,10 +292,39 @@ def device_name(device: str) -> str:
 
 
 @functools.cache  # reading a package's metadata takes milliseconds, and a sweep plans many points
-def software() -> str:
-    from importlib.metadata import version
+def software(device: str = "cpu") -> str:
+    """What besides the device changes a kernel's time, for the cache's key: the libraries
+    (DeepSpeed's fused optimizer, transformers' modules), and on a GPU its driver and CUDA
+    runtime, and the host CPU, whose pace the host-bound blocks and the model's ends time."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return f"torch {torch_version()}, transformers {version('transformers')}"
+    try:
+        deepspeed = f", deepspeed {version('deepspeed')}"
+    except PackageNotFoundError:
+        deepspeed = ""
+    sw = f"torch {torch_version()}, transformers {version('transformers')}{deepspeed}"
+    if device.split(":")[0] == "cuda":
+        from orchestrator.hardware import cpu_model, gpu_software
+
+        sw += f", {gpu_software()}, host {cpu_model()}"
+    return sw
+
+
+def measure_apart(*args, **kwargs) -> tuple[Measured, str]:
+    """`measure` in a process of its own (spawned), with what the cache discarded there: a
+    GPU's CUDA context and the timing's buffers end with that process, so the ranks started
+    after the plan find GPU 0 as whole as the others (an EXCLUSIVE_PROCESS GPU free to open)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        measured = pool.submit(_measure_and_discarded, *args, **kwargs).result()
+    Cache.reload()  # the child wrote the file: what this process read of it is out of date
+    return measured
+
+
+def _measure_and_discarded(*args, **kwargs) -> tuple[Measured, str]:
+    return measure(*args, **kwargs), Cache.take_discarded()
 
 
 def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
@@ -308,7 +347,7 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     `before_timing`: called once, after the imports and before the first kernel is timed
     (the planner waits there for the engine's timing process to finish its imports).
     KernelTimingError where the device cannot run one."""
-    name, sw = device_name(device), software()
+    name, sw = device_name(device), software(device)
     on_cpu = device == "cpu"
     allocator = f"{cpu_allocator.allocator_key()}|" if on_cpu else ""
     prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads|{precision}|{allocator}"

@@ -8,8 +8,10 @@ finished job into its result.json.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -78,11 +80,27 @@ def cost_line(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> str:
             f"peak {m.total / GIB:.2f} GiB per rank {where}")
 
 
-def check_runnable_here(spec: TrialSpec) -> None:
-    """A local trial needs the device it names (plan and translate need nothing)."""
-    if spec.cfg.cluster.name == "local" and spec.cfg.hardware.device.is_gpu and hardware.local_gpu_name() is None:
+def check_runnable_here(spec: TrialSpec, visible_gpus: int | None = None) -> None:
+    """A local GPU trial needs a GPU of its own for each rank, and the tools its NUMA binding
+    calls on (plan and translate need nothing). visible_gpus: what this process sees
+    (torch.cuda.device_count(), which respects CUDA_VISIBLE_DEVICES); None asks torch."""
+    if spec.cfg.cluster.name != "local" or not spec.cfg.hardware.device.is_gpu:
+        return
+    gpus = hardware.local_gpu_count() if visible_gpus is None else visible_gpus
+    if gpus == 0:
         raise ConfigError("hardware", spec.cfg.hardware.name, "this machine has no GPU to run it on; use hardware=auto "
                           "or cpu here (plan and translate take any hardware)")
+    if spec.world_size > gpus:
+        raise ConfigError("parallel.dp", spec.dp, f"at most {gpus}, the GPUs this host makes visible (one a rank; "
+                          "CUDA_VISIBLE_DEVICES narrows them): two ranks on one GPU would each time the other's "
+                          f"kernels and share its memory; the nearest valid value is parallel.dp={gpus}")
+    numa = spec.cfg.numa.mode
+    if numa != "none" and spec.cfg.engine.name != "accelerate" and shutil.which("numactl") is None:
+        raise ConfigError("numa.mode", numa, "none, or install numactl first (apt-get install numactl): torchrun's "
+                          "--numa-binding runs each rank under the numactl command, which this host lacks")
+    if numa != "none" and spec.cfg.engine.name == "accelerate" and importlib.util.find_spec("pynvml") is None:
+        raise ConfigError("numa.mode", numa, "none, or install nvidia-ml-py first (pip install nvidia-ml-py): "
+                          "accelerate launch --enable_cpu_affinity reads each GPU's NUMA node through NVML")
 
 
 def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,

@@ -147,10 +147,14 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False) -> tupl
     try:
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
+        args = (spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares, spec.cfg.recompute.mode)
         with engine_timing.EngineTiming(engine_settings(spec), threads, sum(shares), device) as engine:
-            m = kernel_timing.measure(spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares,
-                                      spec.cfg.recompute.mode, before_timing=engine.imported)
-            m = dataclasses.replace(engine.apply(m), discarded=Cache.take_discarded())
+            if hw.device.is_gpu:  # in a process of its own: the planner keeps no CUDA context for the ranks to meet
+                engine.imported()
+                m, discarded = kernel_timing.measure_apart(*args)
+            else:
+                m, discarded = kernel_timing.measure(*args, before_timing=engine.imported), Cache.take_discarded()
+            m = dataclasses.replace(engine.apply(m), discarded=discarded)
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""

@@ -63,7 +63,9 @@ def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
         "fsdp_transformer_layer_cls_to_wrap": LAYER_CLASS[cfg.model.arch],
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_cpu_ram_efficient_loading": False,
-        "fsdp_activation_checkpointing": cfg.recompute.mode == "full",
+        # Off whatever recompute.mode says: the workload applies it itself (apply_recompute, the
+        # same for every engine), and accelerate's own on top would checkpoint each block twice.
+        "fsdp_activation_checkpointing": False,
     }}
 
 
@@ -84,6 +86,10 @@ def explain(spec: TrialSpec) -> list[str]:
     elif cfg.zero.stage:
         lines += [f"fsdp_reshard_after_forward = {str(cfg.zero.stage == 3).lower()}: zero.stage 3 reshards, 2 keeps "
                   "parameters gathered until backward",
-                  f"fsdp_activation_checkpointing = {str(cfg.recompute.mode == 'full').lower()}: recompute.mode="
-                  f"{cfg.recompute.mode} (selective is applied by the workload)"]
+                  f"fsdp_activation_checkpointing = false: recompute.mode={cfg.recompute.mode} is applied by the "
+                  "workload, as for every engine (accelerate's own would checkpoint each block a second time)"]
+        if cfg.zero.communication_dtype:
+            lines.append(f"gradients reduced in {cfg.zero.communication_dtype} (zero.communication_dtype): the "
+                         "workload's FullyShardedDataParallelPlugin(mixed_precision_policy=...), the config file "
+                         "has no such key")
     return lines

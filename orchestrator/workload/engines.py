@@ -19,9 +19,11 @@ import torch
 from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import ddp_bucket_mb
+from orchestrator.translate.fsdp import fsdp_settings
 from orchestrator.workload.accumulation import MicroBatches
 from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt
 from orchestrator.workload.device import Device
+from orchestrator.workload.fsdp import DTYPES
 from orchestrator.workload.model import apply_recompute, build_model
 from orchestrator.workload.model import import_libraries as import_model_libraries
 from orchestrator.trial_dir import TrialPaths
@@ -94,10 +96,11 @@ class AccelerateEngine:
         handlers += [InitProcessGroupKwargs(**spec.collective_timeout)] if spec.collective_timeout else []
         if self.deepspeed and not device.is_gpu:  # the Accelerator starts DeepSpeed's backend
             leave_shm_comm_unbuilt()
-        self.accelerator = Accelerator(cpu=not device.is_gpu and not self.deepspeed, kwargs_handlers=handlers)
+        self.accelerator = Accelerator(cpu=not device.is_gpu and not self.deepspeed, kwargs_handlers=handlers,
+                                       fsdp_plugin=fsdp_plugin(spec))
         if device.is_gpu and self.accelerator.device != device.torch:  # accelerate takes cuda:LOCAL_RANK
-            raise RuntimeError(f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device.torch}: with one "
-                               "GPU per task (srun --gpus-per-task) use engine=deepspeed")
+            raise RuntimeError(f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device.torch} "
+                               "(LOCAL_RANK and CUDA_VISIBLE_DEVICES disagree: workload/placement.py)")
         expected = "DEEPSPEED" if self.deepspeed else "FSDP" if spec.cfg.zero.stage else "MULTI_"
         if spec.world_size > 1 and expected not in str(self.accelerator.distributed_type):
             raise RuntimeError(f"accelerate set up {self.accelerator.distributed_type}, not the {expected} this trial "
@@ -162,6 +165,21 @@ class AccelerateEngine:
         if self.deepspeed:
             return int(self.accelerator.deepspeed_engine_wrapped.engine.train_batch_size())
         return self.micro_batches.global_batch
+
+
+def fsdp_plugin(spec: TrialSpec):
+    """accelerate's FSDP2 plugin where zero.communication_dtype sets the dtype gradients are
+    reduced in (accelerate_config.yaml has no key for it; the rest comes from accelerate
+    launch's environment, as without a plugin); None otherwise. The dtypes are engine=fsdp's
+    (translate/fsdp.py), so both routes put on the wire what the plan does."""
+    if spec.cfg.engine.backend != "fsdp" or not spec.cfg.zero.stage or not spec.cfg.zero.communication_dtype:
+        return None
+    from accelerate import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    s = fsdp_settings(spec)
+    return FullyShardedDataParallelPlugin(mixed_precision_policy=MixedPrecisionPolicy(
+        param_dtype=DTYPES[s["param_dtype"]], reduce_dtype=DTYPES[s["reduce_dtype"]]))
 
 
 def built_partitioned(model) -> bool:
