@@ -26,8 +26,8 @@ import submitit
 
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.binding import Binding, trial_binding
-from orchestrator.launchers.local import rank_environment
-from orchestrator.launchers.slurm_task import TASK_MODULE, SlurmTask, save_wait_s
+from orchestrator.launchers.local import WORKLOAD_MODULE
+from orchestrator.launchers.slurm_task import TASK_MODULE, SlurmTask
 from orchestrator.redact import secret_exports
 from orchestrator.results import Status, error_record, now
 from orchestrator.checks import time_limit_s
@@ -45,9 +45,30 @@ def task_python(spec: TrialSpec) -> list[str]:
     return shlex.split(spec.cfg.cluster.python) if spec.cfg.cluster.python else [sys.executable]
 
 
+def node_tasks(spec: TrialSpec) -> tuple[int, int]:
+    """(tasks per node, CPUs per task): one task a rank, or with engine=accelerate one task a
+    node holding its ranks' CPUs, which starts them through accelerate launch."""
+    c = spec.cfg.cluster
+    if spec.cfg.engine.name == "accelerate":
+        return 1, c.cpus_per_task * spec.gpus_per_node
+    return spec.gpus_per_node, c.cpus_per_task
+
+
+def accelerate_launch(spec: TrialSpec, trial_dir: Path) -> list[str]:
+    """engine=accelerate on SLURM: what each node's task runs, as accelerate runs on several
+    machines (accelerate's SLURM example: one `accelerate launch` a node, its machine rank
+    and the first node's address on its command line, which the task adds before the
+    module: slurm_task.SlurmTask._command); the last three words are the module and trial."""
+    return [*task_python(spec), "-m", "accelerate.commands.launch", "--config_file",
+            str(TrialPaths(trial_dir).accelerate_config), "--num_machines", str(spec.nodes),
+            "--num_processes", str(spec.world_size), *trial_binding(spec).accelerate_args,
+            "--module", WORKLOAD_MODULE, str(trial_dir)]
+
+
 def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
     c = spec.cfg.cluster
-    params = {"nodes": spec.nodes, "tasks_per_node": spec.gpus_per_node, "cpus_per_task": c.cpus_per_task,
+    tasks, cpus = node_tasks(spec)
+    params = {"nodes": spec.nodes, "tasks_per_node": tasks, "cpus_per_task": cpus,
               "timeout_min": timeout_minutes(c.time), "slurm_signal_delay_s": c.signal_delay_s,
               "slurm_setup": secret_exports(c.setup)[0],  # secrets go through sbatch's environment
               "slurm_srun_args": srun_options(spec, bind),
@@ -69,8 +90,8 @@ OPTIONAL_SBATCH = ("partition", "account", "qos", "constraint", "mem_per_gpu", "
 
 def sbatch_options(spec: TrialSpec, bind: Binding, trial_dir: Path) -> list[str]:
     c = spec.cfg.cluster
-    opts = [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.gpus_per_node}", f"--cpus-per-task={c.cpus_per_task}",
-            f"--time={c.time}"]
+    tasks, cpus = node_tasks(spec)
+    opts = [f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks}", f"--cpus-per-task={cpus}", f"--time={c.time}"]
     if spec.cfg.hardware.device.is_gpu:
         opts.append(f"--gpus-per-node={spec.gpus_per_node}")
     if c.mem_gb is not None:
@@ -95,7 +116,7 @@ def srun_options(spec: TrialSpec, bind: Binding) -> list[str]:
     (SRUN_CPUS_PER_TASK aside), so each task would get one CPU under OMP_NUM_THREADS of them.
     """
     c = spec.cfg.cluster
-    return ["--kill-on-bad-exit=1", f"--cpus-per-task={c.cpus_per_task}", *bind.srun_args, *c.srun_args]
+    return ["--kill-on-bad-exit=1", f"--cpus-per-task={node_tasks(spec)[1]}", *bind.srun_args, *c.srun_args]
 
 
 def task_command(spec: TrialSpec, trial_dir: Path) -> list[str]:
@@ -194,7 +215,7 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
                                          slurm_python=python)
         executor.update_parameters(name="orchestrator", **params)
         # The ranks' save after SLURM's warning must end before the job does: leave 20 s.
-        tasks = [SlurmTask(str(d), rank_environment(s, s.threads_per_rank), save_wait_s=save_wait_s(s)) for s, d in members]
+        tasks = [SlurmTask.for_trial(s, d) for s, d in members]
         with _environment(secrets):  # sbatch passes its environment to the job (--export=ALL)
             if len(tasks) > 1:
                 with executor.batch():

@@ -60,15 +60,22 @@ class SlurmTask(submitit.helpers.Checkpointable):
     or preemption, submitit asks task 0 for `checkpoint()`, then requeues the job; the
     requeued ranks resume from the workload's last checkpoint."""
 
-    def __init__(self, trial_dir: str, env: dict[str, str], save_wait_s: float = 60):
+    def __init__(self, trial_dir: str, env: dict[str, str], save_wait_s: float = 60,
+                 node_launcher: list[str] | None = None, ranks_per_node: int = 1):
+        """node_launcher: engine=accelerate's `accelerate launch ...` (slurm.accelerate_launch):
+        then this is the node's one task, and it starts the node's ranks through it, told its
+        node's place (--machine_rank) and the first node's address, as accelerate runs on
+        several machines; None: this task is one rank."""
         self.trial_dir, self.env, self.save_wait_s = trial_dir, env, save_wait_s
+        self.node_launcher, self.ranks_per_node = node_launcher, ranks_per_node
         self._proc: subprocess.Popen | None = None
         self._terminated = False  # SLURM sent SIGTERM (requeue, scancel, time limit)
         self._attempt_started = time.time()
 
     def __call__(self) -> dict:
         freeze_at_exit()  # submitit's process ends after this call: its exit walks nothing
-        rank = int(task_environment()["RANK"])
+        task = task_environment()
+        argv, env, rank = self._command(task)
         paths = TrialPaths(Path(self.trial_dir))
         error = paths.rank_error(rank)
         if error.exists():  # from an attempt before a requeue
@@ -85,8 +92,7 @@ class SlurmTask(submitit.helpers.Checkpointable):
         signal.signal(signal.SIGTERM, self._on_sigterm)
         # SIGUSR2 blocked for the rank's life (workload/warning.py): it polls for it at
         # step boundaries, and nothing it spawns can die of it.
-        self._proc = subprocess.Popen([sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir],
-                                      env={**os.environ, **self.env}, preexec_fn=_block_warning)
+        self._proc = subprocess.Popen(argv, env=env, preexec_fn=_block_warning)
         code = self._proc.wait()
         if self._terminated:
             raise RuntimeError(f"rank {rank} was ended by SLURM (SIGTERM: requeue, scancel or time limit)")
@@ -102,6 +108,20 @@ class SlurmTask(submitit.helpers.Checkpointable):
                     "oom": False, "time": started, "message": message, "host": socket.gethostname()})
             raise RuntimeError(message)
         return {"rank": rank}
+
+    def _command(self, task: dict[str, str]) -> tuple[list[str], dict[str, str], int]:
+        """(argv, environment, first rank) of what this task starts: the workload as its rank,
+        or accelerate launch for its node (whose ranks torchrun numbers: this task's variables,
+        which count nodes, are left out of their environment)."""
+        env = {**os.environ, **self.env}
+        if self.node_launcher is None:
+            return [sys.executable, "-m", WORKLOAD_MODULE, self.trial_dir], env, int(task["RANK"])
+        node = int(task["RANK"])  # one task a node: submitit's rank is the node's index
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            env.pop(name, None)
+        place = ["--machine_rank", str(node), "--main_process_ip", task["MASTER_ADDR"],
+                 "--main_process_port", task["MASTER_PORT"]]
+        return [*self.node_launcher[:-3], *place, *self.node_launcher[-3:]], env, node * self.ranks_per_node
 
     def _on_sigterm(self, signum, frame) -> None:
         """SLURM ends the job: end the rank (it records the signal and closes its W&B run), then this task."""
@@ -129,6 +149,15 @@ class SlurmTask(submitit.helpers.Checkpointable):
                     and json.loads(latest.read_text())["signalled"]:
                 break
             time.sleep(0.1)
+
+    @classmethod
+    def for_trial(cls, spec, trial_dir: Path) -> "SlurmTask":
+        """The task of one trial, the same from submitit and from launch.sh."""
+        from orchestrator.launchers.slurm import accelerate_launch  # slurm.py imports this module
+
+        launcher = accelerate_launch(spec, trial_dir) if spec.cfg.engine.name == "accelerate" else None
+        return cls(str(trial_dir), rank_environment(spec, spec.threads_per_rank), save_wait_s=save_wait_s(spec),
+                   node_launcher=launcher, ranks_per_node=spec.gpus_per_node)
 
     def __getstate__(self) -> dict:  # the running child does not travel with the requeued job
         return {**self.__dict__, "_proc": None}
@@ -192,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(write_job_result(paths, args.result, args.started))
     spec = load_spec(paths.root)
     os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")  # how submitit's environment knows it is under SLURM
-    task = SlurmTask(str(paths.root), rank_environment(spec, spec.threads_per_rank), save_wait_s=save_wait_s(spec))
+    task = SlurmTask.for_trial(spec, paths.root)
     # SLURM's warning (--signal=USR2@S) reaches every process of the step: its default
     # action would end this task; task 0 instead waits for the ranks' save and requeues.
     signal.signal(signal.SIGUSR2, lambda *_: _requeue_on_warning(task, paths, spec.cfg.cluster.max_requeues))

@@ -25,6 +25,8 @@ TWO_BY_TWO = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, FP32, "cluster.gp
 TRIALS = {
     "deepspeed": [*TWO_BY_TWO, "zero=stage2"],
     "fsdp": [*TWO_BY_TWO, "engine=fsdp", "zero=stage3"],
+    # one task a node, which starts its two ranks through accelerate launch (--machine_rank)
+    "accelerate": [*TWO_BY_TWO, "engine=accelerate", "zero=stage2"],
     # one rank a node, each with both of its node's CPUs
     "threads": [*TWO_BY_TWO, "cluster.gpus_per_node=1", "parallel.dp=2", "cluster.cpus_per_task=2"],
     # runs until the test kills its rank on the second node; sleeps between steps meanwhile
@@ -60,7 +62,7 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     return jobs
 
 
-@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp", "accelerate"])
 def test_sbatch_launch_sh_trains_two_nodes_of_two_ranks(submitted, engine):
     trial, job = submitted[engine]
     r = result_of(trial)
@@ -68,9 +70,12 @@ def test_sbatch_launch_sh_trains_two_nodes_of_two_ranks(submitted, engine):
     assert r["env"]["world_size"] == 4 and r["env"]["slurm_job_id"] == job
     hosts = {x["rank"]: x["host"] for x in r["env"]["ranks"]}
     assert len(set(hosts.values())) == 2 and hosts[0] == hosts[1] != hosts[2] == hosts[3]  # two a node, in order
-    assert r["metrics"]["engine"]["engine"] == {"deepspeed": "deepspeed", "fsdp": "fsdp2"}[engine] and r["metrics"]["tokens_per_sec_per_gpu"] > 0
+    assert r["metrics"]["engine"]["engine"] == {"deepspeed": "deepspeed", "fsdp": "fsdp2"}.get(engine, engine) and r["metrics"]["tokens_per_sec_per_gpu"] > 0
     assert r["slurm"]["job_id"] == job and r["slurm"]["state"] == "COMPLETED"
     assert (trial / "logs" / f"sbatch-{job}.out").is_file()  # sbatch --output, in the trial's logs
+    if engine == "accelerate":  # as accelerate runs on several machines: its DeepSpeed, not one process alone
+        assert r["metrics"]["engine"]["distributed_type"] == "DistributedType.DEEPSPEED"
+        assert dict(sacct(job, "JobID", "NTasks"))[f"{job}.0"] == "2"  # the ranks' step: one task a node
 
 
 def test_cpus_per_task_reach_every_rank_and_the_plan(submitted):

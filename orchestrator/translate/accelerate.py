@@ -33,8 +33,10 @@ def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
         "mixed_precision": MIXED_PRECISION[spec.precision],
         "num_processes": spec.world_size,
         "num_machines": spec.nodes,
-        "machine_rank": 0,  # per node; the SLURM launcher passes each node's rank
-        "main_process_ip": "127.0.0.1" if spec.nodes == 1 else None,  # else the first node, known at launch
+        # On several nodes each node's SLURM task passes its own machine rank and the first
+        # node's address and port on accelerate launch's command line (launchers/slurm.py).
+        "machine_rank": 0,
+        "main_process_ip": "127.0.0.1" if spec.nodes == 1 else None,
         "main_process_port": None,  # a free port, chosen at launch
         "rdzv_backend": "static",
         "same_network": True,
@@ -50,8 +52,11 @@ def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
         # mixed_precision beside a deepspeed_config_file.
         # zero3_init_flag: ZeRO-3 partitions the model while transformers builds it.
         del common["mixed_precision"]
+        # deepspeed_multinode_launcher=standard: torchrun on each node, which the node's SLURM task
+        # starts (accelerate's default, pdsh, would ssh from one node into the others).
         return {**common, "distributed_type": "DEEPSPEED", "deepspeed_config": {
-            "deepspeed_config_file": str(ds_config_path), "zero3_init_flag": cfg.zero.stage == 3}}
+            "deepspeed_config_file": str(ds_config_path), "zero3_init_flag": cfg.zero.stage == 3,
+            "deepspeed_multinode_launcher": "standard"}}
     if cfg.zero.stage == 0:
         # DDP (accelerate's MULTI_CPU launcher wants MPI; MULTI_GPU's torchrun path runs on gloo).
         return {**common, "distributed_type": "MULTI_GPU"}
@@ -75,7 +80,10 @@ def explain(spec: TrialSpec) -> list[str]:
              f"mixed_precision = {MIXED_PRECISION[spec.precision]}: run.bf16 / run.fp16"
              + (" (in ds_config.json, which accelerate requires for DeepSpeed)" if cfg.engine.backend == "deepspeed" else ""),
              f"num_processes = {spec.world_size} (parallel.dp), num_machines = {spec.nodes} "
-             f"(ceil(dp / cluster.gpus_per_node) on SLURM)",
+             f"(ceil(dp / cluster.gpus_per_node) on SLURM)"
+             + ("; on SLURM one task a node runs accelerate launch with its --machine_rank (SLURM's node index) and "
+                "the first node's --main_process_ip / --main_process_port, so the file's 0 and null stand for those"
+                if cfg.cluster.name == "slurm" else ""),
              "use_cpu = false: accelerate launch drops DeepSpeed and FSDP with it; torchrun's path runs on CPUs too",
              f"enable_cpu_affinity: numa.mode={cfg.numa.mode} (binds only where there are GPUs)"]
     if cfg.engine.backend == "deepspeed":
