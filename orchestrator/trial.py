@@ -44,23 +44,37 @@ def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = N
         return (f"does not fit: predicted {plan.memory.total / GIB:.2f} GiB per rank > "
                 f"{plan.memory.capacity / GIB:.2f} GiB capacity; {plan.fitting_changes}; "
                 "run.force=true launches anyway")
-    if why := host_memory_refusal(spec, plan.memory.total, free_bytes):
+    if why := host_memory_refusal(spec, plan, free_bytes):
         return why
     if nodes is not None and (why := slurm.partition_refusal(spec, nodes)):
         return f"SLURM could never start it: {why}; run.force=true submits anyway"
     return None
 
 
-def host_memory_refusal(spec: TrialSpec, per_rank_bytes: int, free_bytes: int | None) -> str | None:
-    """A local CPU trial's ranks share this host's memory: all of them together against what
-    it has free now (other processes hold the rest), not a per-rank share of its size."""
-    if spec.cfg.cluster.name != "local" or spec.cfg.hardware.device.is_gpu or free_bytes is None:
+def host_memory_refusal(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> str | None:
+    """A node's ranks share its host memory: a local CPU trial's all together against what
+    this host has free now (other processes hold the rest), not a per-rank share of its size;
+    a GPU trial's as built and offloaded (plan.host_memory) against what the node grants, and
+    here also against what this host has free."""
+    host = plan.host_memory
+    if host is not None:
+        need, each = host.per_node, host.per_rank
+        if not host.fits:
+            return (f"the node's host memory: {host.ranks_per_node} rank(s) x {each / GIB:.2f} GiB = {need / GIB:.2f} "
+                    f"GiB > {host.capacity / GIB:.2f} GiB ({host.capacity_source}), each rank building the "
+                    f"model in fp32 ({host.built / GIB:.2f} GiB){' and keeping what offload moves' if host.offloaded else ''}"
+                    "; zero=stage3 with engine=deepspeed builds it partitioned, or ask SLURM for more "
+                    "(cluster.mem_gb); run.force=true launches anyway")
+        if spec.cfg.cluster.name != "local" or free_bytes is None or need <= free_bytes:
+            return None
+    elif spec.cfg.cluster.name != "local" or free_bytes is None:
         return None
-    need = per_rank_bytes * spec.gpus_per_node
-    if need <= free_bytes:
-        return None
+    else:
+        need, each = plan.memory.total * spec.gpus_per_node, plan.memory.total
+        if need <= free_bytes:
+            return None
     return (f"the host has {free_bytes / GIB:.2f} GiB free and the plan needs {need / GIB:.2f} GiB "
-            f"({spec.gpus_per_node} rank(s) x {per_rank_bytes / GIB:.2f} GiB): the kernel's OOM killer would end it; "
+            f"({spec.gpus_per_node} rank(s) x {each / GIB:.2f} GiB): the kernel's OOM killer would end it; "
             "free memory, or run.force=true launches anyway")
 
 

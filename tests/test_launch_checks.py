@@ -128,3 +128,28 @@ def test_the_collective_timeout_reaches_the_process_group_keywords():
     assert build_spec([]).collective_timeout == {}
     with pytest.raises(ConfigError, match="run.collective_timeout_s=0"):
         build_spec(["run.collective_timeout_s=0"])
+
+
+def test_a_gpu_trials_host_memory_is_planned_per_node_and_refused_past_what_slurm_grants():
+    from orchestrator.plan.host_memory import host_memory, slurm_size_bytes
+    from orchestrator.plan.memory import GIB
+    from orchestrator.plan.planner import make_plan
+    from orchestrator.trial import refusal
+
+    # eight ranks of a 70B model each building it whole in fp32: over 2 TB of one node
+    whole = host_memory(70_553_706_496, False, 64, 0, 0, 8, None, "")
+    assert whole.per_node / 1e12 > 2.2 and whole.fits  # nothing said what the node grants: unchecked
+    assert host_memory(70_553_706_496, True, 64, 0, 0, 8, 10 * GIB, "").per_rank == 4 * 70_553_706_496 // 64
+    assert slurm_size_bytes("40G") == 40 * GIB and slurm_size_bytes("512") == 512 * 2**20
+
+    fits_the_gpu = ["model=llama3-8b", "hardware=h100-sxm", "cluster=slurm", "parallel.dp=8", "recompute=full",
+                    "batch.micro_batch_size=1"]
+    spec = build_spec([*fits_the_gpu, "zero=stage2", "cluster.mem_gb=200"])
+    plan = make_plan(spec)
+    assert plan.fits and not plan.host_memory.fits and plan.as_dict()["host_memory"]["per_node"] > 200 * GIB
+    assert "the node's host memory: 8 rank(s)" in refusal(spec, plan) and "cluster.mem_gb=200" in refusal(spec, plan)
+    partitioned = build_spec([*fits_the_gpu, "zero=stage3", "cluster.mem_gb=200"])  # zero.Init: a share a rank
+    assert refusal(partitioned, make_plan(partitioned)) is None
+    per_gpu = build_spec([*fits_the_gpu, "zero=stage2", "cluster.mem_per_gpu=40G"])
+    assert make_plan(per_gpu).host_memory.capacity == 8 * 40 * GIB
+    assert make_plan(build_spec(["hardware=cpu", "hardware.kernels=preset"])).host_memory is None  # a CPU's is `memory`

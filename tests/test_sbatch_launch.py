@@ -70,6 +70,7 @@ def test_sbatch_launch_sh_trains_two_nodes_of_two_ranks(submitted, engine):
     assert r["env"]["world_size"] == 4 and r["env"]["slurm_job_id"] == job
     hosts = {x["rank"]: x["host"] for x in r["env"]["ranks"]}
     assert len(set(hosts.values())) == 2 and hosts[0] == hosts[1] != hosts[2] == hosts[3]  # two a node, in order
+    assert all(x["host_peak_bytes"] > 2**20 for x in r["env"]["ranks"])  # each rank's host peak, measured
     assert r["metrics"]["engine"]["engine"] == {"deepspeed": "deepspeed", "fsdp": "fsdp2"}.get(engine, engine) and r["metrics"]["tokens_per_sec_per_gpu"] > 0
     assert r["slurm"]["job_id"] == job and r["slurm"]["state"] == "COMPLETED"
     assert (trial / "logs" / f"sbatch-{job}.out").is_file()  # sbatch --output, in the trial's logs

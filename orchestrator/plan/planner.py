@@ -25,7 +25,8 @@ from orchestrator.local_links import LocalLinks, local_links
 from orchestrator.plan.compute import ComputeTime, Rates, estimated_kernels, micro_batch_time
 from orchestrator.plan.flops import flops
 from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, layout_of
-from orchestrator.plan.memory import (GIB, activation_bytes, loss_backward_bytes,
+from orchestrator.plan.host_memory import HostMemory, host_memory, slurm_size_bytes
+from orchestrator.plan.memory import (CPU_PROCESS, GIB, activation_bytes, loss_backward_bytes,
                                      max_micro_batch, model_states, offloaded_step_s, optimizer_traffic_bytes,
                                      peak_memory, recompute_bytes, runtime_bytes, sample_bytes, zero_layout)
 from orchestrator.plan.params import count_parameters, element_bytes, parameter_tensors
@@ -96,6 +97,7 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
         assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source,
                                 f"network{links_note}: {network_note(spec.cfg.hardware, links)}"),
         sources={"compute": compute_source, "peak": peak_note},
+        host_memory=host_memory_of(spec, n, memory.offloaded),
     )
     if not plan.fits:
         plan = dataclasses.replace(plan, fitting_changes=advice.fitting_changes(spec, plan))
@@ -105,6 +107,27 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     if measured and measured.discarded:
         plan.warnings.append(measured.discarded)
     return plan
+
+
+def host_memory_of(spec: TrialSpec, parameters: int, offloaded: int) -> HostMemory | None:
+    """A GPU trial's host memory on one node, against what the node grants: cluster.mem_gb or
+    --mem-per-gpu on SLURM (unchecked without either: the partition's default is not known
+    here), this host's memory locally. None on a CPU, where the device's memory is the host's."""
+    cfg = spec.cfg
+    if not cfg.hardware.device.is_gpu:
+        return None
+    c = cfg.cluster
+    if c.name == "local":
+        capacity, source = hardware.host_memory_bytes(), "this host's memory"
+    elif c.mem_gb is not None:
+        capacity, source = int(c.mem_gb * GIB), f"cluster.mem_gb={c.mem_gb:g} (sbatch --mem)"
+    elif c.mem_per_gpu is not None:
+        capacity = slurm_size_bytes(c.mem_per_gpu) * spec.gpus_per_node
+        source = f"cluster.mem_per_gpu={c.mem_per_gpu} x {spec.gpus_per_node} GPUs"
+    else:
+        capacity, source = None, "not checked: cluster.mem_gb unset, the partition's default is not known here"
+    partitioned = cfg.zero.stage == 3 and cfg.engine.backend == "deepspeed"  # zero.Init (zero3_init_flag)
+    return host_memory(parameters, partitioned, spec.dp, offloaded, CPU_PROCESS, spec.gpus_per_node, capacity, source)
 
 
 def step_times(spec: TrialSpec, sharded: FsdpLayout | None, grad_accum: int, micro_time: ComputeTime,

@@ -13,6 +13,7 @@ from statistics import median
 from orchestrator.plan.comm import Collective
 from orchestrator.plan.compute import ComputeTime
 from orchestrator.plan.flops import Flops
+from orchestrator.plan.host_memory import HostMemory
 from orchestrator.plan.memory import Memory
 
 
@@ -107,6 +108,7 @@ class Plan:
     # Where the figures come from: "compute" (measured kernels, with what and when; a
     # preset's fitted values; a calibrated preset), "peak" (published or measured).
     sources: dict[str, str] = field(default_factory=dict)
+    host_memory: HostMemory | None = None  # a GPU trial's ranks in their node's RAM (None on a CPU: that is `memory`)
 
     @property
     def fits(self) -> bool:
@@ -116,4 +118,5 @@ class Plan:
         return {"parameters": self.parameters, "parallel": self.parallel, "batch": self.batch,
                 "memory": self.memory.as_dict(), "flops": self.flops.as_dict(), "comm": self.comm.as_dict(),
                 "time": self.time.as_dict(), "max_micro_batch": self.max_micro_batch, "warnings": self.warnings,
-                "assumptions": self.assumptions, "sources": self.sources}
+                "assumptions": self.assumptions, "sources": self.sources,
+                "host_memory": self.host_memory.as_dict() if self.host_memory else None}

@@ -23,6 +23,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import resource
 import socket
 import sys
 import time
@@ -103,7 +104,10 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
             gc.enable()
         state = run_steps(spec, engine, trial_dir, rank, world, device, console, tracker)
         peak = device.peak_bytes()
+        # the host's peak too: a GPU rank builds its model there first (plan/host_memory.py)
+        host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
         mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "peak_bytes": peak,
+                "host_peak_bytes": host_peak,
                 "affinity": sorted(os.sched_getaffinity(0)),
                 "forked": forked()}
         everyone = [None] * world
