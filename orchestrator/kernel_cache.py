@@ -5,13 +5,14 @@ poisoned entry is timed again rather than believed."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
 from typing import Callable
 
 from orchestrator.files import atomic_write_text, read_json
-from orchestrator.hardware import cache_dir
+from orchestrator.hardware import cache_dir, torch_version
 
 TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than kernel_timing.PROBE_S
 
@@ -129,3 +130,35 @@ class Cache:
             pass
         cls._dirty = False
         cls._new.clear()
+
+
+# --- what a cached time is keyed by, besides the kernel --------------------------------------
+
+
+def device_name(device: str) -> str:
+    if device.split(":")[0] == "cuda":  # "cuda", "cuda:1": torch's own spelling of a device
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    from orchestrator.hardware import cpu_model
+
+    return cpu_model()
+
+
+@functools.cache  # reading a package's metadata takes milliseconds, and a sweep plans many points
+def software(device: str = "cpu") -> str:
+    """What besides the device changes a kernel's time, for the cache's key: the libraries
+    (DeepSpeed's fused optimizer, transformers' modules), and on a GPU its driver and CUDA
+    runtime, and the host CPU, whose pace the host-bound blocks and the model's ends time."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        deepspeed = f", deepspeed {version('deepspeed')}"
+    except PackageNotFoundError:
+        deepspeed = ""
+    sw = f"torch {torch_version()}, transformers {version('transformers')}{deepspeed}"
+    if device.split(":")[0] == "cuda":
+        from orchestrator.hardware import cpu_model, gpu_software
+
+        sw += f", {gpu_software()}, host {cpu_model()}"
+    return sw

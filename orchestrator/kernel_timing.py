@@ -32,16 +32,14 @@ from those times.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
 from orchestrator import cpu_allocator, kernels
-from orchestrator.hardware import torch_version
 from orchestrator.config import ModelConfig
-from orchestrator.kernel_cache import Cache
+from orchestrator.kernel_cache import Cache, device_name, software  # the cache's key
 from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
 from orchestrator.process import collector_paused
@@ -279,35 +277,6 @@ def affordable(kernel: Kernel, tick: Callable) -> tuple[Kernel, Probe]:
     probed = probe(smallest, tick)
     chosen = next((s for s in shapes if probed.seconds * smallest.scale / s.scale <= PROBE_S), smallest)
     return chosen, probed if chosen is smallest else probe(chosen, tick)
-
-
-def device_name(device: str) -> str:
-    if device.split(":")[0] == "cuda":  # "cuda", "cuda:1": torch's own spelling of a device
-        import torch
-
-        return torch.cuda.get_device_name(torch.device(device))
-    from orchestrator.hardware import cpu_model
-
-    return cpu_model()
-
-
-@functools.cache  # reading a package's metadata takes milliseconds, and a sweep plans many points
-def software(device: str = "cpu") -> str:
-    """What besides the device changes a kernel's time, for the cache's key: the libraries
-    (DeepSpeed's fused optimizer, transformers' modules), and on a GPU its driver and CUDA
-    runtime, and the host CPU, whose pace the host-bound blocks and the model's ends time."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        deepspeed = f", deepspeed {version('deepspeed')}"
-    except PackageNotFoundError:
-        deepspeed = ""
-    sw = f"torch {torch_version()}, transformers {version('transformers')}{deepspeed}"
-    if device.split(":")[0] == "cuda":
-        from orchestrator.hardware import cpu_model, gpu_software
-
-        sw += f", {gpu_software()}, host {cpu_model()}"
-    return sw
 
 
 def measure_apart(*args, **kwargs) -> tuple[Measured, str]:
