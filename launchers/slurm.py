@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,7 @@ import submitit
 
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.binding import Binding, trial_binding
-from orchestrator.launchers.local import WORKLOAD_MODULE
-from orchestrator.launchers.slurm_task import TASK_MODULE, SlurmTask
+from orchestrator.launchers.slurm_task import TASK_MODULE, SlurmTask, task_python
 from orchestrator.redact import secret_exports
 from orchestrator.results import Status, error_record, now
 from orchestrator.checks import time_limit_s
@@ -40,11 +38,6 @@ def timeout_minutes(time: str) -> int:
     return math.ceil(time_limit_s(time) / 60)
 
 
-def task_python(spec: TrialSpec) -> list[str]:
-    """The interpreter each task runs (cluster.python), as words: this one by default."""
-    return shlex.split(spec.cfg.cluster.python) if spec.cfg.cluster.python else [sys.executable]
-
-
 def node_tasks(spec: TrialSpec) -> tuple[int, int]:
     """(tasks per node, CPUs per task): one task a rank, or with engine=accelerate one task a
     node holding its ranks' CPUs, which starts them through accelerate launch."""
@@ -52,17 +45,6 @@ def node_tasks(spec: TrialSpec) -> tuple[int, int]:
     if spec.cfg.engine.name == "accelerate":
         return 1, c.cpus_per_task * spec.gpus_per_node
     return spec.gpus_per_node, c.cpus_per_task
-
-
-def accelerate_launch(spec: TrialSpec, trial_dir: Path) -> list[str]:
-    """engine=accelerate on SLURM: what each node's task runs, as accelerate runs on several
-    machines (accelerate's SLURM example: one `accelerate launch` a node, its machine rank
-    and the first node's address on its command line, which the task adds before the
-    module: slurm_task.SlurmTask._command); the last three words are the module and trial."""
-    return [*task_python(spec), "-m", "accelerate.commands.launch", "--config_file",
-            str(TrialPaths(trial_dir).accelerate_config), "--num_machines", str(spec.nodes),
-            "--num_processes", str(spec.world_size), *trial_binding(spec).accelerate_args,
-            "--module", WORKLOAD_MODULE, str(trial_dir)]
 
 
 def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:

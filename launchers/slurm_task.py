@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -29,15 +30,32 @@ import submitit
 from orchestrator import host_load
 from orchestrator.config import KernelSource
 from orchestrator.files import atomic_write_json, read_json
+from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
 from orchestrator.plan.planner import make_plan
 from orchestrator.process import clear_stale_build_locks, freeze_at_exit
-from orchestrator.spec import load_spec
+from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload.placement import one_gpu_task
 
 NODE_PLAN_WAIT_S = 600  # the longest the other ranks wait for rank 0 to time the kernels
 TASK_MODULE = "orchestrator.launchers.slurm_task"
+
+
+def task_python(spec: TrialSpec) -> list[str]:
+    """The interpreter each task runs (cluster.python), as words: this one by default."""
+    return shlex.split(spec.cfg.cluster.python) if spec.cfg.cluster.python else [sys.executable]
+
+
+def accelerate_launch(spec: TrialSpec, trial_dir: Path) -> list[str]:
+    """engine=accelerate on SLURM: what each node's task runs, as accelerate runs on several
+    machines (accelerate's SLURM example: one `accelerate launch` a node, its machine rank
+    and the first node's address on its command line, which the task adds before the
+    module: slurm_task.SlurmTask._command); the last three words are the module and trial."""
+    return [*task_python(spec), "-m", "accelerate.commands.launch", "--config_file",
+            str(TrialPaths(trial_dir).accelerate_config), "--num_machines", str(spec.nodes),
+            "--num_processes", str(spec.world_size), *trial_binding(spec).accelerate_args,
+            "--module", WORKLOAD_MODULE, str(trial_dir)]
 
 
 def task_environment() -> dict[str, str]:
@@ -153,8 +171,6 @@ class SlurmTask(submitit.helpers.Checkpointable):
     @classmethod
     def for_trial(cls, spec, trial_dir: Path) -> "SlurmTask":
         """The task of one trial, the same from submitit and from launch.sh."""
-        from orchestrator.launchers.slurm import accelerate_launch  # slurm.py imports this module
-
         launcher = accelerate_launch(spec, trial_dir) if spec.cfg.engine.name == "accelerate" else None
         return cls(str(trial_dir), rank_environment(spec, spec.threads_per_rank), save_wait_s=save_wait_s(spec),
                    node_launcher=launcher, ranks_per_node=spec.gpus_per_node)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from typing import Any
 
 from orchestrator.checks import above_zero, positive, time_limit_s
@@ -30,6 +31,16 @@ def check_cluster(cfg: TrialConfig) -> None:
     if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", cfg.cluster.time) or not time_limit_s(cfg.cluster.time):
         raise ConfigError("cluster.time", cfg.cluster.time, "a SLURM time limit above 0: MM, HH:MM:SS or D-HH:MM:SS")
     limit = time_limit_s(cfg.cluster.time)
+    if cfg.cluster.python is not None:
+        try:
+            words = shlex.split(cfg.cluster.python)
+        except ValueError as exc:
+            words, why = [], f" ({exc})"
+        else:
+            why = ""
+        if not words:
+            raise ConfigError("cluster.python", cfg.cluster.python, "a command that runs Python on the nodes (python3, "
+                              f"/shared/venv/bin/python, 'apptainer exec img.sif python'), or null for this one{why}")
     if cfg.cluster.name == "slurm":  # only a SLURM job's files (its script, launch.json) hold these in clear
         _check_no_secret_in_job_script(cfg.cluster)
     if cfg.cluster.name == "slurm" and cfg.cluster.signal_delay_s > limit // 2:

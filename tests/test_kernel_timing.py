@@ -268,7 +268,9 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
     monkeypatch.setattr(engine_timing, "device_name", lambda device: "NVIDIA L40S")
     timed = KernelTimes(layer_gemms=(1e-3, 2e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
                         memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=5e-6)
-    # a GPU's kernels are timed in a process of their own (measure_apart): stood in for here
+    # a GPU's kernels are timed in a process of their own (measure_apart: its CUDA context ends
+    # with it, before the ranks start), never in the planning process; stood in for here
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: pytest.fail("a GPU timed in the planning process"))
     monkeypatch.setattr(kernel_timing, "measure_apart", lambda *a, **k: (kernel_timing.Measured(
         timed, 1e-3, "NVIDIA L40S", "torch 2.13.0", "2026-11-24T00:00:00Z"), ""))
     spec = build_spec(["model=gpt2-125m"])

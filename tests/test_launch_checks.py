@@ -153,3 +153,12 @@ def test_a_gpu_trials_host_memory_is_planned_per_node_and_refused_past_what_slur
     per_gpu = build_spec([*fits_the_gpu, "zero=stage2", "cluster.mem_per_gpu=40G"])
     assert make_plan(per_gpu).host_memory.capacity == 8 * 40 * GIB
     assert make_plan(build_spec(["hardware=cpu", "hardware.kernels=preset"])).host_memory is None  # a CPU's is `memory`
+
+
+def test_the_interpreter_the_tasks_run_is_a_field_of_its_own(tmp_path):
+    from orchestrator.launchers import slurm
+
+    spec = build_spec(["cluster=slurm", "hardware=cpu", "cluster.python='apptainer exec img.sif python'"])
+    assert slurm.task_command(spec, tmp_path)[:4] == ["apptainer", "exec", "img.sif", "python"]
+    with pytest.raises(ConfigError, match="cluster.python"):
+        build_spec(["cluster=slurm", "hardware=cpu", "cluster.python='python \"unclosed'"])
