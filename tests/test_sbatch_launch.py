@@ -15,23 +15,29 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FP32, PRESET_KERNELS, run_in_process, sacct
+from orchestrator.trial_dir import TrialPaths
+from tests.conftest import FP32, PRESET_KERNELS, history_is_whole, run_in_process, sacct
 from tests.test_slurm_faults import rank_pid
 
 pytestmark = pytest.mark.slow
 # Two nodes of two ranks each (four CPUs a node would be needed for two CPUs a task).
 TWO_BY_TWO = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, FP32, "cluster.gpus_per_node=2", "parallel.dp=4",
               "cluster.cpus_per_task=1", "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
+REQUEUED_STEPS = 30
 TRIALS = {
+    # First, so that they hold their nodes no longer than their tests need: one runs until its
+    # test kills its rank on the second node (it sleeps between steps meanwhile); one is warned
+    # (as SLURM warns before a time limit) once it trains, saves, requeues itself and resumes.
+    "killed": [*TWO_BY_TWO, "cluster.gpus_per_node=1", "parallel.dp=2", "run.steps=100000", "run.step_sleep_s=0.5",
+               "run.checkpoint_every=2"],
+    "requeued": [*TWO_BY_TWO, "cluster.gpus_per_node=1", "parallel.dp=1", f"run.steps={REQUEUED_STEPS}",
+                 "run.step_sleep_s=0.3", "run.checkpoint_every=2"],
     "deepspeed": [*TWO_BY_TWO, "zero=stage2"],
     "fsdp": [*TWO_BY_TWO, "engine=fsdp", "zero=stage3"],
     # one task a node, which starts its two ranks through accelerate launch (--machine_rank)
     "accelerate": [*TWO_BY_TWO, "engine=accelerate", "zero=stage2"],
     # one rank a node, each with both of its node's CPUs
     "threads": [*TWO_BY_TWO, "cluster.gpus_per_node=1", "parallel.dp=2", "cluster.cpus_per_task=2"],
-    # runs until the test kills its rank on the second node; sleeps between steps meanwhile
-    "killed": [*TWO_BY_TWO, "cluster.gpus_per_node=1", "parallel.dp=2", "run.steps=100000", "run.step_sleep_s=0.5",
-               "run.checkpoint_every=2"],
 }
 
 
@@ -62,6 +68,36 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     return jobs
 
 
+def test_a_rank_killed_on_the_second_node_ends_the_job_within_seconds(submitted):
+    trial, job = submitted["killed"]
+    pid = rank_pid(trial, 1)
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer does it
+    r = result_of(trial, timeout=120)
+    ended = time.time()
+    assert ended - killed < 30, f"the job outlived its rank by {ended - killed:.0f} s"  # not the 10-minute watchdog
+    assert r["status"] == "failed" and r["error"]["rank"] == 1
+    nodes = subprocess.run(["scontrol", "show", "hostnames", sacct(job, "NodeList")[0][0]], capture_output=True,
+                           text=True, timeout=30).stdout.split()
+    assert r["error"]["host"] == nodes[1] and "SIGKILL" in r["error"]["message"]
+    # --exclusive: one task of one CPU a node, and the job held both nodes' CPUs all the same
+    assert sacct(job, "AllocCPUS")[0][0] == "4"
+
+
+def test_slurms_warning_saves_requeues_and_the_job_finishes_whole(submitted):
+    trial, job = submitted["requeued"]
+    latest, deadline = trial / "checkpoint" / "latest.json", time.monotonic() + 300
+    while not (latest.is_file() and json.loads(latest.read_text())["step"] >= 2):
+        assert time.monotonic() < deadline and not (trial / "result.json").exists(), "it never trained"
+        time.sleep(0.5)
+    # what SLURM sends at --signal=USR2@DELAY: USR2 to every process of the job's steps
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    r = result_of(trial, timeout=420)
+    assert r["status"] == "ok", r["error"]  # the first allocation's end wrote no result: the requeue's did
+    assert r["metrics"]["restarts"] >= 1 and json.loads(TrialPaths(trial).requeue_asked.read_text())["job_id"] == job
+    history_is_whole(r, REQUEUED_STEPS, ranks=1)
+
+
 @pytest.mark.parametrize("engine", ["deepspeed", "fsdp", "accelerate"])
 def test_sbatch_launch_sh_trains_two_nodes_of_two_ranks(submitted, engine):
     trial, job = submitted[engine]
@@ -86,19 +122,3 @@ def test_cpus_per_task_reach_every_rank_and_the_plan(submitted):
     assert {len(cpus) for cpus in r["env"]["affinity"].values()} == {2}  # srun --cpus-per-task=2
     assert r["env"]["threads_per_rank"] == 2
     assert "2 thread(s) per rank" in r["plan"]["sources"]["peak"]  # the plan's kernels on as many threads
-
-
-def test_a_rank_killed_on_the_second_node_ends_the_job_within_seconds(submitted):
-    trial, job = submitted["killed"]
-    pid = rank_pid(trial, 1)
-    killed = time.time()
-    os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer does it
-    r = result_of(trial, timeout=120)
-    ended = time.time()
-    assert ended - killed < 30, f"the job outlived its rank by {ended - killed:.0f} s"  # not the 10-minute watchdog
-    assert r["status"] == "failed" and r["error"]["rank"] == 1
-    nodes = subprocess.run(["scontrol", "show", "hostnames", sacct(job, "NodeList")[0][0]], capture_output=True,
-                           text=True, timeout=30).stdout.split()
-    assert r["error"]["host"] == nodes[1] and "SIGKILL" in r["error"]["message"]
-    # --exclusive: one task of one CPU a node, and the job held both nodes' CPUs all the same
-    assert sacct(job, "AllocCPUS")[0][0] == "4"
