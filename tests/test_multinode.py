@@ -32,8 +32,10 @@ def allocated(job_id: str) -> list[str]:
 
 def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
     # the plan that times its kernels, on the node (the other tests here plan from the preset)
+    # Both of a node's CPUs for its one rank: srun --cpus-per-task=2 must reach every rank, and
+    # the node's plan times its kernels on as many threads as the ranks then compute with.
     proc = run_in_process("run", "-m", "--out", str(tmp_path), *ONE_PER_NODE, "hardware.kernels=measured",
-                          "parallel.dp=1,2,4")
+                          "cluster.cpus_per_task=2", "parallel.dp=1,2,4")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jobs = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("slurm.json"))]
     assert len(jobs) == 3 and not any(j["array"] for j in jobs)  # different resources: separate jobs
@@ -53,6 +55,8 @@ def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
         assert "until the kernels are timed on the allocated node" in at_submit["sources"]["compute"]
         assert f"in SLURM job {r['slurm']['job_id']}" in r["plan"]["sources"]["compute"]
         assert r["plan"]["time"]["micro_batch"]["timed"] and not at_submit["time"]["micro_batch"]["timed"]
+        assert "2 thread(s) per rank" in r["plan"]["sources"]["compute"] and r["env"]["threads_per_rank"] == 2
+        assert {len(cpus) for cpus in r["env"]["affinity"].values()} == {2}  # every rank, on every node
         for rank in range(dp):  # every rank's log, from every node
             assert "Traceback" not in (trial / "logs" / f"rank{rank}.log").read_text()
             assert (trial / "logs" / f"rank{rank}.log").stat().st_size > 0

@@ -3,7 +3,8 @@
 `orchestrator run cluster=slurm` (submitit), and writes its result.json.
 
 Each trial is translated, then submitted with sbatch itself; the jobs run side by side
-(`submitted`). Mocked: nothing.
+(`submitted`). cluster.cpus_per_task reaching every rank and the node's plan is
+tests/test_multinode.py's dp sweep. Mocked: nothing.
 """
 
 import json
@@ -36,8 +37,6 @@ TRIALS = {
     "fsdp": [*TWO_BY_TWO, "engine=fsdp", "zero=stage3"],
     # one task a node, which starts its two ranks through accelerate launch (--machine_rank)
     "accelerate": [*TWO_BY_TWO, "engine=accelerate", "zero=stage2"],
-    # one rank a node, each with both of its node's CPUs
-    "threads": [*TWO_BY_TWO, "cluster.gpus_per_node=1", "parallel.dp=2", "cluster.cpus_per_task=2"],
 }
 
 
@@ -113,12 +112,3 @@ def test_sbatch_launch_sh_trains_two_nodes_of_two_ranks(submitted, engine):
     if engine == "accelerate":  # as accelerate runs on several machines: its DeepSpeed, not one process alone
         assert r["metrics"]["engine"]["distributed_type"] == "DistributedType.DEEPSPEED"
         assert dict(sacct(job, "JobID", "NTasks"))[f"{job}.0"] == "2"  # the ranks' step: one task a node
-
-
-def test_cpus_per_task_reach_every_rank_and_the_plan(submitted):
-    trial, _ = submitted["threads"]
-    r = result_of(trial)
-    assert r["status"] == "ok", r["error"]
-    assert {len(cpus) for cpus in r["env"]["affinity"].values()} == {2}  # srun --cpus-per-task=2
-    assert r["env"]["threads_per_rank"] == 2
-    assert "2 thread(s) per rank" in r["plan"]["sources"]["peak"]  # the plan's kernels on as many threads
