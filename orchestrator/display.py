@@ -52,6 +52,16 @@ def trial_label(spec: TrialSpec) -> str:
             f"precision={spec.precision}")
 
 
+def _host_memory_cells(h) -> tuple[str, str]:
+    """A GPU trial's host memory on one node (plan/host_memory.py): the figure and its note."""
+    what = ("its share of the model, as zero.Init builds it" if h.partitioned else "the whole model as built, fp32") \
+        + (", then what offload keeps" if h.offloaded else "")
+    verdict = "unchecked" if h.capacity is None else "[green]fits[/green]" if h.fits else "[red]DOES NOT FIT[/red]"
+    return gib(h.per_node), (f"{h.ranks_per_node} rank(s) x {gib(h.per_rank)} ({what}, and the process); "
+                             + (f"of {gib(h.capacity)}, {h.capacity_source}: {verdict}" if h.capacity is not None
+                                else f"{verdict}: {h.capacity_source}"))
+
+
 def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     m, t = plan.memory, plan.time
     out.print(f"[bold]Plan (predicted)[/bold]  {trial_label(spec)}")
@@ -95,14 +105,8 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
                    "does not commit" if m.untouched else ""))
     mem.add_row("[dim]between steps[/dim]", f"[dim]{gib(m.static - m.untouched_static)}[/dim]",
                 "[dim]model states and kept buffers, as after step()[/dim]")
-    if (h := plan.host_memory) is not None:
-        what = ("its share of the model, as zero.Init builds it" if h.partitioned else "the whole model as built, fp32") \
-            + (", then what offload keeps" if h.offloaded else "")
-        verdict = "unchecked" if h.capacity is None else "[green]fits[/green]" if h.fits else "[red]DOES NOT FIT[/red]"
-        mem.add_row("host, per node", gib(h.per_node),
-                    f"{h.ranks_per_node} rank(s) x {gib(h.per_rank)} ({what}, and the process); "
-                    + (f"of {gib(h.capacity)}, {h.capacity_source}: {verdict}" if h.capacity is not None
-                       else f"{verdict}: {h.capacity_source}"))
+    if plan.host_memory is not None:
+        mem.add_row("host, per node", *_host_memory_cells(plan.host_memory))
     out.print(mem)
 
     mb = t.micro_batch

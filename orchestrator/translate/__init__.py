@@ -87,18 +87,7 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
         files[paths.launch_json] = {"cluster": "slurm", **slurm_launch}
         files[paths.launch_sh] = _sbatch_script(spec, slurm_launch)
         paths.logs.mkdir(parents=True, exist_ok=True)  # sbatch --output's folder: SLURM makes none
-        c = spec.cfg.cluster
-        explain += ["## launch (SLURM)", "", f"- {spec.nodes} node(s) x {spec.gpus_per_node} tasks, one per GPU "
-                    f"(ntasks-per-node = ranks per node); time {c.time}"
-                    + ("; the nodes to itself (--exclusive: cluster.exclusive)" if c.exclusive else ""),
-                    f"- `sbatch launch.sh` starts the job `orchestrator run cluster=slurm` submits through submitit: "
-                    f"each task runs {slurm.TASK_MODULE} (rendezvous from SLURM's variables, {spec.threads_per_rank} "
-                    f"threads a rank: cluster.cpus_per_task), a rank that dies ends the others (srun --kill-on-bad-exit), "
-                    f"SLURM's warning checkpoints and requeues (at most cluster.max_requeues={c.max_requeues} times); "
-                    "its last line writes result.json",
-                    f"- interpreter: `{shlex.join(slurm.task_python(spec))}` (cluster.python"
-                    + (")" if c.python else "; null: the one that wrote this file, which must be at that path on the nodes)"),
-                    f"- binding: srun {bind.srun_args or 'none'}, sbatch {bind.sbatch_options or 'none'}"]
+        explain += _slurm_explain(spec, bind)
     explain += [f"- warning: {w}" for w in warnings]
     files[paths.explain] = "\n".join(explain) + "\n"
 
@@ -111,6 +100,24 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
         written.append(path)
     paths.launch_sh.chmod(0o755)
     return TrialFiles(directory=trial_dir, written=written, warnings=warnings, command=command, slurm=slurm_launch)
+
+
+def _slurm_explain(spec: TrialSpec, bind) -> list[str]:
+    c = spec.cfg.cluster
+    tasks, cpus = slurm.node_tasks(spec)
+    shape = (f"{tasks} task a node, which starts its {spec.gpus_per_node} ranks through accelerate launch "
+             f"(--machine_rank: SLURM's node index), {cpus} CPUs" if spec.cfg.engine.name == "accelerate"
+             else f"{tasks} tasks, one per GPU (ntasks-per-node = ranks per node)")
+    return ["## launch (SLURM)", "", f"- {spec.nodes} node(s) x {shape}; time {c.time}"
+            + ("; the nodes to itself (--exclusive: cluster.exclusive)" if c.exclusive else ""),
+            f"- `sbatch launch.sh` starts the job `orchestrator run cluster=slurm` submits through submitit: "
+            f"each task runs {slurm.TASK_MODULE} (rendezvous from SLURM's variables, {spec.threads_per_rank} "
+            f"threads a rank: cluster.cpus_per_task), a rank that dies ends the others (srun --kill-on-bad-exit), "
+            f"SLURM's warning checkpoints and requeues (at most cluster.max_requeues={c.max_requeues} times); "
+            "its last line writes result.json",
+            f"- interpreter: `{shlex.join(slurm.task_python(spec))}` (cluster.python"
+            + (")" if c.python else "; null: the one that wrote this file, which must be at that path on the nodes)"),
+            f"- binding: srun {bind.srun_args or 'none'}, sbatch {bind.sbatch_options or 'none'}"]
 
 
 def _local_script(command: Command) -> str:
