@@ -49,15 +49,20 @@ def rank_environment(spec: TrialSpec, threads: int) -> dict[str, str]:
 def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
     env = rank_environment(spec, spec.threads_per_rank)
     if spec.cfg.engine.name == "accelerate":
-        argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                str(TrialPaths(trial_dir).accelerate_config), *bind.accelerate_args, "--module", WORKLOAD_MODULE,
-                str(trial_dir)]
+        argv = [sys.executable, *accelerate_launch(trial_dir, bind), "--module", WORKLOAD_MODULE, str(trial_dir)]
     elif spec.cfg.hardware.device.is_gpu:
         argv = [sys.executable, "-m", "torch.distributed.run", *_torchrun_flags(spec, bind), "--module", WORKLOAD_MODULE,
                 str(trial_dir)]
     else:  # each rank a fork of one process that imported the ranks' libraries (forked.py)
         argv = [sys.executable, "-m", FORKED_LAUNCHER, *_torchrun_flags(spec, bind), str(trial_dir)]
     return Command(argv=argv, env=env)
+
+
+def accelerate_launch(trial_dir: Path, bind: Binding) -> list[str]:
+    """`accelerate launch` with the trial's config and binding, up to the module it runs (after
+    an interpreter; on SLURM each node's task adds its place among the machines)."""
+    return ["-m", "accelerate.commands.launch", "--config_file", str(TrialPaths(trial_dir).accelerate_config),
+            *bind.accelerate_args]
 
 
 def _torchrun_flags(spec: TrialSpec, bind: Binding) -> list[str]:

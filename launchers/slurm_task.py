@@ -31,7 +31,7 @@ from orchestrator import host_load
 from orchestrator.config import KernelSource
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.binding import trial_binding
-from orchestrator.launchers.local import WORKLOAD_MODULE, rank_environment
+from orchestrator.launchers.local import WORKLOAD_MODULE, accelerate_launch, rank_environment
 from orchestrator.plan.planner import make_plan
 from orchestrator.process import clear_stale_build_locks, freeze_at_exit
 from orchestrator.spec import TrialSpec, load_spec
@@ -47,15 +47,13 @@ def task_python(spec: TrialSpec) -> list[str]:
     return shlex.split(spec.cfg.cluster.python) if spec.cfg.cluster.python else [sys.executable]
 
 
-def accelerate_launch(spec: TrialSpec, trial_dir: Path) -> list[str]:
-    """engine=accelerate on SLURM: what each node's task runs, as accelerate runs on several
-    machines (accelerate's SLURM example: one `accelerate launch` a node, its machine rank
-    and the first node's address on its command line, which the task adds before the
-    module: slurm_task.SlurmTask._command); the last three words are the module and trial."""
-    return [*task_python(spec), "-m", "accelerate.commands.launch", "--config_file",
-            str(TrialPaths(trial_dir).accelerate_config), "--num_machines", str(spec.nodes),
-            "--num_processes", str(spec.world_size), *trial_binding(spec).accelerate_args,
-            "--module", WORKLOAD_MODULE, str(trial_dir)]
+def accelerate_node_launch(spec: TrialSpec, trial_dir: Path) -> list[str]:
+    """engine=accelerate on SLURM: what each node's task runs before its place among the
+    machines and the module, as accelerate runs on several machines (accelerate's SLURM
+    example: one `accelerate launch` a node; SlurmTask._command adds --machine_rank and the
+    first node's address, which only the node knows)."""
+    return [*task_python(spec), *accelerate_launch(trial_dir, trial_binding(spec)), "--num_machines", str(spec.nodes),
+            "--num_processes", str(spec.world_size)]
 
 
 def task_environment() -> dict[str, str]:
@@ -80,7 +78,7 @@ class SlurmTask(submitit.helpers.Checkpointable):
 
     def __init__(self, trial_dir: str, env: dict[str, str], save_wait_s: float = 60,
                  node_launcher: list[str] | None = None, ranks_per_node: int = 1):
-        """node_launcher: engine=accelerate's `accelerate launch ...` (slurm.accelerate_launch):
+        """node_launcher: engine=accelerate's `accelerate launch ...` (accelerate_node_launch):
         then this is the node's one task, and it starts the node's ranks through it, told its
         node's place (--machine_rank) and the first node's address, as accelerate runs on
         several machines; None: this task is one rank."""
@@ -139,7 +137,8 @@ class SlurmTask(submitit.helpers.Checkpointable):
             env.pop(name, None)
         place = ["--machine_rank", str(node), "--main_process_ip", task["MASTER_ADDR"],
                  "--main_process_port", task["MASTER_PORT"]]
-        return [*self.node_launcher[:-3], *place, *self.node_launcher[-3:]], env, node * self.ranks_per_node
+        argv = [*self.node_launcher, *place, "--module", WORKLOAD_MODULE, self.trial_dir]
+        return argv, env, node * self.ranks_per_node
 
     def _on_sigterm(self, signum, frame) -> None:
         """SLURM ends the job: end the rank (it records the signal and closes its W&B run), then this task."""
@@ -169,9 +168,9 @@ class SlurmTask(submitit.helpers.Checkpointable):
             time.sleep(0.1)
 
     @classmethod
-    def for_trial(cls, spec, trial_dir: Path) -> "SlurmTask":
+    def for_trial(cls, spec: TrialSpec, trial_dir: Path) -> "SlurmTask":
         """The task of one trial, the same from submitit and from launch.sh."""
-        launcher = accelerate_launch(spec, trial_dir) if spec.cfg.engine.name == "accelerate" else None
+        launcher = accelerate_node_launch(spec, trial_dir) if spec.cfg.engine.name == "accelerate" else None
         return cls(str(trial_dir), rank_environment(spec, spec.threads_per_rank), save_wait_s=save_wait_s(spec),
                    node_launcher=launcher, ranks_per_node=spec.gpus_per_node)
 
@@ -211,7 +210,7 @@ def _block_warning() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
 
 
-def save_wait_s(spec) -> float:
+def save_wait_s(spec: TrialSpec) -> float:
     """How long task 0 gives the ranks to save after SLURM's warning: the save must end
     before the job does, so 20 s before signal_delay_s runs out."""
     return max(5, spec.cfg.cluster.signal_delay_s - 20)

@@ -57,22 +57,18 @@ def host_memory_refusal(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> 
     a GPU trial's as built and offloaded (plan.host_memory) against what the node grants, and
     here also against what this host has free."""
     host = plan.host_memory
-    if host is not None:
-        need, each = host.per_node, host.per_rank
-        if not host.fits:
-            return (f"the node's host memory: {host.ranks_per_node} rank(s) x {each / GIB:.2f} GiB = {need / GIB:.2f} "
-                    f"GiB > {host.capacity / GIB:.2f} GiB ({host.capacity_source}), each rank building the "
-                    f"model in fp32 ({host.built / GIB:.2f} GiB){' and keeping what offload moves' if host.offloaded else ''}"
-                    "; zero=stage3 with engine=deepspeed builds it partitioned, or ask SLURM for more "
-                    "(cluster.mem_gb); run.force=true launches anyway")
-        if spec.cfg.cluster.name != "local" or free_bytes is None or need <= free_bytes:
-            return None
-    elif spec.cfg.cluster.name != "local" or free_bytes is None:
+    if host is not None and not host.fits:
+        return (f"the node's host memory: {host.ranks_per_node} rank(s) x {host.per_rank / GIB:.2f} GiB = "
+                f"{host.per_node / GIB:.2f} GiB > {host.capacity / GIB:.2f} GiB ({host.capacity_source}), each rank "
+                f"building the model in fp32 ({host.built / GIB:.2f} GiB)"
+                f"{' and keeping what offload moves' if host.offloaded else ''}; zero=stage3 with engine=deepspeed "
+                "builds it partitioned, or ask SLURM for more (cluster.mem_gb); run.force=true launches anyway")
+    if spec.cfg.cluster.name != "local" or free_bytes is None:
         return None
-    else:
-        need, each = plan.memory.total * spec.gpus_per_node, plan.memory.total
-        if need <= free_bytes:
-            return None
+    each = host.per_rank if host else plan.memory.total
+    need = each * spec.gpus_per_node
+    if need <= free_bytes:
+        return None
     return (f"the host has {free_bytes / GIB:.2f} GiB free and the plan needs {need / GIB:.2f} GiB "
             f"({spec.gpus_per_node} rank(s) x {each / GIB:.2f} GiB): the kernel's OOM killer would end it; "
             "free memory, or run.force=true launches anyway")

@@ -72,9 +72,12 @@ def test_a_rank_killed_on_the_second_node_ends_the_job_within_seconds(submitted)
     pid = rank_pid(trial, 1)
     killed = time.time()
     os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer does it
-    r = result_of(trial, timeout=120)
+    r = result_of(trial, timeout=300)
     ended = time.time()
-    assert ended - killed < 30, f"the job outlived its rank by {ended - killed:.0f} s"  # not the 10-minute watchdog
+    # Seconds here; the bound is loose for a machine 2-3x slower under the other tests' load,
+    # and far below what the peers would otherwise wait in their collective (gloo's 30 minutes,
+    # NCCL's 10).
+    assert ended - killed < 120, f"the job outlived its rank by {ended - killed:.0f} s"
     assert r["status"] == "failed" and r["error"]["rank"] == 1
     nodes = subprocess.run(["scontrol", "show", "hostnames", sacct(job, "NodeList")[0][0]], capture_output=True,
                            text=True, timeout=30).stdout.split()
