@@ -27,12 +27,13 @@ import csv
 import math
 from pathlib import Path
 
+from published import mpt_overrides
+
 from orchestrator.calibrate import BOUNDS, FITTED, current_params, fit, with_params
 from orchestrator.plan.planner import make_plan
 from orchestrator.spec import TrialSpec, build_spec
 
 CSV = Path(__file__).resolve().parent / "data" / "llm-foundry.csv"  # its source: bench/data/README.md
-PRESET = {"h100-80gb": "h100-sxm", "a100-80gb": "a100-80gb"}
 # On a GPU the plausible ranges are narrower than calibrate's: a kernel launch costs
 # microseconds, not milliseconds, and no kernel reaches 90 % of a peak.
 GPU_BOUNDS = {**BOUNDS, "compute_efficiency": (0.3, 0.9), "attention_efficiency": (0.2, 0.8),
@@ -44,18 +45,7 @@ GPU_FITTED = tuple(name for name in FITTED if name not in ("gemm_kn_efficiency",
 
 
 def row_spec(row: dict, engine: str = "fsdp") -> TrialSpec:
-    s = int(row["seq_len"])
-    overrides = [
-        "model=gpt2-125m", f"model.hidden={row['d_model']}", f"model.heads={row['n_heads']}",
-        f"model.n_layers={row['n_layers']}", "model.kv_heads=null", "model.ffn_hidden=null", f"model.vocab={row['vocab']}", f"model.seq_len={s}",
-        f"model.max_positions={s}", "model.tie_embeddings=true", "model.attention=sdpa",
-        f"hardware={PRESET[row['gpu']]}", "cluster=slurm", "cluster.gpus_per_node=8", "zero=stage3",
-        f"parallel.dp={row['n_gpus']}", f"batch.micro_batch_size={row['micro_batch']}",
-        f"batch.global_batch_size={int(row['micro_batch']) * int(row['grad_accum']) * int(row['n_gpus'])}",
-        f"recompute={'full' if row['activation_checkpointing'] == 'True' else 'none'}", "run.bf16=true",
-        "logger.mode=disabled", f"engine={engine}",
-    ]
-    return build_spec(overrides)
+    return build_spec(list(mpt_overrides(row, engine)))
 
 
 def predicted(spec: TrialSpec, params: dict | None = None) -> float:

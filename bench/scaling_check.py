@@ -4,12 +4,10 @@ a global batch of 256 x 4,096 tokens in every row).
 
     .venv/bin/python bench/scaling_check.py [--csv PATH]
 
-Each row is planned with the settings those runs used: gradients reduced in fp32
-(zero.communication_dtype=fp32), 25 MB buckets (6.25M fp32 elements to reduce, 12.5M bf16
-to gather), no recompute. ZeRO-0 rows are planned as DDP (engine=accelerate, zero.stage=0:
-buckets all-reduced during the last backward, as nanotron does); DeepSpeed's own stage 0
-reduces in fixed 5e8-element buckets after the backward and cannot be set that way.
-ZeRO-1 rows are DeepSpeed's stage 1.
+Each row is planned with the settings those runs used (bench/published.py: ultrascale_overrides).
+pytest holds the same rows to their floors (tests/test_published_accuracy.py); this script
+prints them whole, runs the calibration through the command itself, and answers the
+bucket-size question.
 
 It prints four tables, nothing of the network fitted on these rows:
 (1) `hardware=h100-p5 hardware.network=bench/data/network/ultrascale-cluster.csv`: the runs'
@@ -17,8 +15,8 @@ It prints four tables, nothing of the network fitted on these rows:
     to every size by p5's nccl-tests curves: bench/network_tables.py);
 (2) `hardware=h100-p5` as shipped: p5's published nccl-tests;
 (3) `hardware=h100-sxm` as shipped: InfiniBand NDR levels, no table (the model before tables);
-(4) `orchestrator calibrate --csv` on the dp 8-32 rows, then the dp 64-256 rows planned with
-    the calibrated preset: the held-out check of calibration.
+(4) `orchestrator calibrate --csv` on the dp 8-32 rows on the runs' own network (1), then the
+    dp 64-256 rows planned with the calibrated preset: the held-out check of calibration.
 Rows without a measurement are the runs that crashed or ran out of memory; the tables say
 which of them the plan refuses. `--csv` checks another set of rows (a held-out one) the same way.
 """
@@ -33,33 +31,26 @@ import sys
 import tempfile
 from pathlib import Path
 
+from published import CLUSTER, DATA, ultrascale_overrides
+
 from orchestrator.conf_tree import Source, use_source
 from orchestrator.plan.planner import make_plan
 from orchestrator.plots import BucketPoint, bucket_plot
 from orchestrator.spec import build_spec
 
-CSV = Path(__file__).resolve().parent / "data" / "ultrascale-1b.csv"
-CLUSTER = Path(__file__).resolve().parent / "data" / "network" / "ultrascale-cluster.csv"
-MODEL = {"model": "llama3-8b", "model.n_layers": 16, "model.hidden": 2048, "model.heads": 32, "model.kv_heads": 32,
-         "model.ffn_hidden": 8192, "model.vocab": 131072, "model.tie_embeddings": "true", "model.seq_len": 4096,
-         "model.max_positions": 4096}
-RUNS = {"cluster": "slurm", "cluster.gpus_per_node": 8, "batch.global_batch_size": 256, "recompute": "none",
-        "logger.mode": "disabled", "zero.reduce_bucket_size": 6_250_000, "zero.allgather_bucket_size": 12_500_000,
-        "zero.communication_dtype": "fp32"}
-TOLERANCE, HELD_OUT_TOLERANCE = 0.20, 0.15
+CSV = DATA / "ultrascale-1b.csv"
+TOLERANCE = 0.20
 FIGURE = Path(__file__).resolve().parent / "figures" / "buckets-1b.png"
 BUCKETS = (1_000_000, 3_125_000, 6_250_000, 12_500_000, 25_000_000, 50_000_000, 100_000_000, 250_000_000, 500_000_000)
+ON_ITS_NETWORK = (f"hardware.network={CLUSTER}",)
 
 
-def overrides(row: dict, hardware: str = "h100-sxm") -> dict:
-    stage = int(row["zero_stage"])
-    engine = {"engine": "accelerate", "engine.backend": "fsdp"} if stage == 0 else {"engine": "deepspeed"}
-    return {**MODEL, **RUNS, **engine, "hardware": hardware, "zero": f"stage{stage}", "parallel.dp": row["dp"],
-            "batch.micro_batch_size": row["micro_batch"]}
+def overrides(row: dict, hardware: str = "h100-sxm") -> list[str]:
+    return list(ultrascale_overrides(int(row["dp"]), int(row["zero_stage"]), int(row["micro_batch"]), hardware))
 
 
 def plan_row(row: dict, hardware: str = "h100-sxm", extra: tuple[str, ...] = ()):
-    return make_plan(build_spec([f"{k}={v}" for k, v in overrides(row, hardware).items()] + list(extra)))
+    return make_plan(build_spec(overrides(row, hardware) + list(extra)))
 
 
 def table(title: str, rows: list[dict], hardware: str = "h100-sxm", extra: tuple[str, ...] = (),
@@ -122,15 +113,16 @@ def bucket_question(figure: Path) -> None:
 
 
 def held_out(rows: list[dict]) -> None:
-    """Calibrate on the dp 8-32 rows through `orchestrator calibrate --csv`, check dp 64-256."""
+    """Calibrate on the dp 8-32 rows through `orchestrator calibrate --csv`, on the runs' own
+    network, then check dp 64-256 with the calibrated preset."""
     train = [r for r in rows if int(r["dp"]) <= 32 and r["tokens_per_sec_per_gpu"]]
+    as_row = lambda r: dict(o.split("=", 1) for o in overrides(r, "h100-p5") + list(ON_ITS_NETWORK))  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "dp8-32.csv"
         with path.open("w", newline="") as f:
-            columns = [*overrides(train[0]), "tokens_per_sec_per_gpu"]
-            writer = csv.DictWriter(f, fieldnames=columns)
+            writer = csv.DictWriter(f, fieldnames=[*as_row(train[0]), "tokens_per_sec_per_gpu"])
             writer.writeheader()
-            writer.writerows({**overrides(r), "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"]} for r in train)
+            writer.writerows({**as_row(r), "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"]} for r in train)
         env = {**os.environ, "ORCHESTRATOR_USER_CONF": str(Path(tmp) / "conf")}
         proc = subprocess.run([sys.executable, "-m", "orchestrator", "calibrate", "--csv", str(path)], env=env,
                               capture_output=True, text=True, timeout=1800)
@@ -140,8 +132,8 @@ def held_out(rows: list[dict]) -> None:
         print("\n" + " ".join(fitted.split()))
         os.environ["ORCHESTRATOR_USER_CONF"] = env["ORCHESTRATOR_USER_CONF"]
         use_source(Source())  # the user's presets, the calibrated one among them
-        table("(4) calibrated on the 6 measured dp 8-32 rows (fit); the dp 64-256 rows held out", rows,
-              hardware="h100-sxm-calibrated", fitted_on=32, tolerance=HELD_OUT_TOLERANCE)
+        table("(4) calibrated on the 6 measured dp 8-32 rows (fit), on the runs' own network; the dp 64-256 rows "
+              "held out", rows, hardware="h100-p5-calibrated", extra=ON_ITS_NETWORK, fitted_on=32)
 
 
 def main() -> None:
@@ -150,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = list(csv.DictReader(args.csv.open()))
     table("(1) h100-p5 with the runs' cluster as it measured itself (bench/data/network/ultrascale-cluster.csv)",
-          rows, hardware="h100-p5", extra=(f"hardware.network={CLUSTER}",))
+          rows, hardware="h100-p5", extra=ON_ITS_NETWORK)
     table("(2) h100-p5 as shipped: p5's published nccl-tests (conf/hardware/h100-p5.network.csv)", rows,
           hardware="h100-p5")
     table("(3) h100-sxm as shipped: InfiniBand NDR levels, no table", rows)
