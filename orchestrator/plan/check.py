@@ -41,8 +41,7 @@ def deepspeed_estimate(n_params: int, largest_layer: int, stage: int, dp: int) -
 
 
 def compare(trial_dir: Path) -> dict:
-    from orchestrator.plan.fsdp import kept_after_forward
-    from orchestrator.plan.planner import fsdp_layout, make_plan
+    from orchestrator.plan.planner import make_plan
     from orchestrator.spec import load_spec
 
     result = json.loads(TrialPaths(trial_dir).result.read_text())
@@ -56,13 +55,9 @@ def compare(trial_dir: Path) -> dict:
     # comparable with the CUDA allocator's peak, and on a CPU with the live-tensor peak of
     # an untimed step; a CPU's max RSS is not comparable.
     on_gpu = "CUDA" in str(measured.get("peak_source"))
-    # The census counts what the forward allocated and left alive: under FSDP2 that is also
-    # the parameters it keeps for the backward (the root's, and at zero.stage=2 every block's).
-    layout = fsdp_layout(spec)
-    kept = kept_after_forward(layout) if layout else 0
     # the plan's step for the steps the trial timed, each at its global batch (a warm-up's are shorter)
     step_s = planned_for_timed_steps(plan.as_dict(), (result.get("metrics") or {}).get("history"))["step_s"]
-    predicted = {"static": plan.memory.static, "activations": plan.memory.activations + kept, "step_s": step_s,
+    predicted = {"static": plan.memory.static, "activations": plan.memory.activations, "step_s": step_s,
                  # the allocator's count: it includes the never-written part of a CPU's buckets
                  "peak": plan.memory.allocated - plan.memory.runtime, "mfu": plan.time.mfu}
     got = {"static": measured.get("static_bytes"), "activations": measured.get("activation_bytes"),

@@ -14,7 +14,16 @@ algorithms (NCCL, src/graph/tuning.cc, Simple protocol; the constants below are 
   its latency grows with the logarithm of the node count; its bandwidth term is 2 x the
   buffer over 0.92 of the bus bandwidth.
 
-NCCL runs the faster of the two for a call's size and node count, and so does the plan.
+Each algorithm runs in one of NCCL's protocols. **Simple** moves data at the bus bandwidth
+and pays the level's hop latency (the preset's `latency_us`). **LL** (low latency) sends
+each 8 bytes with a 4-byte flag, so a receiver polls its memory rather than waiting on a
+fence: its hops cost NCCL's LL latencies (0.6 us over NVLink, 2.7 us a ring hop and 5.0 us a
+tree level across the network), at half a ring's bus bandwidth (a tree's at 1/3.8), capped
+at NCCL's `llMaxBw` (src/graph/tuning.cc). So a small call runs in LL and a large one in
+Simple; this is what sets the cost of a small call (a ZeRO-3 persistent parameter, a small
+bucket) on a network with no measured table.
+
+NCCL runs the fastest algorithm and protocol for a call's size and node count, and so does the plan.
 A hop's latency is the level's `latency_us` for a ring; a tree moves its data in chunks
 and waits for a whole chunk per level (NCCL charges 28 us), so a tree hop costs at least
 that. The bus bandwidth of each level is what nccl-tests reports as busbw at large sizes:
@@ -44,6 +53,13 @@ ALGORITHMS = ("ring", "tree")
 RING_BASE_US = 8.4  # NCCL's base latency of a ring call (Simple protocol)
 TREE_HOP_US = 28.0  # NCCL's latency of a tree level (Simple): one 256 kB chunk in flight
 TREE_BANDWIDTH_SHARE = 0.92  # NCCL: a tree reaches 0.92 of the bus bandwidth a ring does
+# NCCL's LL protocol (src/graph/tuning.cc): base latencies of a ring and a tree call, hop
+# latencies over NVLink and the network, its share of the bus bandwidth, and its cap
+# (llMaxBws: 39 GB/s on one or two nodes, 20.4 beyond, Intel hosts).
+LL_RING_BASE_US, LL_TREE_BASE_US = 6.6, 6.8
+LL_NVLINK_HOP_US, LL_NET_RING_HOP_US, LL_NET_TREE_HOP_US = 0.6, 2.7, 5.0
+LL_RING_SHARE, LL_TREE_SHARE = 0.5, 1 / 3.8
+NET_OVERHEAD_US = 1.0  # NCCL: each inter-node ring step posts a network send, at least this a hop
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,7 @@ class CallTime:
     algorithm: str  # ring | tree | measured (a table's curve) | none (a single rank: nothing to do)
     busbw: float  # bytes/s the bandwidth term used
     note: str = ""  # where a table's figure is not a measured point: what it rests on
+    protocol: str = "Simple"  # NCCL's protocol of a modelled call: Simple | LL
 
 
 def ring_steps(op: str, ranks: int, backend: str = "nccl") -> int:
@@ -118,6 +135,29 @@ def tree_time(nbytes: float, net: Network) -> float:
     return net.call + latency + 2 * nbytes / (TREE_BANDWIDTH_SHARE * net.ring_busbw)
 
 
+def ll_cap(net: Network) -> float:
+    return (39.0 if net.nodes <= 2 else 20.4) * 1e9
+
+
+def ll_ring_time(op: str, nbytes: float, net: Network) -> float:
+    """A ring in NCCL's LL protocol: short hops, half the bus bandwidth (capped)."""
+    n = net.ranks
+    steps = ring_steps(op, n)
+    inter_steps = 0 if net.nodes == 1 else min(steps, 2 * (net.nodes - 1) if op == "all_reduce" else net.nodes - 1)
+    intra_hop = LL_NVLINK_HOP_US if net.nodes == 1 else max(LL_NVLINK_HOP_US, NET_OVERHEAD_US)
+    latency = LL_RING_BASE_US + (steps - inter_steps) * intra_hop + inter_steps * LL_NET_RING_HOP_US
+    busbw = min(LL_RING_SHARE * net.ring_busbw, ll_cap(net))
+    return net.call + latency * 1e-6 + nbytes * steps / n / busbw
+
+
+def ll_tree_time(nbytes: float, net: Network) -> float:
+    """An all-reduce as NCCL's tree in the LL protocol."""
+    latency = LL_TREE_BASE_US + 2 * ((net.ranks_per_node - 1) * LL_NVLINK_HOP_US
+                                     + math.log2(net.nodes) * LL_NET_TREE_HOP_US)
+    busbw = min(LL_TREE_SHARE * TREE_BANDWIDTH_SHARE * net.ring_busbw, ll_cap(net))
+    return net.call + latency * 1e-6 + 2 * nbytes / busbw
+
+
 def algorithms(op: str, net: Network) -> tuple[str, ...]:
     """What the backend can run for this collective here."""
     if net.backend == "nccl" and op == "all_reduce" and net.nodes > 1:
@@ -138,11 +178,18 @@ def call_time(op: str, nbytes: float, net: Network) -> CallTime:
 
 
 def modelled_time(op: str, nbytes: float, net: Network) -> CallTime:
-    """NCCL's (gloo's) algorithms on the parametric levels: the faster one."""
-    times = {a: ring_time(op, nbytes, net) if a == "ring" else tree_time(nbytes, net) for a in algorithms(op, net)}
-    best = min(times, key=times.get)
-    busbw = net.ring_busbw * (TREE_BANDWIDTH_SHARE if best == "tree" else 1.0)
-    return CallTime(times[best], best, busbw)
+    """NCCL's algorithms and protocols (gloo's ring) on the parametric levels: the fastest."""
+    times = {(a, "Simple"): ring_time(op, nbytes, net) if a == "ring" else tree_time(nbytes, net)
+             for a in algorithms(op, net)}
+    if net.backend == "nccl":
+        times.update({(a, "LL"): ll_ring_time(op, nbytes, net) if a == "ring" else ll_tree_time(nbytes, net)
+                      for a in algorithms(op, net)})
+    algorithm, protocol = min(times, key=times.get)
+    share = TREE_BANDWIDTH_SHARE if algorithm == "tree" else 1.0
+    busbw = net.ring_busbw * share
+    if protocol == "LL":
+        busbw = min((LL_TREE_SHARE if algorithm == "tree" else LL_RING_SHARE) * busbw, ll_cap(net))
+    return CallTime(times[(algorithm, protocol)], algorithm, busbw, protocol=protocol)
 
 
 def bus_factor(op: str, ranks: int) -> float:

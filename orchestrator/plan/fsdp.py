@@ -83,13 +83,6 @@ def layout_of(tensors: Sequence[ParamTensor], dp: int, param_bytes: int, wire_by
                       adam_foreach=adam_foreach, overlap=overlap)
 
 
-def kept_after_forward(f: FsdpLayout) -> int:
-    """Bytes of gathered parameters a forward leaves for the backward: the root's always (it is
-    never resharded after forward: its backward needs it first), every block's too where they
-    are not resharded."""
-    return f.param_bytes * (f.root + (0 if f.reshard_after_forward else sum(f.blocks)))
-
-
 def fsdp_states(f: FsdpLayout) -> dict[str, int]:
     """Bytes per rank of each component, in memory.model_states' keys."""
     largest = max(f.blocks, default=0)

@@ -77,7 +77,10 @@ class ActivationCensus:
     Only storages allocated inside the forward count. A view of a parameter that
     autograd saves (aten::t(weight) for a linear layer) is not activation memory; with
     ZeRO 1/2 every parameter is a view into one flat buffer, so counting the storages of
-    views would count all the parameters again.
+    views would count all the parameters again. Nor is a parameter the forward gathered and
+    left gathered for the backward (FSDP2's root, every block at reshard_after_forward=False;
+    their storage is the module's parameter once the forward ends): the plan counts those
+    as the engine's working set, not as activations.
     """
 
     def __enter__(self) -> "ActivationCensus":
@@ -88,7 +91,14 @@ class ActivationCensus:
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
         alive = [t for t in (ref() for ref in self._mode.created) if t is not None]
-        self.bytes = unique_storage_bytes(t for t in alive if _storage_key(t) in self._mode.allocated)
+        parameters = {_storage_key(t) for t in _heap_parameters()}
+        self.bytes = unique_storage_bytes(t for t in alive if _storage_key(t) in self._mode.allocated
+                                          and _storage_key(t) not in parameters)
+
+
+def _heap_parameters() -> list[torch.nn.Parameter]:
+    """Every parameter the Python heap holds (a rank's frozen imports are not walked)."""
+    return [o for o in gc.get_objects() if isinstance(o, torch.nn.Parameter)]
 
 
 def unique_storage_bytes(tensors) -> int:
