@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import buckets
 import published
 from published import (
     SETS,
@@ -134,6 +135,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "ultrascale-calibrated": calibrated_fit,
     "llm-foundry-by-gpu": llm_foundry_by_gpu,
     "fms-fsdp-rows": fms_rows,
+    "buckets-gpu": buckets.table,
 }
 
 

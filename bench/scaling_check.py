@@ -6,8 +6,7 @@ a global batch of 256 x 4,096 tokens in every row).
 
 Each row is planned with the settings those runs used (bench/published.py: ultrascale_overrides).
 pytest holds the same rows to their floors (tests/test_published_accuracy.py); this script
-prints them whole, runs the calibration through the command itself, and answers the
-bucket-size question.
+prints them whole and runs the calibration through the command itself.
 
 It prints four tables, nothing of the network fitted on these rows:
 (1) `hardware=h100-p5 hardware.network=bench/data/network/ultrascale-cluster.csv`: the runs'
@@ -18,7 +17,7 @@ It prints four tables, nothing of the network fitted on these rows:
 (4) `orchestrator calibrate --csv` on the dp 8-32 rows on the runs' own network (1), then the
     dp 64-256 rows planned with the calibrated preset: the held-out check of calibration.
 Rows without a measurement are the runs that crashed or ran out of memory; the tables say
-which of them the plan refuses. `--csv` checks another set of rows (a held-out one) the same way.
+which of them the plan refuses. The bucket-size question is bench/buckets.py's. `--csv` checks another set of rows (a held-out one) the same way.
 """
 
 from __future__ import annotations
@@ -35,13 +34,10 @@ from published import CLUSTER, DATA, ultrascale_overrides
 
 from orchestrator.conf_tree import Source, use_source
 from orchestrator.plan.planner import make_plan
-from orchestrator.plots import BucketPoint, bucket_plot
 from orchestrator.spec import build_spec
 
 CSV = DATA / "ultrascale-1b.csv"
 TOLERANCE = 0.20
-FIGURE = Path(__file__).resolve().parent / "figures" / "buckets-1b.png"
-BUCKETS = (1_000_000, 3_125_000, 6_250_000, 12_500_000, 25_000_000, 50_000_000, 100_000_000, 250_000_000, 500_000_000)
 ON_ITS_NETWORK = (f"hardware.network={CLUSTER}",)
 
 
@@ -92,26 +88,6 @@ def scaling(rows: list[dict], ratios: dict) -> None:
             print(f"ZeRO-{stage}: dp 256 / dp 8 measured {m:.2f}, predicted {p:.2f} ({p / m:.2f} of it)")
 
 
-def bucket_question(figure: Path) -> None:
-    """Where larger gradient buckets stop paying: the 1B model as DDP with one micro batch of
-    one sequence per GPU and step (nothing else to hide the reduction behind) on 1, 4 and 32
-    nodes of h100-p5, predicted step time per bucket size (and the plot report draws)."""
-    print("\n(5) the bucket-size question: 1B, ZeRO-0 as DDP, one micro batch of 1 per GPU and step, fp32 "
-          "gradients, h100-p5: step time (s) by zero.reduce_bucket_size (elements)\n")
-    print("| nodes | " + " | ".join(f"{b / 1e6:g}M" for b in BUCKETS) + " | smallest within 1 % of the best |")
-    print("|---:|" + "---:|" * (len(BUCKETS) + 1))
-    points = []
-    for dp in (8, 32, 256):
-        row = {"dp": dp, "zero_stage": 0, "micro_batch": 1}
-        steps = [plan_row(row, "h100-p5", (f"zero.reduce_bucket_size={b}", f"batch.global_batch_size={dp}")).time.step_s
-                 for b in BUCKETS]
-        points += [BucketPoint(dp // 8, b, s) for b, s in zip(BUCKETS, steps)]
-        best = next(b for b, s in zip(BUCKETS, steps) if s <= 1.01 * min(steps))
-        print(f"| {dp // 8} | " + " | ".join(f"{s:.4f}" for s in steps) + f" | {best / 1e6:g}M |")
-    bucket_plot(points, figure, "1B, DDP, micro batch 1, h100-p5 (predicted)")
-    print(f"\nplot: {figure}")
-
-
 def held_out(rows: list[dict]) -> None:
     """Calibrate on the dp 8-32 rows through `orchestrator calibrate --csv`, on the runs' own
     network, then check dp 64-256 with the calibrated preset."""
@@ -146,7 +122,6 @@ def main() -> None:
     table("(2) h100-p5 as shipped: p5's published nccl-tests (conf/hardware/h100-p5.network.csv)", rows,
           hardware="h100-p5")
     table("(3) h100-sxm as shipped: InfiniBand NDR levels, no table", rows)
-    bucket_question(FIGURE)
     held_out(rows)
 
 

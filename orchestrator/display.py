@@ -16,7 +16,7 @@ from rich.table import Table
 from orchestrator.compose import swept_values
 from orchestrator.hardware import calibrated_name
 from orchestrator.plan.memory import GIB
-from orchestrator.plan.prediction import Plan, planned_for_timed_steps
+from orchestrator.plan.prediction import HELD_OUT_ERROR, Plan, planned_for_timed_steps
 from orchestrator.report import COLUMNS
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths
@@ -185,15 +185,23 @@ def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
     table = Table(title=f"Sweep of {len(points)} plans, predicted", title_justify="left")
     for key in keys:
         table.add_column(key, justify="right")
-    for name in ("memory GiB", "fits", "step s", "exposed comm s", "tokens/s/GPU", "MFU", "scaling"):
+    for name in ("memory GiB", "fits", "step s", "exposed comm s", "tokens/s/GPU", "vs best", "MFU", "scaling"):
         table.add_column(name, justify="right")
     efficiency = scaling_efficiency(points, swept)
+    best = max((plan.time.tokens_per_sec_per_gpu for _, plan in points if plan.fits), default=0.0)
     for (spec, plan), values, eff in zip(points, swept, efficiency):
         t = plan.time
         table.add_row(*[values.get(k, " ".join(spec.overrides)) for k in keys], gib(plan.memory.total),
                       "yes" if plan.fits else "[red]no[/red]", f"{t.step_s:.4g}", f"{t.exposed_comm_s:.3g}",
-                      f"{t.tokens_per_sec_per_gpu:,.0f}", percent(t.mfu), f"{eff:.0%}" if eff else "")
+                      f"{t.tokens_per_sec_per_gpu:,.0f}", _vs_best(plan, best), percent(t.mfu),
+                      f"{eff:.0%}" if eff else "")
     out.print(table)
+    if close := [values for (_, plan), values in zip(points, swept) if _within_error(plan, best)]:
+        if len(close) > 1:
+            labels = [" ".join(f"{k}={v}" for k, v in values.items()) for values in close]
+            out.print(f"{len(close)} points are planned within {HELD_OUT_ERROR:.0%} of the best ({'; '.join(labels)}): "
+                      "inside the plan's own error (its median miss on published runs it was not fitted on), so "
+                      "the plan does not rank them; measure them (orchestrator run -m) to choose")
     for (spec, plan), values in zip(points, swept):
         if not plan.fits:  # the point's own way out, as a single plan would print it
             label = " ".join(f"{k}={v}" for k, v in values.items()) or " ".join(spec.overrides)
@@ -201,6 +209,18 @@ def show_sweep(points: list[tuple[TrialSpec, Plan]], out: Console) -> None:
     if "parallel.dp" in keys:
         out.print("[dim]scaling: tokens/s/GPU against the smallest dp of the same other values[/dim]")
     out.print("[dim]assumptions: " + "; ".join(points[0][1].assumptions) + "[/dim]")
+
+
+def _within_error(plan: Plan, best: float) -> bool:
+    """A fitting plan whose tokens/s/GPU is within the plan's own error of the best one."""
+    return plan.fits and best > 0 and plan.time.tokens_per_sec_per_gpu >= best * (1 - HELD_OUT_ERROR)
+
+
+def _vs_best(plan: Plan, best: float) -> str:
+    if not plan.fits or not best:
+        return ""
+    share = plan.time.tokens_per_sec_per_gpu / best
+    return f"{share:.0%}" + (" ~" if _within_error(plan, best) else "")
 
 
 def show_progress(p: dict, out: Console) -> None:

@@ -224,3 +224,17 @@ def test_calibrate_fits_a_warm_up_trial_at_the_batches_it_timed():
     at_32 = step_s_at(make_plan(spec).as_dict(), 32)
     assert log_error([Measured("t", spec, at_32, (32, 32))], params) < 1e-12
     assert log_error([Measured("t", spec, at_32)], params) > 0.1  # against the full batch's step: a large miss
+
+
+def test_a_small_call_runs_in_ncclS_ll_protocol_and_a_large_one_in_simple():
+    """NCCL's LL protocol trades half the bandwidth for short hops: a ZeRO-3 persistent
+    parameter's all-gather across 256 ranks costs LL's latency, not 255 Simple hops."""
+    from orchestrator.plan.collectives import ll_ring_time
+
+    many = _net(256, 32)
+    small, large = call_time("all_gather", 8e3, many), call_time("all_gather", 1e9, many)
+    assert (small.protocol, large.protocol) == ("LL", "Simple")
+    assert small.seconds == pytest.approx(ll_ring_time("all_gather", 8e3, many))
+    assert small.seconds < 0.5 * ring_time("all_gather", 8e3, many)  # the Simple ring: ~1 ms at 256 ranks
+    # gloo has no LL
+    assert call_time("all_gather", 8e3, _net(256, 32, backend="gloo")).protocol == "Simple"

@@ -137,3 +137,32 @@ def test_a_table_written_reads_back_the_same(tmp_path):
     bus_table.write(tmp_path / "t.csv", table)
     again = bus_table.load(tmp_path / "t.csv")
     assert again.curves == table.curves and again.source == "test"
+
+
+def test_a_call_below_a_curves_smallest_size_is_no_faster_than_fewer_nodes_measured_it():
+    """p5's 32-node curve starts at 32 MiB, its 8- and 16-node curves at 8 B: a small call at
+    32 nodes costs at least the 16-node latency, not what a line through 32 and 64 MiB says."""
+    rows = [BusRow("all_reduce", n, 8, s, b) for n, curve in (
+        (8, ((8, 8 * bus_factor("all_reduce", 64) / 200e-6 / 1e9), (32 * MiB, 80.0))),  # 8 B in 200 us
+        (16, ((8, 8 * bus_factor("all_reduce", 128) / 260e-6 / 1e9), (32 * MiB, 70.0))),  # in 260 us
+        (32, ((32 * MiB, 60.0), (64 * MiB, 120.0)))) for s, b in curve]
+    table = BusTable(rows, "test")
+    small = call_time("all_reduce", 8.0, net_with(table, 32))
+    assert "no faster than the 16-node curve at this size" in small.note
+    at = {n: call_time("all_reduce", 8.0, net_with(table, n)).seconds for n in (8, 16)}
+    assert at[16] > at[8] and small.seconds >= 0.99 * at[16] * bus_factor("all_reduce", 256) / bus_factor("all_reduce", 128)
+    line = alpha_beta((32 * MiB, 60e9), (64 * MiB, 120e9), 8.0, below=True)
+    assert small.seconds > 8.0 * bus_factor("all_reduce", 256) / line  # the line alone: far too fast
+    # where the curve itself reaches the size, it is read as measured
+    assert call_time("all_reduce", 32.0 * MiB, net_with(table, 32)).note == ""
+
+
+def test_the_plan_says_what_a_small_call_costs_its_ranks_and_on_what_that_rests():
+    p5 = make_plan(build_spec([*P5, "parallel.dp=256", "zero=stage3"]))
+    sxm = make_plan(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b", "parallel.dp=256",
+                                "zero=stage3"]))
+    line = lambda plan: next(a for a in plan.assumptions if "8-byte all-reduce" in a)  # noqa: E731
+    # p5's 32-node curve starts at 32 MiB; the line through its two smallest sizes is slower at
+    # 8 B than the 16-node curve measured, so the line stands, and the plan says so
+    assert "below the smallest size measured (32 MiB)" in line(p5)
+    assert "LL protocol" in line(sxm) and "not measured" in line(sxm)

@@ -174,3 +174,25 @@ def test_sweep_view_says_what_would_fit_for_each_point_that_does_not(cli):
     # of backward, 7.8 GiB at a 128k vocabulary); each point is told its own way out.
     assert "zero=stage2 does not fit; by this plan these would fit: recompute=selective" in text
     assert "zero=stage3 does not fit; by this plan these would fit: recompute=selective" in text
+
+
+def test_a_sweep_says_which_points_lie_within_the_plans_own_error_of_the_best(capsys):
+    """Where larger buckets stop paying on 32 nodes: the points within HELD_OUT_ERROR of the
+    best are named as not ranked by the plan; the ones clearly slower are not."""
+    from orchestrator.plan.prediction import HELD_OUT_ERROR
+
+    argv = ["plan", "-m", "model=llama3-8b", "model.n_layers=16", "model.hidden=2048", "model.heads=32",
+            "model.kv_heads=32", "model.ffn_hidden=8192", "model.vocab=131072", "model.seq_len=4096",
+            "model.max_positions=4096", "hardware=h100-p5", "cluster=slurm", "engine=accelerate", "engine.backend=fsdp", "zero=stage0",
+            "recompute=none", "zero.communication_dtype=fp32", "parallel.dp=256", "batch.micro_batch_size=1",
+            "batch.global_batch_size=256", "zero.reduce_bucket_size=1e6,1e8,5e8"]
+    assert main([*argv[:2], "--json", *argv[2:]]) == 0
+    rate = {r["overrides"][-1]: r["plan"]["time"]["tokens_per_sec_per_gpu"] for r in json.loads(capsys.readouterr().out)}
+    best = max(rate.values())
+    close = {k for k, v in rate.items() if v >= best * (1 - HELD_OUT_ERROR)}
+    assert {k.split("=")[1] for k in close} == {"100000000.0", "500000000.0"}  # 1e6: too many calls
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"2 points are planned within {HELD_OUT_ERROR:.0%} of the best" in text
+    assert "zero.reduce_bucket_size=100000000; zero.reduce_bucket_size=500000000" in text
+    assert "does not rank them" in text

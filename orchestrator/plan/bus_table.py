@@ -15,9 +15,14 @@ starting with `#` saying where it comes from.
 
 How a table is read (`BusTable.busbw`):
 - between two measured sizes: log busbw linear in log size;
-- below the smallest or above the largest size of a node count: the latency-plus-bandwidth
-  line (Hockney's alpha-beta) through the two nearest measured points, so small calls pay the
-  latency the table's edge shows and large ones approach the bandwidth it tends to;
+- below the smallest size of a node count where a smaller node count measured that size
+  (p5's 32-node curve starts at 32 MiB, its 2-16-node curves at 8 B): no faster than the
+  largest such node count at that size (more nodes only add latency at one size), where the
+  line below would say faster;
+- otherwise below the smallest or above the largest size of a node count: the
+  latency-plus-bandwidth line (Hockney's alpha-beta) through the two nearest measured points,
+  so small calls pay the latency the table's edge shows and large ones approach the bandwidth
+  it tends to;
 - between two measured node counts: log busbw linear in log node count, at the same size;
 - beyond the measured node counts: not here (None); plan/collectives.py carries the edge's
   curve with NCCL's ring and tree terms fitted to it, and says so.
@@ -96,6 +101,8 @@ class BusTable:
         if not counts or not counts[0] <= nodes <= counts[-1]:
             return None
         i = bisect.bisect_left(counts, nodes)
+        if counts[i] == nodes and (small := self.small_call(op, nodes, rpn, nbytes)) is not None:
+            return Reading(small.busbw, "; ".join(x for x in (note, small.note) if x))
         if counts[i] == nodes:
             bw, size_note = curve_busbw(self.curves[(op, nodes, rpn)], nbytes)
         else:
@@ -105,6 +112,26 @@ class BusTable:
             size_note = n_lo or n_hi
             note = "; ".join(x for x in (note, f"between the {lo}- and {hi}-node curves") if x)
         return Reading(bw, "; ".join(x for x in (note, size_note) if x))
+
+
+    def small_call(self, op: str, nodes: int, rpn: int, nbytes: float) -> Reading | None:
+        """A call smaller than the `nodes` curve's smallest size, where a smaller node count
+        measured that size: no faster than there (at one size, more nodes only add hops and
+        latency), which the line through this curve's two smallest sizes (32 MiB and up, say)
+        can miss by far for a call of a few kB. None where this curve reaches the size, no
+        smaller multi-node curve does, or the line is already the slower reading."""
+        own = self.curves[(op, nodes, rpn)]
+        if nbytes >= own[0][0] or nodes == 1:
+            return None
+        fewer = [c for c in self.node_counts(op, rpn) if 1 < c < nodes and self.curves[(op, c, rpn)][0][0] <= nbytes]
+        if not fewer:
+            return None
+        bound, _ = curve_busbw(self.curves[(op, fewer[-1], rpn)], nbytes)
+        line, _ = curve_busbw(own, nbytes)
+        if bound >= line:
+            return None
+        return Reading(bound, f"below the {nodes}-node curve's smallest size ({_mb(own[0][0])}): no faster than "
+                              f"the {fewer[-1]}-node curve at this size")
 
 
 def curve_busbw(curve: tuple[tuple[int, float], ...], nbytes: float) -> tuple[float, str]:

@@ -254,6 +254,17 @@ def edge_level(table: BusTable, op: str, nodes: int, rpn: int, intra: Level, bac
     return Level(best_bw, best_lat)
 
 
+def small_call_note(net: Network) -> str:
+    """What one small call costs this trial's ranks, and what that figure rests on: the
+    latency a bucket, a persistent parameter or a norm pays whatever its size."""
+    if net.ranks <= 1:
+        return ""
+    t = call_time("all_reduce", 8.0, net)
+    source = (t.note or "measured") if t.algorithm == "measured" else f"NCCL's {t.algorithm} in its {t.protocol} " \
+        "protocol on the levels above, not measured" if net.backend == "nccl" else "gloo's ring on the levels above"
+    return f"an 8-byte all-reduce across the {net.ranks} ranks costs {t.seconds * 1e6:,.1f} us ({source})"
+
+
 def network(ranks: int, nodes: int, intra_busbw_gbps: float, intra_latency_us: float, inter_busbw_gbps: float,
             inter_latency_us: float, backend: str = "nccl", call_us: float = 0.0,
             table: BusTable | None = None) -> Network:

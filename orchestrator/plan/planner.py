@@ -14,7 +14,7 @@ import socket
 
 from orchestrator import engine_timing, hardware, kernel_timing
 from orchestrator.plan import advice, bus_table
-from orchestrator.plan.collectives import Network, network
+from orchestrator.plan.collectives import Network, network, small_call_note
 from orchestrator.plan.comm import Schedule, StepTime, bytes_per_rank_per_step, step_time
 from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError, MeasurementFailed
@@ -95,7 +95,8 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                   if spec.grad_accum_steps > 1 else 0.0),
         max_micro_batch=max_micro,
         assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source,
-                                f"network{links_note}: {network_note(spec.cfg.hardware, links)}"),
+                                f"network{links_note}: {network_note(spec.cfg.hardware, links)}"
+                                + (f"; {small}" if (small := small_call_note(net)) else "")),
         sources={"compute": compute_source, "peak": peak_note},
         host_memory=host_memory_of(spec, n, memory.offloaded),
     )
@@ -242,7 +243,7 @@ def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, band
 def network_note(hw, links: LocalLinks | None) -> str:
     """What the plan's network rests on: this host's measured links, a measured table, or
     the preset's levels."""
-    call = f"; {hw.collective_overhead_us:g} us fixed cost per call (hardware.collective_overhead_us)"
+    call = f"; the engine adds {hw.collective_overhead_us:g} us to each call (hardware.collective_overhead_us)"
     if links:
         return (f"intra-node measured on this host ({links.source}): bus bandwidth by collective and message "
                 f"size, and where that has no curve {links.level.busbw / 1e9:.3g} GB/s busbw, "
