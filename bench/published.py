@@ -130,12 +130,15 @@ def llm_foundry() -> list[Row]:
 # buckets (6.25M fp32 elements to reduce, 12.5M bf16 to gather), no recompute. ZeRO-0 is
 # planned as DDP (engine=accelerate: buckets all-reduced during the last backward, as nanotron
 # does); DeepSpeed's own stage 0 reduces in fixed 5e8-element buckets after the backward.
+# nanotron's Llama runs fused kernels for its norms and rotary (its decoder layer's
+# TritonRMSNorm, flash-attn's rotary), not transformers' eager chains: its memory-bound
+# traffic is a fused kernel's, which the plan has as run.compile=true (its one fused mode).
 ULTRASCALE_MODEL = ("model=llama3-8b", "model.n_layers=16", "model.hidden=2048", "model.heads=32",
                     "model.kv_heads=32", "model.ffn_hidden=8192", "model.vocab=131072", "model.tie_embeddings=true",
                     "model.seq_len=4096", "model.max_positions=4096")
 ULTRASCALE_RUNS = ("cluster=slurm", "cluster.gpus_per_node=8", "batch.global_batch_size=256", "recompute=none",
                    "logger.mode=disabled", "zero.reduce_bucket_size=6250000", "zero.allgather_bucket_size=12500000",
-                   "zero.communication_dtype=fp32")
+                   "zero.communication_dtype=fp32", "run.compile=true")
 
 
 def ultrascale_overrides(dp: int, stage: int, micro: int, hardware: str) -> tuple[str, ...]:

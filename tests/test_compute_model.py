@@ -182,3 +182,38 @@ def test_on_a_gpu_the_engines_hooks_run_on_the_host_beside_the_device():
     assert host_bound.host_wait_s == pytest.approx(host_bound.total_s - (4 * 6e-3 + 5e-3))
     cpu = micro_batch_time(model, 2, "none", KernelTimes(**timed), timed=True, engine=(1e-3, 2e-3))
     assert cpu.total_s == pytest.approx(4 * 6e-3 + 5e-3 + 3e-3)  # on a CPU the hooks take the cores' time
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_eager_memory_traffic_is_what_the_workloads_own_block_moves(arch):
+    """EAGER_LAYER_IO against a census of a real transformers block's forward and backward
+    (bench/kernel_census.py: every aten op outside GEMMs and attention, its inputs and outputs)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from kernel_census import SHAPES, block_census
+
+    from orchestrator.plan.compute import EAGER_LAYER_IO
+
+    hidden, ffn, kv_heads = SHAPES[2]  # the GQA shape: all three terms at work
+    counted = block_census(arch, hidden, ffn, kv_heads)["bytes"]["memory"]
+    a, b, c = EAGER_LAYER_IO[(arch, 2)]
+    kv = hidden // 4 * kv_heads if arch == "llama" else 0
+    assert a * hidden + b * ffn + c * kv == pytest.approx(counted, rel=0.02)
+
+
+def test_torch_compile_is_planned_as_fused_kernels_and_fewer_launches():
+    """run.compile=true: a Llama block's norms, rotary and SwiGLU fused (fewer bytes, a third
+    of the kernels); GPT-2's LayerNorm and GELU are single kernels already, so less changes."""
+    def micro(arch: str, compiled: bool):
+        base = ["model=llama3-8b", "model.n_layers=8"] if arch == "llama" else ["model=gpt2-350m"]
+        return make_plan(build_spec([*base, "hardware=h100-sxm", f"run.compile={str(compiled).lower()}"])).time.micro_batch
+
+    eager, fused = micro("llama", False), micro("llama", True)
+    # (the loss over a 128k vocabulary is the same kernels either way)
+    assert fused.memory_bound_s < 0.6 * eager.memory_bound_s and fused.kernels < 0.45 * eager.kernels
+    assert fused.gemm_s == eager.gemm_s and fused.attention_s == eager.attention_s  # library calls either way
+    g_eager, g_fused = micro("gpt2", False), micro("gpt2", True)
+    assert 0.5 * g_eager.memory_bound_s < g_fused.memory_bound_s < g_eager.memory_bound_s
+    assert g_fused.kernels > 0.9 * g_eager.kernels

@@ -24,7 +24,11 @@ A transformer step is a list of kernels, and each kernel is bound by one of thre
   attention multiplies the whole square as GEMMs and moves the s x s scores through
   memory (softmax, mask, its backward).
 - **Memory-bound ops** (norms, activations, residual adds, rotary, the loss) move bytes:
-  their time is bytes / (memory bandwidth x memory_efficiency).
+  their time is bytes / (memory bandwidth x memory_efficiency). Eager, each torch op is a
+  kernel that reads its inputs and writes its outputs: what the workload's own blocks move
+  is counted op by op (`EAGER_LAYER_IO`, bench/kernel_census.py). Under torch.compile
+  (`run.compile`) inductor fuses each chain of them into one kernel that reads its inputs
+  and writes its outputs once (the `*_IO` counts), and launches fewer kernels.
 
 Every kernel also pays a fixed cost on the device (`op_overhead_us`): the gap between two
 kernels on a GPU, the dispatcher and engine hooks on a CPU. And on a GPU the host issues
@@ -59,6 +63,15 @@ ADD_IO = 3 + 3  # a residual add reads two, writes one; its backward fans the gr
 ACT_IO = 2 + 3  # GELU: like a norm
 GATED_IO = 5 + 8  # SwiGLU: silu(gate), then x up: two kernels forward, their grads backward
 ROPE_IO = 2 + 2
+# Eager, what one block's memory-bound ops move per token, forward and backward, in bytes:
+# a x hidden + b x ffn + c x kv width, by architecture and element size. The census of
+# transformers' own GPT-2 and Llama blocks (bench/kernel_census.py: every aten op's inputs
+# and outputs, GEMMs, attention and views left out; torch 2.13, transformers 5.23). Llama's
+# RMSNorm upcasts to fp32 and makes seven passes, its rotary four; GPT-2's LayerNorm and
+# GELU are one kernel each. The fused counts above are 44 h + 10 ffn (GPT-2) and 52 h +
+# 26 ffn + 8 kv (Llama) in bf16.
+EAGER_LAYER_IO = {("gpt2", 2): (66.33, 12.02, 0.0), ("gpt2", 4): (132.66, 24.03, 0.0),
+                  ("llama", 2): (359.23, 28.0, 53.33), ("llama", 4): (437.99, 56.0, 106.67)}
 # The loss per token and vocabulary entry, in fp32 as transformers computes it: the logits
 # upcast, log_softmax written, nll's gradient, log_softmax's backward, the downcast.
 LOSS_BYTES_PER_VOCAB = 36
@@ -70,6 +83,14 @@ LOSS_BYTES_PER_VOCAB = 36
 LAYER_KERNELS = {"gpt2": (10, 36), "llama": (38, 86)}
 ENDS_KERNELS = {"gpt2": 37, "llama": 58}
 ENDS_FORWARD_KERNELS = 10  # the embeddings' gather, final norm, head, upcast and cross-entropy
+# Of a block's kernels, the share torch.compile (inductor) still launches: the block's
+# forward and backward profiled on a CPU, eager and compiled, kernels that move data counted
+# alike (bench/kernel_census.py --compiled; torch 2.13): GPT-2 48 -> 45 (its LayerNorm and
+# GELU are one kernel each already, and transformers' attention breaks the graph), Llama
+# 139 -> 47 (RMSNorm, rotary and SwiGLU each fused into one). Inductor fuses a CPU's kernels
+# as it fuses a GPU's (the same scheduler; GEMMs and attention stay library calls on both).
+# The model's ends are kept at their eager count.
+COMPILED_KERNEL_SHARE = {"gpt2": 45 / 48, "llama": 47 / 139}
 FORWARD_SHARE = 0.4  # of a memory-bound kernel's bytes, the forward moves about 2 in 5 (the *_IO counts)
 
 
@@ -163,13 +184,19 @@ def attention_time(model: ModelConfig, micro: int, r: Rates, element_bytes: int)
     return gemms + 4 * scores / r.memory_bytes_per_s, 2 * gemms + 3 * scores / r.memory_bytes_per_s
 
 
-def memory_bound_bytes_per_token(model: ModelConfig, element_bytes: int) -> tuple[float, float]:
-    """(one layer, the loss) bytes moved per token, forward + backward, by memory-bound kernels."""
-    h, f = model.hidden, model.ffn
+def memory_bound_bytes_per_token(model: ModelConfig, element_bytes: int, fused: bool = False) -> tuple[float, float]:
+    """(one layer, the loss) bytes moved per token, forward + backward, by memory-bound kernels:
+    eager as the census counted the workload's blocks, or `fused` as torch.compile's kernels
+    (each fused chain reads its inputs and writes its outputs once)."""
+    h, f, kv = model.hidden, model.ffn, model.kv_width
+    eager = EAGER_LAYER_IO.get((model.arch, element_bytes))
+    if not fused and eager is not None:
+        a, b, c = eager
+        return a * h + b * f + c * kv, LOSS_BYTES_PER_VOCAB * model.vocab
     if model.arch == "gpt2":
         layer = 2 * NORM_IO * h + 2 * ADD_IO * h + ACT_IO * f
     else:
-        layer = 2 * NORM_IO * h + 2 * ADD_IO * h + GATED_IO * f + ROPE_IO * (h + model.kv_width)
+        layer = 2 * NORM_IO * h + 2 * ADD_IO * h + GATED_IO * f + ROPE_IO * (h + kv)
     return layer * element_bytes, LOSS_BYTES_PER_VOCAB * model.vocab
 
 
@@ -195,12 +222,14 @@ class KernelTimes:
     host_ends: tuple[float, float] | None = None
 
 
-def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: int) -> KernelTimes:
-    """The roofline's estimate of the same parts, from a preset's (or calibrated) Rates."""
+def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: int,
+                      compiled: bool = False) -> KernelTimes:
+    """The roofline's estimate of the same parts, from a preset's (or calibrated) Rates;
+    `compiled`: torch.compile's fused memory-bound kernels."""
     tokens = micro * model.seq_len
     conv1d = model.arch == "gpt2"  # transformers' GPT-2 stores its layers' weights [in, out]
     shapes = layer_gemms(model, tokens)
-    layer_bytes, loss_bytes = memory_bound_bytes_per_token(model, element_bytes)
+    layer_bytes, loss_bytes = memory_bound_bytes_per_token(model, element_bytes, fused=compiled)
     mem, loss = tokens * layer_bytes / r.memory_bytes_per_s, tokens * loss_bytes / r.memory_bytes_per_s
     return KernelTimes(
         layer_gemms=(sum(gemm_time(m, n, k, r, element_bytes, kn=conv1d) for m, n, k in shapes),
@@ -212,10 +241,14 @@ def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: i
         loss=(FORWARD_SHARE * loss, (1 - FORWARD_SHARE) * loss), launch_s=r.op_overhead_s, host_op_s=r.host_op_s)
 
 
-def kernel_counts(model: ModelConfig, recompute: str) -> tuple[int, int]:
+def kernel_counts(model: ModelConfig, recompute: str, compiled: bool = False) -> tuple[int, int]:
     """(forward, backward) kernels one micro batch launches; recompute runs a layer's
-    forward again in the backward (full), or about half its kernels (selective)."""
+    forward again in the backward (full), or about half its kernels (selective); compiled,
+    a block launches the share of them inductor leaves."""
     fwd, bwd = LAYER_KERNELS.get(model.arch, LAYER_KERNELS["gpt2"])
+    if compiled:
+        share = COMPILED_KERNEL_SHARE.get(model.arch, 1.0)
+        fwd, bwd = round(fwd * share), round(bwd * share)
     ends = ENDS_KERNELS.get(model.arch, ENDS_KERNELS["gpt2"])
     redo = fwd if recompute == "full" else fwd // 2 if recompute == "selective" else 0
     return model.n_layers * fwd + ENDS_FORWARD_KERNELS, model.n_layers * (bwd + redo) + ends - ENDS_FORWARD_KERNELS
@@ -230,15 +263,17 @@ def host_bound(device_s: float, kernels: int, host_op_s: float) -> float:
 
 
 def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTimes, *,
-                     timed: bool = False, engine: tuple[float, float] = (0.0, 0.0)) -> ComputeTime:
+                     timed: bool = False, engine: tuple[float, float] = (0.0, 0.0),
+                     compiled: bool = False) -> ComputeTime:
     """Forward and backward of one micro batch of `micro` sequences on one rank. Where a real
     block and the model's ends were timed whole, the micro batch is layers x block + ends,
     and its kernels' sum says where that time goes (the rest lies between them); else it is
     composed from its kernels' times. timed: the times were measured on the device, so they
     hold each kernel's launch already; estimated ones pay k.launch_s per kernel on top.
-    engine: (forward, backward) seconds the engine adds around them (timed as it runs)."""
+    engine: (forward, backward) seconds the engine adds around them (timed as it runs).
+    compiled: torch.compile's kernel counts (their times, fused, are in `k`)."""
     layers = model.n_layers
-    kernels_fwd, kernels_bwd = kernel_counts(model, recompute)
+    kernels_fwd, kernels_bwd = kernel_counts(model, recompute, compiled)
     # What recompute runs again in the backward: the whole layer forward (full), or the
     # memory-bound kernels between the kept matmul and attention outputs (selective).
     full = recompute == "full"

@@ -64,10 +64,13 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     if not measured and peak_tflops is None:
         raise ConfigError("hardware.peak_tflops." + spec.precision, None, f"the dense peak of this GPU: its kernels could "
                           f"not be timed ({compute_source}), and without them the plan estimates from the peak")
+    # run.compile: the preset's estimate fuses as inductor does; timed kernels are eager (not compiled)
+    compiled = cfg.run.compile and not measured
     kernels = measured.kernels if measured else estimated_kernels(cfg.model, micro, rates(spec, peak_tflops, bandwidth),
-                                                                  element_bytes(spec.precision))
+                                                                  element_bytes(spec.precision), compiled=compiled)
     engine = (measured.engine_forward_s, measured.engine_backward_s) if measured else (0.0, 0.0)
-    micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None, engine=engine)
+    micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None, engine=engine,
+                                  compiled=compiled)
     t, t_one = (step_times(spec, sharded, grad_accum, micro_time, net) for grad_accum in (spec.grad_accum_steps, 1))
     offloaded = bool((sharded.offload if sharded else layout.offload_optimizer and cfg.zero.stage) and hw.device.is_gpu)
     optimizer_s = measured.optimizer_s if measured and not offloaded else optimizer_step_s(spec, n, offloaded, bandwidth)
