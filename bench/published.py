@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,41 +172,90 @@ def calibrated_held_out(fit_up_to: int = 32) -> tuple[list[Planned], dict]:
     (on their cluster's network), then the rest planned with the fitted parameters: the check
     of calibration on rows it did not see. Returns (the held-out rows, the fitted parameters)."""
     rows = ultrascale()
-    train = [Measured(r.label, spec := build_spec(list(r.overrides)), spec.tokens_per_step / (r.measured * spec.world_size))
-             for r in rows if r.key[0] <= fit_up_to]
+    specs = [(r, build_spec(list(r.overrides))) for r in rows if r.key[0] <= fit_up_to]
+    train = [Measured(r.label, spec, spec.tokens_per_step / (r.measured * spec.world_size)) for r, spec in specs]
     start = current_params(train[0].spec.cfg.hardware, fitted_names(train))
     seen, _ = determined(train, start)
     params = fit_in_stages(train, start, seen)
     return plan_rows([r for r in rows if r.key[0] > fit_up_to], params=params), {k: params[k] for k in seen}
 
 
-# IBM's fms-fsdp (Llama 2 7B-70B; 128 A100 and 96 H100; bf16; per-GPU batch 2 at 4,096).
-# Each cluster's network is the one the source states per node (400 and 800 Gb/s), at the
-# 0.9 of nominal that nccl-tests reaches over InfiniBand (the a100-80gb preset's note).
-# HSDP (the 7B rows) is planned as FSDP full shard over every GPU: the plan has no replica
-# groups, and full shard communicates more across nodes than HSDP does.
-FMS_GPUS = {"A100 80GB": ("a100-80gb", 400), "H100 80GB": ("h100-sxm", 800)}
-FMS_RECOMPUTE = {"none": "none", "full": "full"}  # "selective" (a share of the blocks) -> selective
+# Public FSDP data-parallel runs in bench/data/fsdp's format (its README names each column):
+# IBM's fms-fsdp here, and the rows kept back, which `--fsdp-csv` plans the same way. Each
+# cluster's network is the one its source states per node, at the 0.9 of nominal that
+# nccl-tests reaches over InfiniBand (the a100-80gb preset's note), else the preset's. HSDP is
+# planned as FSDP full shard over every GPU: the plan has no replica groups, and full shard
+# communicates more across nodes than HSDP does. "selective" checkpointing of a share of the
+# blocks (the share not stated) is the plan's selective recompute.
+FSDP_GPUS = {"A100": "a100-80gb", "H100": "h100-sxm", "H200": "h200"}
+LOW_PRECISION = ("FP8", "FLOAT8", "FP4", "MXFP")  # rows in these are not bf16 runs: not planned
 
 
-def fms_overrides(row: dict) -> tuple[str, ...]:
-    hardware, gbits = FMS_GPUS[row["gpu"]]
+def stated_gbits_per_node(text: str) -> float | None:
+    """A node's network as a source states it: "400 Gbps per node", "8x400 Gb/s", "3.2 Tbps"."""
+    m = re.search(r"(\d+)\s*x\s*(\d+(?:\.\d+)?)\s*G", text)
+    if m:
+        return float(m[1]) * float(m[2])
+    m = re.search(r"(\d+(?:\.\d+)?)\s*(G|T)(?:bps|b/s|bit)", text)
+    return float(m[1]) * (1000 if m[2] == "T" else 1) if m else None
+
+
+def fsdp_engine(mode: str) -> tuple[str, ...]:
+    mode = mode.lower()
+    if mode.startswith("ddp"):
+        return ("engine=accelerate", "engine.backend=fsdp", "zero=stage0")
+    if "zero" in mode:
+        return ("engine=deepspeed", f"zero=stage{re.search(r'([0-3])', mode)[1] if re.search(r'[0-3]', mode) else 3}")
+    return ("engine=fsdp", "zero=stage3")
+
+
+def fsdp_overrides(row: dict) -> tuple[str, ...] | None:
+    """The trial a published FSDP row ran, or None where the plan cannot say (a GPU without a
+    preset, a precision below bf16)."""
+    hardware = next((preset for name, preset in FSDP_GPUS.items() if name in row["gpu"]), None)
+    flags = " ".join(row.get(k, "") for k in ("precision", "flags", "other_optimizations")).upper()
+    if hardware is None or any(p in flags for p in LOW_PRECISION):
+        return None
     micro, gpus = int(row["micro_batch_seqs"]), int(row["gpu_count"])
-    recompute = FMS_RECOMPUTE.get(row["activation_checkpointing"], "selective")
+    accum = int(row["grad_accum"]) if row.get("grad_accum") else 1
+    ac = row["activation_checkpointing"].lower()
+    recompute = "none" if ac.startswith("none") or not ac else "full" if ac.startswith("full") else "selective"
+    gbits = stated_gbits_per_node(row.get("inter_node", ""))
+    kv = row.get("n_kv_heads") or row["n_heads"]
     return ("model=llama3-8b", f"model.n_layers={row['n_layers']}", f"model.hidden={row['hidden']}",
-            f"model.heads={row['n_heads']}", f"model.kv_heads={row['n_kv_heads']}",
-            f"model.ffn_hidden={row['ffn_hidden']}", f"model.vocab={row['vocab']}", f"model.seq_len={row['seq_len']}",
-            f"model.max_positions={row['seq_len']}", "model.tie_embeddings=false", f"hardware={hardware}",
-            f"hardware.inter_node.busbw_gbps={0.9 * gbits / 8:g}", "cluster=slurm", "cluster.gpus_per_node=8",
-            "engine=fsdp", "zero=stage3", f"parallel.dp={gpus}", f"batch.micro_batch_size={micro}",
-            f"batch.global_batch_size={micro * gpus}", f"recompute={recompute}", "run.bf16=true",
-            f"run.compile={'true' if row['torch_compile'] == 'yes' else 'false'}", "logger.mode=disabled")
+            f"model.heads={row['n_heads']}", f"model.kv_heads={kv}", f"model.ffn_hidden={row['ffn_hidden']}",
+            f"model.vocab={row['vocab']}", f"model.seq_len={row['seq_len']}", f"model.max_positions={row['seq_len']}",
+            "model.tie_embeddings=false", f"hardware={hardware}",
+            *((f"hardware.inter_node.busbw_gbps={0.9 * gbits / 8:g}",) if gbits else ()), "cluster=slurm",
+            f"cluster.gpus_per_node={row.get('gpus_per_node') or 8}", *fsdp_engine(row["dp_mode"]),
+            f"parallel.dp={gpus}", f"batch.micro_batch_size={micro}", f"batch.global_batch_size={micro * accum * gpus}",
+            f"recompute={recompute}", "run.bf16=true",
+            f"run.compile={str(row['torch_compile'].lower().startswith('y')).lower()}", "logger.mode=disabled")
+
+
+def fsdp_runs(path: Path, compiled: bool | None = None) -> list[Row]:
+    """The rows of an FSDP table the plan can say something of (compiled or not; None: both)."""
+    rows = []
+    for r in read_csv(path):
+        overrides = fsdp_overrides(r)
+        if overrides is None or (compiled is not None and r["torch_compile"].lower().startswith("y") != compiled):
+            continue
+        rows.append(Row(r.get("run_id") or f"{r['model']} {r['gpu']} x{r['gpu_count']}", overrides,
+                        float(r["tokens_per_sec_per_gpu"]), (r["model"], r["gpu"], int(r["gpu_count"]))))
+    return rows
 
 
 def fms_fsdp(compiled: bool = False) -> list[Row]:
-    return [Row(f"{r['model'].split(' ')[0]} {r['gpu']}", fms_overrides(r), float(r["tokens_per_sec_per_gpu"]),
-                (r["gpu"],))
-            for r in read_csv(DATA / "fsdp" / "ibm-fms-fsdp.csv") if (r["torch_compile"] == "yes") == compiled]
+    return fsdp_runs(DATA / "fsdp" / "ibm-fms-fsdp.csv", compiled)
+
+
+def gpu_scaling(planned: list[Planned], low: int = 8, high: int = 128) -> list[tuple[str, float, float]]:
+    """(model and GPU, measured, predicted) tokens/s/GPU at `high` GPUs over `low`, where a
+    table holds one model on one GPU at both (the same everything else is the table's care)."""
+    by = {p.row.key: p for p in planned}
+    return [(f"{model} {gpu}", by[(model, gpu, high)].row.measured / by[(model, gpu, low)].row.measured,
+             by[(model, gpu, high)].predicted / by[(model, gpu, low)].predicted)
+            for (model, gpu, gpus) in by if gpus == low and (model, gpu, high) in by]
 
 
 SETS = {s.name: s for s in (
@@ -225,7 +275,18 @@ def floors() -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", action="store_true", help="print every row's ratio too")
+    parser.add_argument("--fsdp-csv", type=Path, help="plan a held-out table of FSDP runs in bench/data/fsdp's format")
     args = parser.parse_args()
+    if args.fsdp_csv:
+        planned = plan_rows(fsdp_runs(args.fsdp_csv))
+        for p in planned:
+            print(f"    {p.row.label:45} {p.row.measured:>10,.0f} {p.predicted:>10,.0f} {p.ratio:.2f}")
+        within, n = share_within(planned)
+        print(f"{args.fsdp_csv.name}: {within} of {n} bf16 rows within 20 % ({within / max(n, 1):.0%}; target 80 %)")
+        for label, measured, predicted in gpu_scaling(planned):
+            print(f"  {label}: 128 / 8 GPUs measured {measured:.2f}, planned {predicted:.2f} "
+                  f"({predicted / measured:.2f})")
+        return
     held = floors()
     for data in SETS.values():
         planned = plan_rows(data.rows())
@@ -238,7 +299,8 @@ def main() -> None:
     held_out, params = calibrated_held_out()
     within, n = share_within(held_out)
     print(f"{'ultrascale calibrated':20} {within:3} of {n:3} held-out rows within 20 % (floor "
-          f"{held.get('ultrascale-1b-calibrated', '-')}); fitted " + ", ".join(f"{k}={v:.3g}" for k, v in params.items()))
+          f"{held.get('ultrascale-1b-calibrated', '-')}); fitted "
+          + ", ".join(f"{k}={v:.3g}" for k, v in params.items()))
 
 
 if __name__ == "__main__":
