@@ -7,9 +7,9 @@ Each trial has one micro batch of one sequence per GPU and step, so the gradient
 has only the last backward to hide behind. The 1B is the Ultra-Scale model as those runs
 ran it (DDP, fp32 gradients on the wire, nanotron's fused kernels as run.compile=true); the
 8B is Llama 3 8B at sequence 4,096 under DeepSpeed ZeRO-1 with bf16 gradients and full
-recompute (as DDP it does not fit). A bucket size is "the same as the best" when its plan is within the plan's own error of the best one
-(HELD_OUT_ERROR: the median miss on published rows no preset was fitted on): the plan
-cannot rank those, and says so.
+recompute (as DDP it does not fit). A bucket size is "the same as the best" when its plan
+is within the plan's own error of the best one (HELD_OUT_ERROR: the median miss on
+published rows no preset was fitted on): the plan cannot rank those, and says so.
 """
 
 from __future__ import annotations
