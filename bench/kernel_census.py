@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from orchestrator.spec import build_spec
+from orchestrator.workload.measure import tensors_in
 from orchestrator.workload.model import build_model
 from orchestrator.workload.torch_compat import TorchDispatchMode
 
@@ -48,29 +49,18 @@ class _Census(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not func._schema.is_mutable and all(_is_view_of(o, args) for o in _tensors(out)):
+        if not func._schema.is_mutable and all(_is_view_of(o, args) for o in tensors_in(out)):
             return out  # a view or a metadata op: no kernel moves data
         name = func.overloadpacket.__name__
         kind = "gemm" if name in GEMMS else "attention" if "attention" in name else "memory"
-        self.bytes[kind] += sum(t.numel() * t.element_size() for t in (*_tensors(args), *_tensors(out)))
+        self.bytes[kind] += sum(t.numel() * t.element_size() for t in (*tensors_in(args), *tensors_in(out)))
         self.kernels[kind] += 1
         return out
 
 
-def _tensors(tree):
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, (tuple, list)):
-        for x in tree:
-            yield from _tensors(x)
-    elif isinstance(tree, dict):
-        for x in tree.values():
-            yield from _tensors(x)
-
-
 def _is_view_of(t: torch.Tensor, args) -> bool:
     ptr = t.untyped_storage().data_ptr()
-    return any(ptr == a.untyped_storage().data_ptr() for a in _tensors(args))
+    return any(ptr == a.untyped_storage().data_ptr() for a in tensors_in(args))
 
 
 def block_census(arch: str, hidden: int, ffn: int, kv_heads: int, dtype: torch.dtype = torch.bfloat16) -> dict:

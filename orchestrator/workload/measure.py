@@ -51,8 +51,8 @@ class _Creations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {_storage_key(t) for t in _tensors((args, kwargs)) if t.device.type != "meta"}
-        for t in _tensors(out):
+        inputs = {_storage_key(t) for t in tensors_in((args, kwargs)) if t.device.type != "meta"}
+        for t in tensors_in(out):
             if t.device.type != "meta" and (s := storage_of(t)) is not None and s.nbytes():
                 self.created.append(weakref.ref(t))
                 if _storage_key(t) not in inputs:
@@ -60,15 +60,16 @@ class _Creations(TorchDispatchMode):
         return out
 
 
-def _tensors(tree):
+def tensors_in(tree):
+    """Every tensor in a nest of tuples, lists and dicts (an op's arguments or results)."""
     if isinstance(tree, torch.Tensor):
         yield tree
     elif isinstance(tree, (tuple, list)):
         for x in tree:
-            yield from _tensors(x)
+            yield from tensors_in(x)
     elif isinstance(tree, dict):
         for x in tree.values():
-            yield from _tensors(x)
+            yield from tensors_in(x)
 
 
 class ActivationCensus:
