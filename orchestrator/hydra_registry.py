@@ -58,13 +58,24 @@ def whole_numbers(text: str) -> str:
     return re.sub(r"(?<![\w.])(-?\d+)\.0+(?![\w.])", r"\1", text)
 
 
+# What may not stand in one path component: a separator would nest a point's directory, or
+# with `..` put it outside its sweep; control characters break the terminal and the logs.
+NOT_IN_A_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
+
+
+def fit_name(text: str, limit: int = 120) -> str:
+    """`text` within `limit` bytes: what is cut is replaced by a hash of the whole, so two
+    names that differ past the cut stay two names."""
+    if len(text.encode()) <= limit:
+        return text
+    head = text.encode()[:limit - 9].decode(errors="ignore")  # whole characters, within the bytes
+    return f"{head}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
 def dirname(overrides: str, limit: int = 120) -> str:
-    """hydra.job.override_dirname with its secrets masked (redact.py: a directory's name
-    is written into every launch file), cut to fit a file name (255 bytes): a sweep with
-    many overrides would name its points past that. What is cut is replaced by a hash of
-    it, so two points never share a name (and the point's number leads the name anyway)."""
-    shown = whole_numbers(redact_text(overrides))
-    if len(shown.encode()) <= limit:
-        return shown
-    head = shown.encode()[:limit - 9].decode(errors="ignore")  # whole characters, within the bytes
-    return f"{head}-{hashlib.sha1(shown.encode()).hexdigest()[:8]}"
+    """hydra.job.override_dirname as one safe path component: its secrets masked (redact.py:
+    a directory's name is written into every launch file), every separator and control
+    character a `_` (a swept value is any string: `a/b` or `../../x` must not nest a point
+    or place it outside its sweep), cut to fit a file name (255 bytes) with a hash of what
+    was cut, so two points never share a name (and the point's number leads the name anyway)."""
+    return fit_name(NOT_IN_A_NAME.sub("_", whole_numbers(redact_text(overrides))), limit)

@@ -29,8 +29,15 @@ from orchestrator.compose import swept_values
 from orchestrator.display import console
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text
+from orchestrator.hydra_registry import fit_name
 from orchestrator.redact import redact
-from orchestrator.results import Status, error_record, now, objective_value, write_result
+from orchestrator.results import (
+    Status,
+    error_record,
+    now,
+    objective_value,
+    write_result,
+)
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.trial import run_trial, submit_trials
 from orchestrator.trial_dir import SweepPaths, TrialPaths, claim
@@ -113,7 +120,7 @@ class SweepBatch:
             return None
         swept = redact(self.swept[i])  # the run's name and trial.json: a swept secret stays masked
         name = ",".join(f"{k}={v}" for k, v in swept.items()) or " ".join(self.overrides[i]) or "default"
-        return {"group": self.group, "name": name[:120], "index": self.first + i, "swept": swept}
+        return {"group": self.group, "name": fit_name(name), "index": self.first + i, "swept": swept}
 
     def _start(self, cfg: DictConfig) -> tuple[TrialSpec | None, Path, dict | None]:
         """Claim the point's directory, write its .hydra/, validate it: (spec, directory,
@@ -121,6 +128,7 @@ class SweepBatch:
         trial_dir = Path(HydraConfig.get().runtime.output_dir)
         if not self.single:
             try:
+                inside_the_sweep(trial_dir, self.base)
                 trial_dir = claim(trial_dir, "hydra.sweep.subdir", others_files=True)
             except ConfigError as exc:  # another run holds it: stop, as before anything ran
                 print(f"orchestrator run: {exc}", file=sys.stderr)
@@ -133,6 +141,15 @@ class SweepBatch:
                                   exit_code=exc.exit_code)
             console().print(f"[red]invalid point[/red] {trial_dir.name}: {exc}")
             return None, trial_dir, result
+
+
+def inside_the_sweep(trial_dir: Path, sweep_dir: Path) -> None:
+    """A point's directory is one name directly inside its sweep's (hydra.sweep.subdir may
+    be any interpolation, and a swept value any string): else ConfigError, before anything
+    is written there."""
+    if trial_dir.resolve().parent != sweep_dir.resolve():
+        raise ConfigError("hydra.sweep.subdir", str(trial_dir), f"one directory name inside the sweep's directory "
+                          f"{sweep_dir}, with no / or .. in it (the default, NUM_OVERRIDES, makes one)")
 
 
 def write_hydra_files(trial_dir: Path, cfg: DictConfig, subdir: str | None) -> None:

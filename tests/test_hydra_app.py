@@ -185,3 +185,38 @@ def test_a_secret_in_a_sweep_reaches_no_file_and_no_directory_name(default_layou
     assert len([p for p in files if p.name == "overrides.yaml"]) == 2
     assert [p for p in files if SECRET.encode() in p.read_bytes()] == []
     assert not any(SECRET in str(p) or "HF_TOKEN" in str(p) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.slow
+def test_a_swept_value_that_is_a_path_names_one_point_inside_its_sweep(tmp_path):
+    """A swept value is any string: `a/b` and `../../../x` name two points directly inside the
+    sweep (one path component each), and a subdir interpolated from a value that leaves the
+    sweep is refused before anything is written there: a user's directory is never claimed."""
+    root = tmp_path / "deep" / "er"
+    sweep = root / "sweep"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "config.yaml").write_text("mine: true\n")
+    proc = run_in_process("run", "-m", *FAST, "logger.group=a/b,../../../x", "--out", str(sweep))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    points = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(points) == 2 and all((p / "result.json").is_file() for p in points)
+    assert all("/" not in p.name.partition("_")[2] for p in points)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "victim"]  # nothing outside the sweep
+    assert sorted(p.name for p in root.iterdir()) == ["sweep"]
+
+    out = tmp_path / "sweep2"
+    proc = run_in_process("run", "-m", *FAST, "logger.group=../victim", "hydra.sweep.subdir=${logger.group}",
+                          "--out", str(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "hydra.sweep.subdir" in proc.stderr and "Traceback" not in proc.stderr
+    assert (victim / "config.yaml").read_text() == "mine: true\n" and sorted(p.name for p in victim.iterdir()) == [
+        "config.yaml"]
+
+
+def test_a_point_name_cut_to_fit_keeps_two_points_apart():
+    from orchestrator.hydra_registry import dirname, fit_name
+
+    long = "logger.group=" + "x" * 200
+    assert dirname(long + "1") != dirname(long + "2") and len(dirname(long + "1").encode()) <= 120
+    assert fit_name("a" * 130 + "1") != fit_name("a" * 130 + "2") and len(fit_name("a" * 130 + "1")) == 120
