@@ -166,3 +166,46 @@ def test_the_plan_says_what_a_small_call_costs_its_ranks_and_on_what_that_rests(
     # 8 B than the 16-node curve measured, so the line stands, and the plan says so
     assert "below the smallest size measured (32 MiB)" in line(p5)
     assert "LL protocol" in line(sxm) and "not measured" in line(sxm)
+
+
+@pytest.mark.parametrize("body,says", [
+    ("all_reduce,2,8,1" + "0" * 30 + ",10\n", "a whole number from 1 to"),  # 1e30 bytes
+    ("all_reduce,2,8,1" + "0" * 400 + ",10\n", "a whole number from 1 to"),  # past any float: no OverflowError
+    ("all_reduce,200000,8,1048576,10\n", "nodes=200000"),
+    ("all_reduce,2,8,1e6,10\n", "bytes=1e6"),
+    ("all_reduce,2,8,١٠٢٤,10\n", "bytes="),  # Arabic-Indic digits: int() takes them, a table may not
+])
+def test_a_table_field_no_measurement_can_hold_exits_2(cli, tmp_path, body, says):
+    path = tmp_path / "net.csv"
+    path.write_text("collective,nodes,ranks_per_node,bytes,busbw_gbps\n" + body)
+    proc = cli("plan", "hardware=h100-p5", f"hardware.network={path}", "cluster=slurm", "parallel.dp=16")
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_reading_never_passes_the_fastest_busbw_the_table_measured():
+    """Two points a few bytes apart at nearly one time make a line of almost no slope: read
+    above them it would plan millions of GB/s. No reading passes what the table measured."""
+    rows = [BusRow("all_reduce", 2, 8, 1 * MiB, 10.0), BusRow("all_reduce", 2, 8, 1 * MiB + 8, 10.0001)]
+    table = BusTable(rows, "test")
+    for nodes in (2, 64):  # on a measured node count, and carried beyond it
+        t = call_time("all_reduce", 1e12, net_with(table, nodes))
+        assert t.busbw <= 10.0001e9 * (1 + 1e-9), (nodes, t)
+
+
+def test_carrying_a_long_curve_beyond_its_node_counts_fits_a_bounded_number_of_its_sizes(monkeypatch):
+    """The edge level is fitted to a thinned curve: its cost does not grow with the table (a
+    100k-row table took over 300 s a plan)."""
+    from orchestrator.plan import collectives
+
+    sizes = {}
+    real = collectives.modelled_time
+
+    def counting(op, nbytes, net):
+        sizes[nbytes] = True
+        return real(op, nbytes, net)
+
+    monkeypatch.setattr(collectives, "modelled_time", counting)
+    table = BusTable([BusRow("all_reduce", n, 8, 2**10 + i * 997, 10.0 + i * 1e-4 + n) for n in (2, 4)
+                      for i in range(20_000)], "a long table")
+    call_time("all_reduce", 5e6, net_with(table, 32))
+    assert 0 < len(sizes) <= 2 * collectives.FIT_POINTS + 2

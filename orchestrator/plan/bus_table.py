@@ -47,6 +47,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 COLUMNS = ("collective", "nodes", "ranks_per_node", "bytes", "busbw_gbps")
 MAX_BUSBW_GBPS = 10_000.0  # ten times NVLink 5's bus bandwidth: past this a figure is not a measurement
 MIN_BUSBW_GBPS = 1e-6  # a kilobyte a second: below it (1e-320) a figure plans an infinite call, not a slow one
+# Whole-number fields past these are not a measurement (a 1e30-byte message, 1e400 nodes).
+MAX_FIELDS = {"nodes": 100_000, "ranks_per_node": 1_024, "bytes": 2**44}  # 16 TiB: far past any nccl-tests run
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,13 @@ class BusTable:
             bw = _log_interpolate(nodes, lo, hi, b_lo, b_hi)
             size_note = n_lo or n_hi
             note = "; ".join(x for x in (note, f"between the {lo}- and {hi}-node curves") if x)
-        return Reading(bw, "; ".join(x for x in (note, size_note) if x))
+        return Reading(min(bw, self.fastest(op, rpn)), "; ".join(x for x in (note, size_note) if x))
+
+    def fastest(self, op: str, ranks_per_node: int) -> float:
+        """The most busbw any curve of this collective measured: what no reading may pass (a
+        line drawn above a curve's largest size tends to 1 / its slope, which two close points
+        can put at any figure)."""
+        return max(b for (o, _, r), curve in self.curves.items() if o == op and r == ranks_per_node for _, b in curve)
 
 
     def small_call(self, op: str, nodes: int, rpn: int, nbytes: float) -> Reading | None:
@@ -209,13 +217,11 @@ def _row(line: str, n: int, where: str) -> BusRow:
     if values["collective"] not in COLLECTIVES:
         raise ConfigError(f"{where} line {n}: collective", values["collective"], f"one of {', '.join(COLLECTIVES)}")
     ints = {}
-    for name, low in (("nodes", 1), ("ranks_per_node", 1), ("bytes", 1)):
-        try:
-            ints[name] = int(values[name])
-        except ValueError:
-            ints[name] = None
-        if ints[name] is None or ints[name] < low:
-            raise ConfigError(f"{where} line {n}: {name}", values[name], f"a whole number of at least {low}")
+    for name, high in MAX_FIELDS.items():
+        text = values[name]
+        ints[name] = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
+        if ints[name] is None or not 1 <= ints[name] <= high:
+            raise ConfigError(f"{where} line {n}: {name}", text[:40], f"a whole number from 1 to {high:,}")
     try:
         busbw = float(values["busbw_gbps"])
     except ValueError:

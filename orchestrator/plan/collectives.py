@@ -60,6 +60,7 @@ LL_RING_BASE_US, LL_TREE_BASE_US = 6.6, 6.8
 LL_NVLINK_HOP_US, LL_NET_RING_HOP_US, LL_NET_TREE_HOP_US = 0.6, 2.7, 5.0
 LL_RING_SHARE, LL_TREE_SHARE = 0.5, 1 / 3.8
 NET_OVERHEAD_US = 1.0  # NCCL: each inter-node ring step posts a network send, at least this a hop
+FIT_POINTS = 48  # sizes of a measured curve an edge level is fitted to (nccl-tests' -f 2 from 8 B to 8 GiB: 31)
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ def beyond_the_table(op: str, nbytes: float, net: Network) -> Reading | None:
         return nbytes * bus_factor(op, at.ranks) / modelled_time(op, nbytes, at).seconds
 
     side = "beyond the largest" if net.nodes > edge else "below the smallest"
-    return Reading(at_edge.busbw * model(net.nodes) / model(edge),
+    return Reading(min(at_edge.busbw * model(net.nodes) / model(edge), table.fastest(read_op, read_rpn)),
                    f"extrapolated {side} node count measured ({edge}) by NCCL's ring and tree terms fitted to it"
                    + (f"; {at_edge.note}" if at_edge.note else ""))
 
@@ -237,8 +238,9 @@ def edge_level(table: BusTable, op: str, nodes: int, rpn: int, intra: Level, bac
     """The inter-node level whose ring-or-tree times best match one measured curve (least
     squares on log time: a grid in log space, then a finer one around its best point)."""
     curve = table.curves[(op, nodes, rpn)]
+    step = max(1, len(curve) // FIT_POINTS)  # a long curve thinned: the fit's cost may not grow with the table
     ranks = nodes * rpn
-    measured = [(s, math.log(s * bus_factor(op, ranks) / b)) for s, b in curve]
+    measured = [(s, math.log(s * bus_factor(op, ranks) / b)) for s, b in curve[::step]]
 
     def error(busbw: float, latency: float) -> float:
         net = Network(ranks=ranks, nodes=nodes, intra=intra, inter=Level(busbw, latency), backend=backend)
