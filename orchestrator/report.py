@@ -24,7 +24,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text, read_text
 from orchestrator.plan.prediction import planned_for_timed_steps, timed_batches
 from orchestrator.plots import report_plots
-from orchestrator.timing_stats import Spread, beyond_noise, spread
+from orchestrator.timing_stats import Spread, beyond_noise, spread, sure
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
 
 COLUMNS = ("status", "tokens_per_sec_per_gpu", "vs_best", "noisy", "mfu", "hfu", "step_time_s", "predicted_step_s",
@@ -107,11 +107,15 @@ def group_repeats(rows: list[dict], results: list[dict]) -> tuple[list[dict], li
 
 def against_best(spread: Spread | None, best: Spread | None) -> str:
     """Whether a trial's throughput is told apart from the best's by more than their
-    intervals: "best", "slower" (beyond both intervals), "within noise", or "" (no spread)."""
+    intervals: "best", "slower" (beyond both intervals), "within noise", "too few steps to
+    tell" (an interval covering less than CONFIDENCE: fewer than six timed steps), or ""
+    (no spread)."""
     if spread is None or best is None:
         return ""
     if spread is best:
         return "best"
+    if not (sure(spread) and sure(best)):
+        return "too few steps to tell"
     return "slower" if beyond_noise(spread, best) else "within noise"
 
 

@@ -65,18 +65,27 @@ def quantile(values: list[float], q: float) -> float:
 
 def coverage(n: int, j: int) -> float:
     """What x_(j) .. x_(n+1-j) covers of the median of n values: 1 - 2 P(Binomial(n, 1/2) < j)."""
-    return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+    return 1 - 2 * sum(_half_binomial(n, i) for i in range(j))
+
+
+def _half_binomial(n: int, i: int) -> float:
+    """P(Binomial(n, 1/2) = i), in floats through log-gamma: no n-bit integers."""
+    return math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) - n * math.log(2))
 
 
 def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """(low, high, coverage): the narrowest interval x_(j) .. x_(n+1-j) that covers the
     median with at least `confidence`; the whole range where even it covers less (then
-    with what it covers)."""
+    with what it covers). One pass over the binomial's terms: a 4,000-step trial's interval
+    took 268 s when each j summed its tail again in n-bit integers."""
     xs, n = sorted(values), len(values)
-    j = 1
-    while j + 1 <= (n + 1) // 2 and coverage(n, j + 1) >= confidence:
-        j += 1
-    return xs[j - 1], xs[n - j], coverage(n, j)
+    j, below = 1, _half_binomial(n, 0)  # below: P(Binomial(n, 1/2) < j)
+    while j + 1 <= (n + 1) // 2:
+        wider = below + _half_binomial(n, j)
+        if 1 - 2 * wider < confidence:
+            break
+        below, j = wider, j + 1
+    return xs[j - 1], xs[n - j], 1 - 2 * below
 
 
 def spread(values: list[float]) -> Spread:
@@ -90,8 +99,14 @@ def spread(values: list[float]) -> Spread:
 
 def beyond_noise(a: Spread, b: Spread) -> bool:
     """Whether two medians differ by more than either's interval allows: the intervals do
-    not overlap."""
-    return a.ci_high < b.ci_low or b.ci_high < a.ci_low
+    not overlap, and both are intervals of CONFIDENCE (with fewer than six steps none is:
+    one step's "interval" is the step itself, and covers nothing)."""
+    return sure(a) and sure(b) and (a.ci_high < b.ci_low or b.ci_high < a.ci_low)
+
+
+def sure(s: Spread) -> bool:
+    """Whether a spread's interval covers its median with CONFIDENCE (a tolerance for floats)."""
+    return s.confidence >= CONFIDENCE - 1e-9
 
 
 def precise_enough(step_times: list[float], target: float, min_steps: int) -> bool:

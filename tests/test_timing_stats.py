@@ -39,8 +39,8 @@ def test_the_interval_takes_the_binomial_ranks():
 
 
 def test_differences_beyond_both_intervals_only_are_real():
-    fast, close, slow = spread([1.0, 1.01, 0.99, 1.02, 0.98]), spread([1.01, 1.03, 1.0, 1.02, 0.99]), spread(
-        [1.2, 1.22, 1.19, 1.21, 1.18])
+    fast, close, slow = spread([1.0, 1.01, 0.99, 1.02, 0.98, 1.0]), spread([1.01, 1.03, 1.0, 1.02, 0.99, 1.01]), \
+        spread([1.2, 1.22, 1.19, 1.21, 1.18, 1.2])  # six steps each: the fewest a 95 % interval takes
     assert not beyond_noise(fast, close) and beyond_noise(fast, slow) and beyond_noise(slow, fast)
 
 
@@ -74,3 +74,29 @@ def test_timing_stops_once_the_median_is_pinned_and_not_before_the_fewest_steps(
     assert precise_enough(steady, 0.05, 6) and not precise_enough(steady[:5], 0.05, 5)  # 5 steps: 94 % at best
     assert not precise_enough(steady, 0.05, 7)  # fewer than asked for
     assert not precise_enough(BUSY, 0.05, 6) and precise_enough(BUSY, 5.0, 6)
+
+
+def test_a_verdict_needs_intervals_of_their_stated_confidence(tmp_path):
+    """One or four timed steps give no 95 % interval: two identical one-step trials 0.6 %
+    apart are not "slower", and the report says it cannot tell."""
+    one, other = spread([1.0]), spread([1.006])
+    assert one.confidence == 0 and not beyond_noise(one, other)
+    four = spread([1.0, 1.01, 0.99, 1.0])
+    assert four.confidence < 0.95 and not beyond_noise(four, spread([2.0, 2.01, 1.99, 2.0]))
+    _trial(tmp_path, "stage0", [1.0])
+    _trial(tmp_path, "stage1", [1.006])
+    rows, _ = collect(tmp_path)
+    assert [r["vs_best"] for r in rows] == ["best", "too few steps to tell"]
+
+
+def test_the_medians_interval_costs_one_pass_over_the_binomial(monkeypatch):
+    """A 4,000-step trial's interval summed its tail again for every j in n-bit integers (268 s
+    after its last step, again at every step under run.timing_ci): now each term once."""
+    from orchestrator import timing_stats
+
+    calls = []
+    real = timing_stats._half_binomial
+    monkeypatch.setattr(timing_stats, "_half_binomial", lambda n, i: calls.append(i) or real(n, i))
+    low, high, covered = timing_stats.median_interval([float(i) for i in range(4000)])
+    assert len(calls) <= 2001 and covered >= 0.95 and low < 2000 < high
+    assert abs(covered - timing_stats.coverage(4000, int(low) + 1)) < 1e-9  # the same figure as the direct sum

@@ -96,7 +96,8 @@ def test_report_of_the_sweep(cli, local_sweep):
                                "predicted_step_s", "peak_bytes", "predicted_peak_bytes"} <= set(rows[0])
     speeds = [float(r["tokens_per_sec_per_gpu"]) for r in rows]
     assert speeds == sorted(speeds, reverse=True)
-    assert rows[0]["vs_best"] == "best" and {r["vs_best"] for r in rows[1:]} <= {"slower", "within noise"}
+    assert rows[0]["vs_best"] == "best" and {r["vs_best"] for r in rows[1:]} <= {"slower", "within noise",
+                                                                                 "too few steps to tell"}
     assert all(r["trial"] for r in rows)  # always a column that tells the rows apart
     assert "tokens/s/GPU" in proc.stdout and (local_sweep / "report.md").read_text().count("\n| ") >= 5
     import matplotlib.image as mpimg
