@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -164,6 +165,12 @@ def _check_model(cfg: TrialConfig) -> None:
     positive(m.ffn_hidden, "model.ffn_hidden")
     if not 0 <= m.dropout < 1:
         raise ConfigError("model.dropout", m.dropout, "a probability from 0 (off) up to, not including, 1")
+    # RoPE's base sets each pair's wavelength (a base of 0 or below has none; Su et al. 2021);
+    # the norm's epsilon keeps its division from zero: both finite and above 0.
+    for name in ("rope_theta", "norm_eps"):
+        value = getattr(m, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ConfigError(f"model.{name}", value, "a finite number above 0")
     if not 0 < m.seq_len <= m.max_positions:
         raise ConfigError("model.seq_len", m.seq_len, f"a length from 1 to model.max_positions={m.max_positions}")
 

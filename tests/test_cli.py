@@ -37,6 +37,9 @@ BAD_INPUTS = [
     (["parallel.dp=0"], "parallel.dp", "0"),
     (["parallel.dp=-2"], "parallel.dp", "-2"),
     (["model.seq_len=0"], "model.seq_len", "0"),
+    (["model=llama3-8b", "hardware=h100-sxm", "model.rope_theta=0"], "model.rope_theta", "0"),  # no wavelength
+    (["model.norm_eps=-1e-5"], "model.norm_eps", "-1e-05"),
+    (["model.norm_eps=inf"], "model.norm_eps", "inf"),
     (["model.seq_len=129"], "model.seq_len", "129"),  # tiny has 128 positions
     (["zero=stage0", "zero.offload_optimizer=cpu"], "zero.offload_optimizer", "cpu"),
     (["zero=stage2", "zero.offload_param=cpu"], "zero.offload_param", "cpu"),
