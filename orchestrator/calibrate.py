@@ -191,9 +191,10 @@ def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, 
         metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
         try:
             spec = load_spec(trial_dir)
-            found.setdefault(spec.cfg.hardware.name, []).append(
-                Measured(str(trial_dir), spec, plausible_step_s(metrics.get("step_time_s")),
-                         tuple(timed_batches(metrics.get("history")))))
+            # measured first: a trial refused here must not leave its hardware an empty list
+            trial = Measured(str(trial_dir), spec, plausible_step_s(metrics.get("step_time_s")),
+                             tuple(timed_batches(metrics.get("history"))))
+            found.setdefault(spec.cfg.hardware.name, []).append(trial)
         except ConfigError as exc:
             warn(f"warning: skipped {trial_dir}: {exc}")
     return found

@@ -57,9 +57,13 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
     rows, results = group_repeats(rows, results)
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["status"] != "ok", -(rows[i]["tokens_per_sec_per_gpu"] or 0)))
     rows, results = [rows[i] for i in order], [results[i] for i in order]
-    spreads = [_spread(_obj(r.get("metrics")).get("tokens_per_sec_per_gpu_spread")) for r in results]
+    # a spread counts only beside the figure it spreads (a result whose throughput is not one has none)
+    spreads = [_spread(_obj(r.get("metrics")).get("tokens_per_sec_per_gpu_spread"))
+               if row["status"] == "ok" and row["tokens_per_sec_per_gpu"] is not None else None
+               for row, r in zip(rows, results)]
+    best = spreads[0] if rows and rows[0]["status"] == "ok" else None
     for row, spread in zip(rows, spreads):
-        row["vs_best"] = against_best(spread, spreads[0]) if row["status"] == "ok" else ""
+        row["vs_best"] = against_best(spread, best)
     return rows, results
 
 
@@ -84,7 +88,8 @@ def group_repeats(rows: list[dict], results: list[dict]) -> tuple[list[dict], li
             out_results.append(results[first])
             continue
         steps = [h for i in members for h in _obj(results[i].get("metrics")).get("history") or []
-                 if isinstance(h, dict) and h.get("timed")]
+                 if isinstance(h, dict) and h.get("timed") and _num(h.get("step_time_s"))
+                 and _num(h.get("tokens_per_sec_per_gpu"))]
         step = spread([h["step_time_s"] for h in steps]) if steps else None
         throughput = spread([h["tokens_per_sec_per_gpu"] for h in steps]) if steps else None
         row, result = dict(rows[first]), copy.deepcopy(results[first])
@@ -120,11 +125,16 @@ def against_best(spread: Spread | None, best: Spread | None) -> str:
 
 
 def _spread(value) -> Spread | None:
-    """A result's spread, where it has a readable one (older results have none)."""
+    """A result's spread, where it has a readable one (older results have none): every
+    figure a number, the interval around the median."""
     try:
-        return Spread(**value) if isinstance(value, dict) else None
+        s = Spread(**value) if isinstance(value, dict) else None
     except TypeError:
         return None
+    if s is None or not all(_num(x) is not None for x in (s.median, s.ci_low, s.ci_high)) \
+            or not isinstance(s.confidence, (int, float)) or not s.ci_low <= s.median <= s.ci_high:
+        return None
+    return s
 
 
 def _stderr(line: str) -> None:
@@ -144,8 +154,9 @@ def _obj(value) -> dict:
 
 
 def _num(value) -> float | None:
-    """A measured or predicted figure: a finite number, else nothing (a string, a list...)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A measured or predicted figure: a finite number above 0, else nothing (a string, a
+    list, a zero or negative step a hand-edited result holds: none of them ranks a trial)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
     return value if ok else None
 
 

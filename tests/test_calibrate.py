@@ -48,3 +48,21 @@ def test_calibrate_fits_measured_trials_and_the_plan_uses_the_preset(cli, tmp_pa
     (tmp_path / "empty").mkdir()
     empty = cli("calibrate", str(tmp_path / "empty"), env=env)
     assert empty.returncode == 2 and "no ok trial" in empty.stderr and "Traceback" not in empty.stderr
+
+
+def test_calibrate_over_only_implausible_trials_says_so_and_exits_2(cli, tmp_path, default_trial):
+    """Each trial refused for its step time is named, and with none left the command says
+    there is nothing to fit (it was an IndexError: the refused trials left their hardware an
+    empty list)."""
+    import json
+    import shutil
+
+    for name, step in (("a", 1e9), ("b", -1), ("c", "fast")):
+        shutil.copytree(default_trial, tmp_path / "runs" / name)
+        path = tmp_path / "runs" / name / "result.json"
+        result = json.loads(path.read_text())
+        result["metrics"]["step_time_s"] = step
+        path.write_text(json.dumps(result))
+    proc = cli("calibrate", str(tmp_path / "runs"), env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("warning: skipped") == 3 and "no ok trial with a measured step time" in proc.stderr

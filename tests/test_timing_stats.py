@@ -100,3 +100,20 @@ def test_the_medians_interval_costs_one_pass_over_the_binomial(monkeypatch):
     low, high, covered = timing_stats.median_interval([float(i) for i in range(4000)])
     assert len(calls) <= 2001 and covered >= 0.95 and low < 2000 < high
     assert abs(covered - timing_stats.coverage(4000, int(low) + 1)) < 1e-9  # the same figure as the direct sum
+
+
+def test_crafted_step_times_rank_no_trial_and_crash_no_report(tmp_path):
+    """A hand-edited result's zero, negative or string figures are shown empty and rank last;
+    a spread beside a figure that is not one is no verdict."""
+    _trial(tmp_path, "stage0", [1.0, 1.01, 0.99, 1.02, 0.98, 1.0])
+    for name, value in (("stage1", -0.1), ("stage2", 0), ("stage3", "fast")):
+        _trial(tmp_path, name, [1.0, 1.01, 0.99, 1.02, 0.98, 1.0])
+        path = tmp_path / name / "result.json"
+        result = json.loads(path.read_text())
+        result["metrics"].update(step_time_s=value, tokens_per_sec_per_gpu=value)
+        result["metrics"]["history"] = [{"timed": True, "step_time_s": value, "tokens_per_sec_per_gpu": value}]
+        path.write_text(json.dumps(result))
+    rows, _ = collect(tmp_path)
+    assert rows[0]["trial"] == "stage0" and rows[0]["vs_best"] == "best"
+    assert all(r["tokens_per_sec_per_gpu"] is None and r["step_time_s"] is None and r["vs_best"] == ""
+               for r in rows[1:])
