@@ -7,8 +7,8 @@ planning lines, then `run` (the trial the README shows), the local sweep, and th
 that read a sweep (`status`, `wait`, `report`, `calibrate`) pointed at the sweep it made.
 The README's placeholders are filled with what exists here: `multirun/DATE/TIME` is the
 sweep just run, `past_runs.csv` that sweep's report.csv (a column per swept key and the
-measured figures, which is what `--csv` reads), and the nccl-tests logs `ar-2n.log
-ar-8n.log` are written in nccl-tests' own format from a published p5 curve (no GPU here to
+measured figures, which is what `--csv` reads), and the nccl-tests logs
+`all_reduce_perf-2n.log all_reduce_perf-8n.log` are written in nccl-tests' own format from a published p5 curve (no GPU here to
 run nccl-tests on). A line that needs what this machine lacks (a SLURM cluster with a
 `gpu` partition and H100s) is named with what it needs, not run. A trial whose plan says
 it takes longer than `--deadline` runs until then (its cost line printed and its first
@@ -71,10 +71,10 @@ def filled(line: str, sweep: Path | None) -> str:
 
 
 def nccl_logs(out: Path) -> None:
-    """ar-2n.log and ar-8n.log: all_reduce_perf on 2 and 8 p5 nodes, 8 GPUs each (the
+    """all_reduce_perf-2n.log and -8n.log: all_reduce_perf on 2 and 8 p5 nodes, 8 GPUs each (the
     shape of AWS's published p5 curves; 8 nodes at 0.8 of the 2-node bus bandwidth)."""
     for nodes, scale in ((2, 1.0), (8, 0.8)):
-        (out / f"ar-{nodes}n.log").write_text(log("all_reduce", nodes, 8, curve(*(scale * b for b in
+        (out / f"all_reduce_perf-{nodes}n.log").write_text(log("all_reduce", nodes, 8, curve(*(scale * b for b in
                                                                                   (18, 55, 140, 280, 370, 420)))))
 
 

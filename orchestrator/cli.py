@@ -142,6 +142,7 @@ def links_command(args: argparse.Namespace) -> int:
     """calibrate --links: the network measured as nccl-tests does, fitted, written."""
     from orchestrator import links  # measures with torchrun or srun: not needed by other commands
 
+    args.hardware = args.hardware or "cpu"
     links.check_hardware(args.hardware)
     device = "cuda" if build_spec([f"hardware={args.hardware}"]).cfg.hardware.device.is_gpu else "cpu"
     nodes = links.check_arguments(args.nodes, args.ranks_per_node, args.max_mb, args.reps, args.partition, device)
@@ -161,14 +162,24 @@ def nccl_tests_command(args: argparse.Namespace) -> int:
     network table of NAME-calibrated."""
     from orchestrator import links, nccl_tests  # not needed by other commands
 
+    from orchestrator.calibrate import preset_lock, writable_preset_dir
+
+    if args.hardware is None:  # --links' default is this CPU; nccl-tests ran on GPUs someone must name
+        raise ConfigError("--hardware", "(none)", "the GPU preset these nccl-tests logs measured, e.g. --hardware "
+                          "h100-sxm: its calibrated copy gets their network table")
     links.check_hardware(args.hardware)
-    runs = [nccl_tests.read_run(Path(f)) for f in args.nccl_tests]
+    if not build_spec([f"hardware={args.hardware}"]).cfg.hardware.device.is_gpu:
+        raise ConfigError("--hardware", args.hardware, "a GPU preset: nccl-tests measures NCCL between GPUs, and a "
+                          "CPU preset's network is gloo's (calibrate --links measures it)")
+    runs = [run for f in args.nccl_tests for run in nccl_tests.read_runs(Path(f))]
     for run in runs:
         if not run.complete:
             print(f"warning: {run.path} has no '# Avg bus bandwidth' footer: the run was cut short; its "
                   f"{len(run.rows)} complete row(s) are used", file=sys.stderr)
     table = nccl_tests.table_of(runs)
-    path = links.write_network_table(args.hardware, table, f"the network as nccl-tests measured it ({table.source})")
+    with preset_lock(writable_preset_dir(), args.hardware):  # ten imports at once: each curve kept, or told why not
+        path = links.write_network_table(args.hardware, table,
+                                         f"the network as nccl-tests measured it ({table.source})")
     show_bus_table(table, console())
     console().print(f"wrote {links.table_path(args.hardware)} and {path} (hardware={Path(path).stem})")
     return 0
@@ -213,12 +224,12 @@ def _parser() -> argparse.ArgumentParser:
     calib.add_argument("--links", action="store_true", help="measure the network instead (all-reduce, "
                        "reduce-scatter, all-gather, 1 MB up to --max-mb) and write its levels into the preset")
     calib.add_argument("--nccl-tests", nargs="+", metavar="FILE", help="nccl-tests logs (all_reduce_perf, "
-                       "all_gather_perf, reduce_scatter_perf; one file per run and node count): their bus bandwidth "
+                       "all_gather_perf, reduce_scatter_perf; one or more runs a file): their bus bandwidth "
                        "by size becomes the network table of --hardware's calibrated preset")
     calib.add_argument("--max-rows", type=int, default=MAX_POINTS, help=f"--csv: refuse a file of more rows "
                        f"than this (default {MAX_POINTS:,}; each row is planned at every step of the fit)")
-    calib.add_argument("--hardware", default="cpu", help="--links, --nccl-tests: the preset whose -calibrated copy "
-                       "gets the network")
+    calib.add_argument("--hardware", default=None, help="--links (default: cpu), --nccl-tests (a GPU preset, "
+                       "required): the preset whose -calibrated copy gets the network")
     calib.add_argument("--nodes", default="1", help="--links: node counts, e.g. 1,2,4 (more than one: through srun)")
     calib.add_argument("--ranks-per-node", type=int, default=2, help="--links: ranks on each node (its GPUs)")
     calib.add_argument("--max-mb", type=float, default=1024, help="--links: the largest buffer, MB (from 1 MB)")
