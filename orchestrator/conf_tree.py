@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.files import xdg_dir
+
 _REPO = Path(__file__).resolve().parent.parent
 CONFIG_NAME = "config"  # the tree's primary config (Hydra's --config-name)
 
@@ -29,8 +31,7 @@ def user_conf_dir() -> Path:
     searched before the shipped ones, and where `orchestrator calibrate` writes."""
     if env := os.environ.get("ORCHESTRATOR_USER_CONF"):
         return Path(env).resolve()
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return base / "orchestrator" / "conf"
+    return xdg_dir("XDG_CONFIG_HOME", ".config") / "orchestrator" / "conf"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,14 @@ from typing import Any
 import yaml
 
 
+def xdg_dir(variable: str, fallback: str) -> Path:
+    """An XDG base directory: $VARIABLE where it is an absolute path, else ~/FALLBACK. The
+    XDG spec has an empty or relative value ignored: "" would put a cache in the working
+    directory, which is whatever the user ran the command in."""
+    value = os.environ.get(variable, "")
+    return Path(value) if value and Path(value).is_absolute() else Path.home() / fallback
+
+
 def atomic_write_text(path: Path | str, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ import yaml
 
 from orchestrator.conf_tree import current_source
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_json, read_yaml
+from orchestrator.files import atomic_write_text, read_json, read_yaml, xdg_dir
 from orchestrator.plan.bus_table import MAX_BUSBW_GBPS
 
 # Substrings of torch.cuda.get_device_name() -> preset. Checked in order (H100 PCIe
@@ -253,7 +253,7 @@ def torch_version() -> str:
 
 def cache_dir() -> Path:
     """Where this machine's measurements are cached (the CPU's peak, kernels.json)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "orchestrator"
+    return xdg_dir("XDG_CACHE_HOME", ".cache") / "orchestrator"
 
 
 # What this process has read or measured: a plan of a CPU trial asks for a peak (and the

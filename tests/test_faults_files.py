@@ -532,3 +532,19 @@ def test_a_long_trial_name_is_shown_whole_on_one_line_to_be_copied(cli, ok_trial
     for command in ("status", "report"):
         out = cli(command, str(tmp_path / "sweep")).stdout
         assert f"[1] {name}" in out.splitlines() and "0_short" in out, out
+
+
+@pytest.mark.parametrize("value", ["", "relative/cache", "."])
+def test_an_empty_or_relative_xdg_directory_is_ignored_as_the_spec_says(monkeypatch, tmp_path, value):
+    """An empty XDG_CACHE_HOME put kernels.json into whatever directory the command ran in."""
+    from orchestrator.conf_tree import user_conf_dir
+    from orchestrator.hardware import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("ORCHESTRATOR_USER_CONF", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", value)
+    monkeypatch.setenv("XDG_CONFIG_HOME", value)
+    assert cache_dir() == tmp_path / ".cache" / "orchestrator"
+    assert user_conf_dir() == tmp_path / ".config" / "orchestrator" / "conf"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "elsewhere"))
+    assert cache_dir() == tmp_path / "elsewhere" / "orchestrator"
