@@ -30,24 +30,34 @@ import sys
 from typing import Any, Iterator, TextIO
 
 MASK = "***"
-SECRET_PARTS = {"key", "apikey", "token", "password", "passwd", "secret", "credential", "credentials", "pat",
-                "auth", "authorization"}
-SECRET_ENDINGS = ("password", "passwd", "apikey", "secret", "token")
+SECRET_PARTS = {"key", "apikey", "token", "password", "passwd", "pwd", "pass", "passphrase", "secret", "credential",
+                "credentials", "pat", "auth", "authorization", "cookie", "sessionid", "sig", "signature"}
+SECRET_ENDINGS = ("password", "passwd", "passphrase", "apikey", "secret", "token")
+SECRET_PAIRS = {("session", "id"), ("session", "key"), ("session", "token")}  # session_id, SESSION-KEY
 _NAME = r"[A-Za-z_][\w.-]*"
-_VALUE = r"(?:\"[^\"]*\"|'[^']*'|[^\s,\]\[\"']+)"
+# A value runs to the next space or quote: a secret cut at `,` `[` or `]` would leave its rest
+# in clear (a name that is not secret has its value searched again, so nothing is lost).
+_VALUE = r"(?:\"[^\"]*\"|'[^']*'|[^\s\"']+)"
+_REFERENCE = re.compile(r"[\"']?\$(?:\{?[A-Za-z_]\w*\}?[\"']?$|\()")  # $TOKEN, ${TOKEN}, $(cmd: names one
 # NAME=VALUE, NAME: VALUE, and the dict / JSON spelling 'NAME': 'VALUE'
 _ASSIGNMENT = re.compile(rf"({_NAME})([\"']?\s*[=:]\s*)({_VALUE})")
 _FLAG = re.compile(rf"(--?{_NAME})(\s+)({_VALUE})")
 _EXPORT = re.compile(rf"^\s*export\s+({_NAME})=({_VALUE})\s*$")
 _BEARER = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9._~+/=-]{6,})", re.IGNORECASE)
+# An Authorization header of any scheme (token, ApiKey, Digest, AWS4-HMAC-SHA256): all after the name.
+_AUTHORIZATION = re.compile(r"\b((?:Proxy-)?Authorization)([\"']?\s*[:=]\s*)([^\r\n]+)", re.IGNORECASE)
 # The password of a URL runs to its '@' (RFC 3986 forbids an unescaped '/' there, but users
 # write one: s3://ak:SEC/RET@host); a user alone as long as a token is one (https://TOKEN@host).
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"']*:)([^@\s\"']+)(@)")
+# The password ends at the last '@' before the host, which holds none (p@ss@host: the password is p@ss).
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"']*:)([^\s\"']+)(@)(?=[^@\s\"'/]*(?:[/\s\"']|$))")
 _URL_TOKEN_USER = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']{16,})(@)")
 # A credential needs no name where its own format says what it is: GitHub's, Hugging Face's,
 # OpenAI's and Slack's tokens, AWS's access key ids (each service documents its prefix).
 _KNOWN_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}"
-                          r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})\b")
+                          r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}"
+                          r"|glpat-[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}"  # GitLab's and npm's tokens
+                          r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})\b"  # a JWT: header.payload.sig
+                          r"|hooks\.slack\.com/services/[A-Za-z0-9/]+")  # a Slack webhook's path is its credential
 
 
 def is_secret_name(name: str) -> bool:
@@ -55,9 +65,11 @@ def is_secret_name(name: str) -> bool:
     parts = [part.lower() for part in re.split(r"[_.\-\s]+", spaced)]
     if parts[-1] in ("error", "exception", "warning"):  # KeyError: 'x' names an exception, holds no key
         return False
+    if name in ("PWD", "OLDPWD"):  # the shell's working directory, not ODBC's pwd= password
+        return False
     # "per token" is a unit (flops.model_per_token), not a credential
     return any((part in SECRET_PARTS or part.endswith(SECRET_ENDINGS)) and parts[i - 1:i] != ["per"]
-               for i, part in enumerate(parts))
+               for i, part in enumerate(parts)) or any(pair in SECRET_PAIRS for pair in zip(parts, parts[1:]))
 
 
 def redact_text(text: str) -> str:
@@ -68,11 +80,12 @@ def redact_text(text: str) -> str:
         name, sep, value = m.groups()
         if not is_secret_name(name):
             return f"{name}{sep}{redact_text(value)}" if value else m.group(0)
-        if value.lstrip("\"'").startswith("$"):  # $TOKEN, $(cmd): names a secret, holds none
+        if _REFERENCE.match(value):  # $TOKEN, $(cmd): names a secret, holds none ($ecret! holds one)
             return m.group(0)
         quote = value[0] if value[0] in "\"'" else ""
         return f"{name}{sep}{quote}{MASK}{quote}"
 
+    text = _AUTHORIZATION.sub(rf"\1\2{MASK}", text)
     text = _KNOWN_TOKEN.sub(MASK, _BEARER.sub(rf"\1\2{MASK}", text))
     text = _URL_TOKEN_USER.sub(rf"\1{MASK}\3", _URL_PASSWORD.sub(rf"\1{MASK}\3", text))
     return _FLAG.sub(mask, _ASSIGNMENT.sub(mask, text))

@@ -17,8 +17,10 @@ from pathlib import Path
 
 from orchestrator.config import OBJECTIVES
 from orchestrator.files import atomic_write_json, read_json
+from orchestrator.redact import redact
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths, disk_full, release
+
 
 class Status(str, Enum):
     """How a trial ended, as result.json's `status` says it (a str: it compares and
@@ -76,6 +78,7 @@ def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, sta
               "choices": spec.choices if spec else {}, "plan": plan,
               "metrics": measured.get("metrics"), "env": measured.get("env"), "error": error,
               "started_at": started_at, "finished_at": now(), **extra}
+    result = redact(result)  # the plan's text and the error's message hold what users named: masked
     release(trial_dir)
     try:
         atomic_write_json(paths.result, result)

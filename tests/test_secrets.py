@@ -125,3 +125,44 @@ def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it
         field = override.lstrip("+").split("=")[0]
         assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, override
         assert "s3cret" not in proc.stdout + proc.stderr and not (tmp_path / "refused").exists(), override
+
+
+@pytest.mark.parametrize("text,secret", [
+    ("Driver=x;Server=db;Uid=me;pwd=hunter2;", "hunter2"),
+    ("passphrase=correct-horse", "correct-horse"),
+    ("DB_PASS=s3cr3t", "s3cr3t"),
+    ("session_id=0badc0ffee", "0badc0ffee"),
+    ("Cookie: sid=abc123def", "abc123def"),
+    ("https://acct.blob.core.windows.net/c/f?sv=2022&sig=AzureSig123%3D", "AzureSig123"),
+    ("https://b.s3.amazonaws.com/o?X-Amz-Signature=deadbeef42&X-Amz-Date=1", "deadbeef42"),
+    ("Authorization: token ghabc1234567890", "ghabc1234567890"),
+    ("Authorization: ApiKey k3y-value", "k3y-value"),
+    ("Authorization: Digest username=\"u\", response=\"6629fae49393a05397450978507c4ef1\"", "6629fae4"),
+    ("Authorization: AWS4-HMAC-SHA256 Credential=AKID/2026, Signature=fe5f80f77d5fa3be", "fe5f80f77d5f"),
+    ("password=first,second", "second"),
+    ("password=[one,two]", "two"),
+    ("api_key=$ecret!value", "ecret!value"),
+    ("https://user:p@ss@db.example.com/x", "p@ss"),
+    ("https://hooks.slack.com/services/T0001/B0001/XXXXXXXXXXXXXXXX", "XXXXXXXXXXXXXXXX"),
+    ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c", "SflKxwRJ"),
+    ("glpat-abcdefghijklmnopqrstu", "abcdefghijklmnop"),
+    ("npm_abcdefghijklmnopqrstuvwxyz0123456789", "abcdefghijklmnop"),
+])
+def test_secrets_the_last_pass_found_in_other_spellings_are_masked(text, secret):
+    assert secret not in redact_text(text), redact_text(text)
+
+
+def test_a_variable_that_names_a_secret_stays_and_a_literal_dollar_value_is_masked():
+    for text in ("password=$TOKEN", "password=${TOKEN}", "token=$(cat ~/.t)"):
+        assert redact_text(text) == text
+
+
+def test_the_plans_own_text_reaches_no_file_unmasked(cli, tmp_path):
+    """A link's name, a user-given string the plan repeats in its assumptions, is masked in
+    plan.json like every other file (the plan's text went out as it was)."""
+    proc = cli("translate", "hardware=h100-sxm", "hardware.inter_node.name='ib token: abc123secret'", "parallel.dp=16",
+               "cluster=slurm", "cluster.gpus_per_node=8", "--out", str(tmp_path / "t"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "t" / "plan.json").is_file()
+    assert [p.name for p in (tmp_path / "t").rglob("*") if p.is_file() and b"abc123secret" in p.read_bytes()] == []
+    assert "abc123secret" not in proc.stdout + proc.stderr

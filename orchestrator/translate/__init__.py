@@ -22,12 +22,12 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from orchestrator.files import atomic_write_json, atomic_write_text
 from orchestrator.launchers import slurm
 from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import Command, local_command, rank_environment
-from orchestrator.files import atomic_write_json, atomic_write_text
-from orchestrator.spec import TrialSpec
 from orchestrator.redact import redact, secret_exports
+from orchestrator.spec import TrialSpec
 from orchestrator.token_file import few_windows_warning
 from orchestrator.translate import accelerate, deepspeed, fsdp
 from orchestrator.trial_dir import TrialPaths
@@ -52,8 +52,8 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
         paths.config: OmegaConf.to_yaml(spec.resolved()),
         paths.meta: {"overrides": list(spec.overrides), "choices": spec.choices, "sweep": redact(sweep or {})},
     }
-    if plan is not None:
-        files[paths.plan] = plan
+    if plan is not None:  # its text holds what users named (a link, a table's path and comment): masked
+        files[paths.plan] = redact(plan)
     explain = ["# How this trial's configs follow from it", "", f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`", ""]
     if spec.cfg.engine.backend == "deepspeed":
         files[paths.ds_config] = deepspeed.ds_config(spec)
