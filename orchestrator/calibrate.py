@@ -219,6 +219,10 @@ def csv_trials(path: Path, max_rows: int = MAX_POINTS, warn: Callable[[str], Non
         rows = list(csv.DictReader(io.StringIO(text, newline="")))
     except (OSError, csv.Error, UnicodeDecodeError) as exc:
         raise ConfigError("--csv", str(path), f"a readable CSV file ({getattr(exc, 'strerror', None) or exc})") from None
+    header = next(csv.reader(io.StringIO(text, newline="")), [])
+    if twice := sorted({c for c in header if header.count(c) > 1}):  # DictReader would keep the last silently
+        raise ConfigError("--csv", str(path), f"a header that names each column once; {', '.join(twice)} "
+                          "is there more than once")
     if not rows or not any(c in rows[0] for c in MEASURED_COLUMNS):
         raise ConfigError("--csv", str(path), f"a header of override keys and one of {', '.join(MEASURED_COLUMNS)}, "
                           "and a row per run")

@@ -37,24 +37,47 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
+from hydra_plugins.orchestrator_launcher.orchestrator_launcher import (
+    OrchestratorLauncher,
+)
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
-from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S, compose_trial, expand_sweep, fixed_part
+from orchestrator.compose import (
+    MAX_POINTS,
+    PROGRESS_EVERY_S,
+    compose_trial,
+    expand_sweep,
+    fixed_part,
+)
 from orchestrator.conf_tree import CONFIG_NAME, Source, current_source, use_source
 from orchestrator.config import OBJECTIVES
-from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
+from orchestrator.display import (
+    console,
+    show_plan,
+    show_report,
+    show_sweep,
+    trial_label,
+)
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.files import read_json, strict_json
 from orchestrator.hydra_compat import hydra_arguments
 from orchestrator.hydra_errors import foreign_launcher
 from orchestrator.plan.planner import make_plan
 from orchestrator.report import collect
+from orchestrator.results import exit_code_of
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.sweep_batch import SweepBatch, TaskReturn
 from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
 from orchestrator.trial import check_runnable_here, refusal, wait_for
-from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, claim, trials_below, writable_dir
+from orchestrator.trial_dir import (
+    CLAIM,
+    SWEEP_CLAIM,
+    SweepPaths,
+    TrialPaths,
+    claim,
+    trials_below,
+    writable_dir,
+)
 from orchestrator.tune.record import resumable_tune, same_space, tune_budget
 from orchestrator.tune.space import plan_space
 
@@ -346,8 +369,9 @@ def run_task(cfg: DictConfig) -> TaskReturn:
 def sweep_outcome(results: list[dict], base: Path, out) -> int:
     """Say how a sweep went; its exit code (a failure outranks a refusal)."""
     if len(results) > 1:
-        failed = [r for r in results if r["status"] != "ok"]
-        out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not ({', '.join(r['status'] for r in failed)})"
-                  f" in {base}" if failed else f"sweep: all {len(results)} ok in {base}")
-    codes = {r["exit_code"] for r in results} or {0}
+        failed = [r for r in results if r.get("status") != "ok"]
+        out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not "
+                  f"({', '.join(str(r.get('status')) for r in failed)}) in {base}" if failed
+                  else f"sweep: all {len(results)} ok in {base}")
+    codes = {exit_code_of(r) for r in results} or {0}
     return 1 if codes - {0, 3} else max(codes)

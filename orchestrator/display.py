@@ -7,7 +7,6 @@ plan rests on are printed under it.
 from __future__ import annotations
 
 import math
-
 import sys
 
 from rich.console import Console
@@ -231,13 +230,12 @@ def show_progress(p: dict, out: Console) -> None:
 
 
 def show_result(result: dict, trial_dir, out: Console) -> None:
-    status = result["status"]
+    status = result.get("status")
     colour = "green" if status == "ok" else "red"
     out.print(f"[bold {colour}]{status}[/bold {colour}]  {TrialPaths(trial_dir).result}")
-    if result["error"]:
-        e = result["error"]
+    if isinstance(e := result.get("error"), dict) and e:
         rank = f" on rank {e['rank']}" if e.get("rank") is not None else ""
-        out.print(f"  {e['type']}{rank}: {e['message']}")
+        out.print(f"  {e.get('type')}{rank}: {e.get('message')}")
     m, plan = result.get("metrics"), result.get("plan") or {}
     if not m:
         return

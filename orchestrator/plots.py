@@ -146,7 +146,8 @@ def predicted_vs_measured_plot(ok: list[dict], path: Path) -> Path:
             a.scatter(*zip(*pairs), label=label)
             memory += pairs
     times = [(r["plan"]["time"]["step_s"], r["metrics"]["step_time_s"]) for r in ok if r.get("plan")]
-    b.scatter(*zip(*times), label="step time", color="tab:green")
+    if times:  # results without a plan (an older or foreign result.json) have nothing to set against
+        b.scatter(*zip(*times), label="step time", color="tab:green")
     for ax, pairs, title, unit in ((a, memory, "Memory per rank", "MiB"), (b, times, "Step time", "s")):
         identity_line(ax, [v for pair in pairs for v in pair])
         ax.set(title=title, xlabel=f"predicted ({unit})", ylabel=f"measured ({unit})", xscale="log", yscale="log")

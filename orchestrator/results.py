@@ -42,6 +42,18 @@ EXIT_CODES = {Status.OK: 0, Status.FAILED: 1, Status.OOM: 1, Status.TIMEOUT: 1, 
               Status.REFUSED: 3, Status.INTERRUPTED: 130}
 
 
+def exit_code_of(result: dict) -> int:
+    """A result's exit code: its own where it holds a whole number, else its status's (a
+    hand-written or older result.json may lack either; an unknown status is a failure)."""
+    code = result.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code
+    try:
+        return EXIT_CODES[Status(result.get("status"))]
+    except ValueError:
+        return 1
+
+
 def error_record(type_: str, message: str, rank: int | None = None, log: Path | None = None, **extra) -> dict:
     """result.json's `error`: {type, message, rank, log_tail} (+ host, signal, ...), built here only."""
     return {"type": type_, "message": message, "rank": rank, "log_tail": log_tail(log) if log else "", **extra}

@@ -83,3 +83,11 @@ def test_a_csv_without_a_measurement_column_is_refused(cli, tmp_path):
     path = _write(tmp_path / "runs.csv", [{**BASE, "parallel.dp": 8}])
     proc = cli("calibrate", "--csv", str(path))
     assert proc.returncode == 2 and "tokens_per_sec_per_gpu" in proc.stderr
+
+
+def test_a_column_named_twice_is_refused_naming_it(cli, tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text("model,parallel.dp,parallel.dp,step_time_s\ngpt2-125m,8,16,1.0\n")
+    proc = cli("calibrate", "--csv", str(path), env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    assert proc.returncode == 2 and "parallel.dp is there more than once" in proc.stderr, proc.stderr
+    assert not (tmp_path / "conf").exists()

@@ -405,3 +405,17 @@ def _dead(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie: ended, not yet reaped by init
     except FileNotFoundError:
         return True
+
+
+@pytest.mark.parametrize("missing", ["exit_code", "error", "metrics", "plan", "config"])
+def test_wait_status_and_report_read_a_result_with_any_field_missing(cli, default_trial, tmp_path, missing):
+    """`wait` over a result.json without exit_code ended in KeyError: every reader of a result
+    takes any field as absent, and the exit code follows the status where the code is gone."""
+    point = tmp_path / "0_run.seed=1"
+    shutil.copytree(default_trial, point)
+    result = json.loads((point / "result.json").read_text())
+    result.pop(missing)
+    (point / "result.json").write_text(json.dumps(result))
+    for command in (["wait", "--timeout", "20"], ["status"], ["report"]):
+        proc = cli(*command, str(tmp_path))
+        assert "Traceback" not in proc.stdout + proc.stderr and proc.returncode == 0, (command, proc.stderr)
