@@ -12,6 +12,8 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
+from orchestrator import memory_cgroup
+
 # A host whose cores are more than this busy before a trial starts is said to be busy: the
 # idle 2-core CI machine read 0-1 %, the same with a two-rank trial running 51-99 %.
 BUSY_SHARE = 0.25
@@ -79,12 +81,16 @@ def measure(window_s: float = WINDOW_S, exclude: set[int] | None = None) -> Host
 
 
 def available_bytes() -> int | None:
-    """Memory a new process can take without swapping (MemAvailable), or None where unknown."""
+    """Memory a new process can take without swapping: MemAvailable, or less where this
+    process's cgroup limit leaves less (a SLURM job's or a container's); None where unknown."""
+    host = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    host = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    return None
+    known = [b for b in (host, memory_cgroup.headroom_bytes()) if b is not None]
+    return min(known) if known else None

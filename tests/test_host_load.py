@@ -63,3 +63,27 @@ def test_a_sigkilled_rank_is_oom_only_where_its_cgroup_counted_an_oom_kill(tmp_p
     status, error = outcome_status(tmp_path, 1, False, oom_killed=True)
     assert status == "oom" and error["type"] == "OutOfMemory" and "OOM killer" in error["message"]
     assert memory_cgroup.oom_kills() is not None  # this machine's kind has a counter to read
+
+
+def test_the_free_memory_a_trial_is_checked_against_is_its_cgroups_where_that_is_less(tmp_path):
+    """Under SLURM or a container a job's cgroup limit is below the host's MemAvailable: the
+    tightest limit over the cgroup and its parents, less what they use, is what a trial has."""
+    from orchestrator.memory_cgroup import headroom_bytes
+
+    job = tmp_path / "system.slice" / "slurmstepd.scope" / "job_42"
+    job.mkdir(parents=True)
+    (job / "memory.max").write_text("8589934592\n")  # the job: 8 GiB, 6 GiB of it used
+    (job / "memory.current").write_text(str(6 * 2**30))
+    (job.parent / "memory.max").write_text("max\n")  # its parent: no limit
+    (job.parent / "memory.current").write_text(str(50 * 2**30))
+    v2 = "0::/system.slice/slurmstepd.scope/job_42\n"
+    assert headroom_bytes(root=tmp_path, proc_cgroup=v2) == 2 * 2**30
+    (job.parent / "memory.max").write_text(str(51 * 2**30))  # a parent nearer its limit binds first
+    assert headroom_bytes(root=tmp_path, proc_cgroup=v2) == 1 * 2**30
+    v1_dir = tmp_path / "memory" / "docker" / "abc"
+    v1_dir.mkdir(parents=True)
+    (v1_dir / "memory.limit_in_bytes").write_text(str(4 * 2**30))
+    (v1_dir / "memory.usage_in_bytes").write_text(str(3 * 2**30))
+    assert headroom_bytes(root=tmp_path, proc_cgroup="4:memory:/docker/abc\n") == 2**30
+    (v1_dir / "memory.limit_in_bytes").write_text("9223372036854771712")  # v1's "no limit"
+    assert headroom_bytes(root=tmp_path, proc_cgroup="4:memory:/docker/abc\n") is None
