@@ -59,6 +59,7 @@ from orchestrator.display import (
 )
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.files import read_json, strict_json
+from orchestrator.host_load import available_bytes
 from orchestrator.hydra_compat import hydra_arguments
 from orchestrator.hydra_errors import foreign_launcher
 from orchestrator.plan.planner import make_plan
@@ -229,10 +230,15 @@ def plan(overrides: list[str], multirun: bool, as_json: bool, most: int = MAX_PO
         show_plan(*points[0], console())
     else:
         show_sweep(points, console())
-    refused = [spec for spec, p in points if not p.fits]
+    # run's own verdict (device memory, the node's host memory; a local CPU trial's ranks against
+    # what this host has free): `plan` never says fits where `run` refuses
+    free = available_bytes() if any(s.cfg.cluster.name == "local" and not s.cfg.hardware.device.is_gpu
+                                    for s, _ in points) else None
+    refused = [why for spec, p in points if (why := refusal(
+        spec, p, free_bytes=free if not spec.cfg.hardware.device.is_gpu else None))]
     if refused:
-        print(f"orchestrator plan: {len(refused)} of {len(points)} trial(s) do not fit in device memory "
-              "(run.force=true launches anyway)", file=sys.stderr)
+        print(f"orchestrator plan: {len(refused)} of {len(points)} trial(s) would be refused by run: {refused[0]}",
+              file=sys.stderr)
         return PlanRefused.exit_code
     return 0
 

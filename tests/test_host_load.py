@@ -87,3 +87,14 @@ def test_the_free_memory_a_trial_is_checked_against_is_its_cgroups_where_that_is
     assert headroom_bytes(root=tmp_path, proc_cgroup="4:memory:/docker/abc\n") == 2**30
     (v1_dir / "memory.limit_in_bytes").write_text("9223372036854771712")  # v1's "no limit"
     assert headroom_bytes(root=tmp_path, proc_cgroup="4:memory:/docker/abc\n") is None
+
+
+def test_plan_says_what_run_would_say_of_a_local_cpu_trial_its_host_cannot_hold(cli, monkeypatch):
+    """`plan` exited 0 where `run` refused the same point for the host's free memory: both now
+    take the same verdict (trial.refusal), with what this host has free."""
+    import orchestrator.commands as commands
+    from tests.conftest import PRESET_KERNELS
+
+    monkeypatch.setattr(commands, "available_bytes", lambda: 64 * 2**20)  # this host: 64 MiB free (faked)
+    proc = cli("plan", "hardware=cpu", PRESET_KERNELS)
+    assert proc.returncode == 3 and "the host has 0.06 GiB free" in proc.stderr, proc.stderr

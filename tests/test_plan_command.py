@@ -80,7 +80,7 @@ def test_a_trial_that_does_not_fit_exits_3_with_the_breakdown(cli):
     result = cli("plan", "model=gpt2-13b", "parallel.dp=1", *H100)
     assert result.returncode == 3
     assert "DOES NOT FIT" in result.stdout and "activations" in result.stdout
-    assert "do not fit" in result.stderr and "Traceback" not in result.stderr
+    assert "would be refused by run: does not fit" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_run_refuses_what_does_not_fit_and_records_it(tmp_path, capsys):

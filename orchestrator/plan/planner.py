@@ -116,13 +116,16 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
 def host_memory_of(spec: TrialSpec, parameters: int, offloaded: int) -> HostMemory | None:
     """A GPU trial's host memory on one node, against what the node grants: cluster.mem_gb or
     --mem-per-gpu on SLURM (unchecked without either: the partition's default is not known
-    here), this host's memory locally. None on a CPU, where the device's memory is the host's."""
+    here), this host's memory locally where it has a GPU (unchecked where it has none: the
+    trial is planned for another machine). None on a CPU, where the device's memory is the host's."""
     cfg = spec.cfg
     if not cfg.hardware.device.is_gpu:
         return None
     c = cfg.cluster
-    if c.name == "local":
+    if c.name == "local" and hardware.gpu_driver_present():
         capacity, source = hardware.host_memory_bytes(), "this host's memory"
+    elif c.name == "local":  # planned for GPUs this host lacks: their node's memory is not this one's
+        capacity, source = None, "not checked: planned for a GPU this host lacks (its node's memory is not known here)"
     elif c.mem_gb is not None:
         capacity, source = int(c.mem_gb * GIB), f"cluster.mem_gb={c.mem_gb:g} (sbatch --mem)"
     elif c.mem_per_gpu is not None:
