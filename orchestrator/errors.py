@@ -97,7 +97,12 @@ def did_you_mean(value: Any, allowed: Iterable[Any]) -> str:
     text = str(value)
     same_case = [v for v in items if v.lower() == text.lower()]
     lowered = {v.lower(): v for v in items}  # case is the likeliest slip, so it weighs nothing
-    near = same_case or [lowered[v] for v in difflib.get_close_matches(text.lower(), list(lowered), n=1, cutoff=0.6)]
+    # a name cut short is the next likeliest: h100 means an h100-..., not the h200 one letter off
+    extended = [v for v in items if text and v.lower().startswith(text.lower()) and v != text]
+    if not same_case and len(extended) > 1:
+        return f" (did you mean {', '.join(extended[:-1])} or {extended[-1]}?)"
+    near = same_case or extended or [lowered[v] for v in difflib.get_close_matches(text.lower(), list(lowered),
+                                                                                      n=1, cutoff=0.6)]
     return f" (did you mean {near[0]}?)" if near and near[0] != text else ""
 
 

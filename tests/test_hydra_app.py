@@ -85,6 +85,7 @@ ERRORS = [
     (["plan", "model=gpt2-1.3B"], "did you mean gpt2-1.3b?"),
     (["plan", "zero.reduce_bucket=1"], "did you mean reduce_bucket_size?"),
     (["plan", "numa.mode=sockte"], "did you mean socket?"),
+    (["plan", "hardware=h100"], "did you mean h100-p5, h100-pcie or h100-sxm?"),  # not h200, one letter off
     (["plna"], "did you mean plan?"),
     (["plan", "--cfg", "job", "model=gpt2-1.3B"], "did you mean gpt2-1.3b?"),
     (["run", "-m", "parallel.dp=1,0", *FAST[:3], PRESET_KERNELS], "sweep point 2 of 2"),
