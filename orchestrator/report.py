@@ -78,7 +78,10 @@ def group_repeats(rows: list[dict], results: list[dict]) -> tuple[list[dict], li
         return rows, results
     groups: dict[tuple, list[int]] = {}
     for i, row in enumerate(rows):
-        point = tuple((k, v) for k, v in row.items() if k not in ("trial", REPEAT, *COLUMNS))
+        # the point is every override but the repeat's, not the swept columns alone: two sweeps
+        # that differ in a key only one of them set are two points (one set it, one did not)
+        overrides = results[i].get("overrides") if isinstance(results[i].get("overrides"), list) else []
+        point = tuple(sorted(str(o) for o in overrides if not str(o).startswith(f"{REPEAT}=")))
         groups.setdefault(point if row["status"] == "ok" else ("not ok", i), []).append(i)
     out_rows, out_results = [], []
     for members in groups.values():

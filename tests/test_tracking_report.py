@@ -145,3 +145,17 @@ def test_repeats_of_a_point_are_one_row_with_their_timed_steps_pooled(cli, defau
     assert len(point_type({"swept": {"x": "y" * 100, "run.repeat": 0}})) <= 64  # W&B's limit on a job type
     # and a sweep over it is three points of one trial each
     assert "3 plans" in cli("plan", "-m", "run.repeat=range(3)").stdout
+
+
+def test_repeats_of_two_sweeps_that_differ_by_a_key_only_one_set_are_two_points(cli, default_trial, tmp_path):
+    """Sweep A repeats the default; sweep B repeats it with zero.stage=1 set: the swept columns
+    alone look alike, and pooling them made one point that neither configuration measured."""
+    for sweep, extra in (("a", []), ("b", ["zero.stage=1"])):
+        for repeat in (0, 1):
+            trial = tmp_path / sweep / f"{repeat}_run.repeat={repeat}"
+            shutil.copytree(default_trial, trial)
+            result = json.loads((trial / "result.json").read_text())
+            result["overrides"] = [*result["overrides"], *extra, f"run.repeat={repeat}"]
+            (trial / "result.json").write_text(json.dumps(result))
+    rows = json.loads(cli("report", str(tmp_path), "--json").stdout)
+    assert len(rows) == 2 and all(r["repeats"] == 2 for r in rows)
