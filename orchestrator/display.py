@@ -302,17 +302,17 @@ def show_report(rows: list[dict], out: Console) -> None:
     calibrated = any(r.get("calibrated_step_s") is not None for r in rows)
     table = Table(title=f"{len(rows)} trials, best tokens/s/GPU first (predicted = the plan"
                   + ("; calibrated = the preset `orchestrator calibrate` fitted)" if calibrated else ")"), title_justify="left")
-    for name in ("trial", "status", *swept, "tokens/s/GPU", "vs best", "MFU", "HFU", "step s", "predicted s",
-                 *(["calibrated s"] if calibrated else []), "peak", "predicted peak", "cause"):
+    for name in ("trial", "status", *swept, "tokens/s/GPU", "vs best", "host busy", "MFU", "HFU", "step s",
+                 "interval", "predicted s", *(["calibrated s"] if calibrated else []), "peak", "predicted peak", "cause"):
         table.add_column(name, justify="left" if name in ("trial", "status", "cause") else "right")
     labels, below = _short_labels([r["trial"] for r in rows])
     for r, label in zip(rows, labels):
         def num(key, fmt):
             return "" if r.get(key) is None else fmt.format(r[key])
         table.add_row(label, r["status"] + (", noisy" if r.get("noisy") else ""), *[str(r.get(k, "")) for k in swept],
-                      num("tokens_per_sec_per_gpu", "{:,.0f}"), r.get("vs_best", ""), num("mfu", "{:.1%}"),
-                      num("hfu", "{:.1%}"), num("step_time_s", "{:.4g}"),
-                      num("predicted_step_s", "{:.4g}"), *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
+                      num("tokens_per_sec_per_gpu", "{:,.0f}"), r.get("vs_best", ""), r.get("host_busy", ""),
+                      num("mfu", "{:.1%}"), num("hfu", "{:.1%}"), num("step_time_s", "{:.4g}"),
+                      r.get("step_time_interval", ""), num("predicted_step_s", "{:.4g}"), *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
                       human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
                       human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "", r["error"])
     out.print(table)

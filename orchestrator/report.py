@@ -27,7 +27,8 @@ from orchestrator.plots import report_plots
 from orchestrator.timing_stats import Spread, beyond_noise, spread, sure
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
 
-COLUMNS = ("status", "tokens_per_sec_per_gpu", "vs_best", "noisy", "mfu", "hfu", "step_time_s", "predicted_step_s",
+COLUMNS = ("status", "tokens_per_sec_per_gpu", "vs_best", "noisy", "host_busy", "mfu", "hfu", "step_time_s",
+           "step_time_interval", "predicted_step_s",
            "calibrated_step_s", "peak_bytes", "predicted_peak_bytes", "activation_bytes", "predicted_activation_bytes",
            "error")
 
@@ -99,6 +100,7 @@ def group_repeats(rows: list[dict], results: list[dict]) -> tuple[list[dict], li
         if step and throughput:
             scale = throughput.median / row["tokens_per_sec_per_gpu"] if row["tokens_per_sec_per_gpu"] else None
             row.update(step_time_s=step.median, tokens_per_sec_per_gpu=throughput.median, noisy=step.noisy() or "",
+                       step_time_interval=_interval(step),
                        mfu=row["mfu"] * scale if row["mfu"] and scale else row["mfu"],
                        hfu=row["hfu"] * scale if row["hfu"] and scale else row["hfu"])
             result["metrics"].update(step_time_s=step.median, step_time_spread=step.as_dict(),
@@ -140,6 +142,16 @@ def _spread(value) -> Spread | None:
     return s
 
 
+def _interval(s: Spread | None) -> str:
+    """The median's interval and what it covers, as the tables show it."""
+    return f"{s.ci_low:.4g}-{s.ci_high:.4g} s ({s.confidence:.0%}, {s.n} steps)" if s else ""
+
+
+def _share(value) -> str:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+    return f"{value:.0%}" if ok else ""
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
@@ -177,6 +189,10 @@ def _row(result: dict, trial_dir: Path, base: Path, swept: dict, fitted) -> dict
             "tokens_per_sec_per_gpu": _num(m.get("tokens_per_sec_per_gpu")), "mfu": _num(m.get("mfu")),
             "hfu": _num(m.get("hfu")), "step_time_s": _num(m.get("step_time_s")),
             "noisy": m.get("noisy") if isinstance(m.get("noisy"), str) else "",
+            # how busy the host was as the trial started (host_load.py): a steady load slows
+            # every step alike, so the steps do not scatter, but the trial is not the point's
+            "host_busy": _share(_obj(result.get("host_load")).get("busy_share")),
+            "step_time_interval": _interval(_spread(m.get("step_time_spread"))),
             # the plan's step for the steps the trial timed (a warm-up's are shorter)
             "predicted_step_s": _num(planned_for_timed_steps(plan, history)["step_s"]) if planned else None,
             # after `orchestrator calibrate`: what the calibrated preset predicts for it now

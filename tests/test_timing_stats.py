@@ -117,3 +117,22 @@ def test_crafted_step_times_rank_no_trial_and_crash_no_report(tmp_path):
     assert rows[0]["trial"] == "stage0" and rows[0]["vs_best"] == "best"
     assert all(r["tokens_per_sec_per_gpu"] is None and r["step_time_s"] is None and r["vs_best"] == ""
                for r in rows[1:])
+
+
+def test_the_report_tables_carry_each_trials_interval_and_how_busy_its_host_was(tmp_path):
+    """A steady load slows every step alike (no scatter, no noisy mark): the host's share busy
+    at the start says so beside the interval, in report.csv, report.md and the terminal's table."""
+    from orchestrator.report import write_report
+
+    _trial(tmp_path, "stage0", [1.0, 1.01, 0.99, 1.02, 0.98, 1.0])
+    _trial(tmp_path, "stage1", [7.5, 7.51, 7.49, 7.52, 7.48, 7.5])
+    path = tmp_path / "stage1" / "result.json"
+    result = json.loads(path.read_text())
+    result["host_load"] = {"busy_share": 0.93, "cores": 2}
+    path.write_text(json.dumps(result))
+    rows, results = collect(tmp_path)
+    slow = next(r for r in rows if r["trial"] == "stage1")
+    assert slow["host_busy"] == "93%" and slow["vs_best"] == "slower" and not slow["noisy"]
+    assert slow["step_time_interval"].startswith("7.48-7.52 s (97%, 6 steps)")
+    write_report(tmp_path, rows, results)
+    assert "93%" in (tmp_path / "report.md").read_text() and "step_time_interval" in (tmp_path / "report.csv").read_text()
