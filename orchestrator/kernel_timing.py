@@ -39,7 +39,7 @@ from typing import Callable, Iterator, NamedTuple
 
 from orchestrator import cpu_allocator, kernels
 from orchestrator.config import ModelConfig
-from orchestrator.kernel_cache import Cache, device_name, software  # the cache's key
+from orchestrator.kernel_cache import Cache, device_name, plausible_times, software  # the cache's key
 from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
 from orchestrator.process import collector_paused
@@ -84,6 +84,23 @@ class Measured:
 
 
 BUSY_RATIO = 1.25  # the same probe this much slower or faster the second time: something else ran
+# A GEMM's time against the device's peak (measured on a CPU, published for a GPU): no kernel
+# beats the peak (a margin for the peak's own measurement), and one 100x below it plus a fixed
+# allowance for a launch is no kernel either: something else held the device while it was timed.
+PEAK_MARGIN, SLOWEST_SHARE, LAUNCH_ALLOWANCE_S = 1.3, 0.01, 0.01
+
+
+def possible_gemm(flops: float, peak_flops: float | None) -> Callable[[float, float], bool]:
+    """Whether (forward s, backward s) of a GEMM of `flops` forward FLOPs (twice that
+    backward) are times this device can take; any time where its peak is not known."""
+    def possible(forward_s: float, backward_s: float) -> bool:
+        if not plausible_times(forward_s, backward_s):
+            return False
+        if not flops or not peak_flops:
+            return True
+        return all(work / (PEAK_MARGIN * peak_flops) <= s <= work / (SLOWEST_SHARE * peak_flops) + LAUNCH_ALLOWANCE_S
+                   for work, s in ((flops, forward_s), (2 * flops, backward_s)))
+    return possible
 
 
 class QuietCheck:
@@ -310,7 +327,7 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
 
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
             optimizer_tensors: list[int], recompute: str = "none",
-            before_timing: Callable[[], None] = lambda: None) -> Measured:
+            before_timing: Callable[[], None] = lambda: None, peak_flops: float | None = None) -> Measured:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
     optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     `before_timing`: called once, after the imports and before the first kernel is timed
@@ -323,8 +340,20 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     tick, whole_tick = clock(device), clock(device, whole=True)
     whens: list[str] = []
 
+    impossible: list[str] = []
+
     def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
-        fwd, bwd, when = Cache.get(f"{prefix}{kernel.name} rows={kernel.rows}", lambda: first(how)(kernel, tick))
+        """Cached where the entry is one this device can take (a GEMM against its peak), else
+        timed, and timed once more where that time is not one either (then kept, and said)."""
+        key, possible = f"{prefix}{kernel.name} rows={kernel.rows}", possible_gemm(kernel.flops, peak_flops)
+        fwd, bwd, when = Cache.get(key, lambda: first(how)(kernel, tick), plausible=possible)
+        if not possible(fwd, bwd):
+            Cache.known().pop(key, None)
+            fwd, bwd, when = Cache.get(key, lambda: first(how)(kernel, tick), plausible=possible)
+            if not possible(fwd, bwd):
+                impossible.append(f"{kernel.name} rows={kernel.rows}: {fwd:.3g} s forward, "
+                                  f"{kernel.flops / max(fwd, 1e-12) / 1e12:.3g} TFLOPS against a peak of "
+                                  f"{peak_flops / 1e12:.3g}")
         whens.append(when)
         return fwd, bwd
 
@@ -382,5 +411,9 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
         raise KernelTimingError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
     finally:
         Cache.save()
+    if impossible and not busy:
+        busy = (f"{len(impossible)} GEMM time(s) no device of this peak can take, twice (e.g. {impossible[0]}): "
+                "something else held the device while they were timed; plan again on a quiet machine")
+        Cache.forget_new()
     return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),
                     busy=busy)

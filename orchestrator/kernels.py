@@ -47,6 +47,7 @@ class Kernel:
     min_rows: int = MIN_ROWS
     scale: float = 1.0  # the real kernel over the one built, in a dimension other than rows
     smaller: Kernel | None = None  # the same on a smaller shape (a larger scale), or None
+    flops: float = 0.0  # the real kernel's forward FLOPs on all its rows (a GEMM's 2 m n k; 0: not counted)
 
 GPT2_ACTIVATION = "gelu_pytorch_tanh"  # what workload/model.py gives GPT2Config
 
@@ -105,7 +106,7 @@ def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, de
     cut_n = f" (timed on {cols})" if cols < n else ""
     cut_k = f" (timed on {depth})" if depth < k else ""
     return Kernel(f"gemm {layout}{' + bias' if conv1d or bias else ''} n={n}{cut_n} k={k}{cut_k}", rows, build,
-                  min_rows=GEMM_MIN_ROWS, scale=n / cols * k / depth, smaller=smaller)
+                  min_rows=GEMM_MIN_ROWS, scale=n / cols * k / depth, smaller=smaller, flops=2.0 * rows * n * k)
 
 
 def attention(model: ModelConfig, micro: int, precision: str, device: str) -> Kernel:

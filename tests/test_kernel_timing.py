@@ -491,3 +491,28 @@ def test_kernels_timed_in_a_process_of_their_own_come_back_whole(fresh_cache):
     assert any("rows=" in key for key in Cache.known())  # written there, read here
     here = kernel_timing.measure(model, 1, "fp32", "cpu", 1, [64 * 64])  # every kernel now cached
     assert here.kernels == apart.kernels
+
+
+def test_a_gemm_time_no_device_of_its_peak_can_take_is_timed_again(fresh_cache):
+    """A tampered or busy-machine cache (3,000 s for a GEMM of the tiny model, or one faster
+    than the device's peak) is not a kernel's time: against the peak it is dropped, timed
+    again, and the plan says so; a real one is kept."""
+    from orchestrator.kernel_timing import possible_gemm
+
+    gemm = possible_gemm(2e9, 1e12)  # 2 GFLOP forward on a 1 TFLOPS device: 2 ms at the peak
+    assert gemm(0.004, 0.008) and gemm(0.15, 0.3)  # at half the peak; 75x below it
+    assert not gemm(3000.0, 6000.0) and not gemm(0.0005, 0.001)  # 100x+ below; 4x above the peak
+    assert possible_gemm(2e9, None)(3000.0, 3000.0)  # no peak known: any time a kernel can take
+    spec = small_spec()
+    model, tensors = spec.cfg.model, [p.numel for p in parameter_tensors(spec.cfg.model)]
+    measure(model, 2, "bf16", "cpu", 1, tensors)
+    cache = json.loads(fresh_cache.read_text())
+    # 3,000 s each way: within an hour, so only the peak tells it from a kernel's time
+    tampered = {k: ([3000.0, 3000.0, v[2]] if "|gemm " in k else v) for k, v in cache.items()}
+    fresh_cache.write_text(json.dumps(tampered))
+    Cache._known = None
+    peak = 10 * max(2.0 * 64 * 256 * 64 / 1e-3, 1e9)  # above anything this tiny GEMM reaches; 3,000 s: far below
+    m = measure(model, 2, "bf16", "cpu", 1, tensors, peak_flops=peak)
+    assert sum(m.kernels.layer_gemms) < 10 and sum(m.kernels.head) < 10
+    again = json.loads(fresh_cache.read_text())
+    assert all(v[0] < 3000 for k, v in again.items() if "|gemm " in k)
