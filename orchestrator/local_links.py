@@ -27,7 +27,8 @@ from orchestrator.errors import MeasurementFailed
 from orchestrator.files import atomic_write_text, read_json
 from orchestrator.hardware import cache_dir, cpu_model, torch_version
 from orchestrator.links import OPS, Measurement, fit_level, measure, table_of
-from orchestrator.plan.bus_table import BusTable
+from orchestrator.plan.bus_table import MAX_BUSBW_GBPS, BusTable
+from orchestrator.plan.collectives import bus_factor
 from orchestrator.plan.collectives import Level
 
 BACKEND = "gloo"
@@ -78,7 +79,8 @@ def _cached_or_measured(ranks_per_node: int) -> LocalLinks:
     if rows is None:
         # A call timed at nothing (the barriers' cost taken off a call as short as they are)
         # says nothing of the link; the others are kept.
-        rows = [m for m in measure([1], ranks_per_node, MAX_MB, REPS, "cpu", min_bytes=MIN_BYTES) if m.seconds > 0]
+        rows = [m for m in measure([1], ranks_per_node, MAX_MB, REPS, "cpu", min_bytes=MIN_BYTES)
+                if m.seconds > 0 and possible(m)]
         entry = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                  "rows": [[m.op, m.ranks, m.nodes, m.bytes, m.seconds] for m in rows]}
         if rows_of(entry) is None:
@@ -95,6 +97,12 @@ def _cached_or_measured(ranks_per_node: int) -> LocalLinks:
     return LocalLinks(level, table_of(rows, what), what)
 
 
+def possible(m: Measurement) -> bool:
+    """A call no link can make faster: its bus bandwidth within what a network table may hold
+    (a call of 1e-12 s planned gloo between a host's ranks at 2.8e8 GB/s)."""
+    return m.bytes * bus_factor(m.op, m.ranks) / m.seconds <= MAX_BUSBW_GBPS * 1e9
+
+
 def rows_of(entry) -> list[Measurement] | None:
     """The cached rows where every one is a measurement this host could have made (each
     collective at least once, a time within (0, MAX_CALL_S]), else None."""
@@ -105,5 +113,5 @@ def rows_of(entry) -> list[Measurement] | None:
     except (TypeError, KeyError, ValueError):
         return None
     fine = all(m.op in OPS and m.ranks > 1 and m.nodes == 1 and m.bytes > 0
-               and math.isfinite(m.seconds) and 0 < m.seconds <= MAX_CALL_S for m in rows)
+               and math.isfinite(m.seconds) and 0 < m.seconds <= MAX_CALL_S and possible(m) for m in rows)
     return rows if fine and {m.op for m in rows} == set(OPS) else None

@@ -1,7 +1,7 @@
 """Every plot the orchestrator draws: matplotlib, Agg backend, PNG files written atomically.
 
 The report's (`orchestrator report DIR`):
-  scaling.png                 tokens/s/GPU (with its 95 % interval), MFU and scaling
+  scaling.png                 tokens/s/GPU (with its interval and what it covers), MFU and scaling
                               efficiency against DP degree, one line per reduce bucket size
   predicted_vs_measured.png   peak and activation memory, and step time, measured
                               against the plan, with the identity line
@@ -83,8 +83,9 @@ def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
 
 def scaling_plot(ok: list[dict], path: Path) -> Path:
     """tokens/s/GPU, MFU and scaling efficiency against the DP degree, a line per reduce
-    bucket size: measured (solid, the median with its 95 % interval as error bars, each
-    point labelled) and the plan's prediction for the same trials (dashed). A noisy trial is
+    bucket size: measured (solid, the median with its interval as error bars, labelled with
+    the confidence the steps give, each point labelled) and the plan's prediction for the same
+    trials (dashed). A noisy trial is
     ringed in red; an efficiency above 100 % is marked as what it is, not a speed-up."""
     lines: dict[int, list[tuple]] = defaultdict(list)
     for r in ok:
@@ -93,15 +94,19 @@ def scaling_plot(ok: list[dict], path: Path) -> Path:
         tps = m["tokens_per_sec_per_gpu"]
         lines[r["config"]["zero"]["reduce_bucket_size"]].append(
             (r["config"]["parallel"]["dp"], tps, m["mfu"], plan.get("tokens_per_sec_per_gpu"), plan.get("mfu"),
-             spread.get("ci_low", tps), spread.get("ci_high", tps), bool(m.get("noisy"))))
+             spread.get("ci_low", tps), spread.get("ci_high", tps), bool(m.get("noisy")),
+             spread.get("confidence", 0.0)))
     fig, (a, b, c) = _pyplot().subplots(1, 3, figsize=(15, 4.5))
     above = False
     for i, (bucket, points) in enumerate(sorted(lines.items())):
         points.sort()
-        dp, tps, mfu, p_tps, p_mfu, low, high, noisy = zip(*points)
+        dp, tps, mfu, p_tps, p_mfu, low, high, noisy, covered = zip(*points)
         colour, label = f"C{i % 10}", f"reduce bucket {bucket:.0e} elements"
+        # what the error bars cover is what the fewest timed steps give (four: 88 %), not a fixed 95 %
+        bars = f"interval of the median, {min(covered):.0%}"
+        bars += f"-{max(covered):.0%}" if max(covered) > min(covered) else ""
         a.errorbar(dp, tps, yerr=[[t - lo for t, lo in zip(tps, low)], [hi - t for t, hi in zip(tps, high)]],
-                   marker="o", capsize=3, color=colour, label=f"{label}, measured (95 % interval)")
+                   marker="o", capsize=3, color=colour, label=f"{label}, measured ({bars})")
         for x, y in zip(dp, tps):
             a.annotate(f"{y:,.0f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
         rings = [(x, y) for x, y, n in zip(dp, tps, noisy) if n]

@@ -99,3 +99,14 @@ def test_links_that_cannot_be_measured_leave_the_preset_and_say_why(cache, monke
     monkeypatch.setattr(local, "measure", fail)
     measured, note = planner.measured_links(build_spec(DP2), here=True, refused=False)
     assert measured is None and "could not be measured" in note and "no port" in note
+
+
+def test_a_cached_call_no_link_can_make_is_measured_again():
+    """A tampered local_links.json (a 16 MB call in 1e-12 s planned gloo at 2.8e8 GB/s) is
+    not this host's links: refused as a cache, so they are measured again."""
+    from orchestrator.local_links import rows_of
+
+    good = {"when": "2026-12-02T00:00:00Z", "rows": [[op, 2, 1, 1 << 20, 2e-3] for op in OPS]}
+    assert rows_of(good) is not None
+    bad = {"when": good["when"], "rows": [*good["rows"], ["all_reduce", 2, 1, 16 << 20, 1e-12]]}
+    assert rows_of(bad) is None

@@ -159,3 +159,22 @@ def test_repeats_of_two_sweeps_that_differ_by_a_key_only_one_set_are_two_points(
             (trial / "result.json").write_text(json.dumps(result))
     rows = json.loads(cli("report", str(tmp_path), "--json").stdout)
     assert len(rows) == 2 and all(r["repeats"] == 2 for r in rows)
+
+
+def test_the_scaling_plot_labels_its_error_bars_with_what_they_cover(tmp_path, monkeypatch):
+    """Four timed steps give an 88 % interval; the legend said 95 %. The label now says what
+    the steps give (the figure read back from the plot itself)."""
+    from orchestrator import plots
+    from orchestrator.timing_stats import spread
+
+    drawn = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    results = []
+    for dp, tps in ((1, 1000.0), (2, 900.0)):
+        s = spread([tps * f for f in (0.99, 1.0, 1.01, 1.0)]).as_dict()  # four timed steps
+        results.append({"metrics": {"tokens_per_sec_per_gpu": tps, "mfu": 0.3, "tokens_per_sec_per_gpu_spread": s},
+                        "config": {"zero": {"reduce_bucket_size": 5e8}, "parallel": {"dp": dp}}})
+    plots.scaling_plot(results, tmp_path / "scaling.png")
+    labels = [t.get_text() for ax in drawn["fig"].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert any("interval of the median, 88%" in label for label in labels), labels
+    assert not any("95 %" in label for label in labels)
