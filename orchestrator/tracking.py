@@ -56,8 +56,9 @@ def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
             spread = metrics.get("step_time_spread" if name == "step_time" else f"{name}_spread")
             if spread:
                 out.update({f"perf/{name}_{k}": spread[k] for k in ("q1", "q3", "ci_low", "ci_high", "confidence")})
+        out["perf/noisy"] = bool(metrics.get("noisy"))  # always there: a run without it is not a quiet one
         if metrics.get("noisy"):
-            out["perf/noisy"] = metrics["noisy"]
+            out["perf/noisy_why"] = metrics["noisy"]
         if steps := metrics.get("nonfinite_loss_steps"):
             out.update({"perf/nonfinite_loss_steps": len(steps), "perf/nonfinite_loss_first_step": steps[0] + 1})
     if plan:
@@ -93,13 +94,18 @@ class Tracker:
         self.run = wandb.init(  # names and tags masked as the config is (redact.py)
             id=run_id(trial_dir), resume="allow",
             project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
-            group=redact(logger.group or sweep.get("group")), job_type=point_type(sweep), name=redact(sweep.get("name")),
+            group=redact(logger.group or sweep.get("group")), job_type=point_type(sweep),
+            name=redact(run_name(spec, trial_dir, sweep)),
             tags=redact([*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name,
                          f"cluster:{spec.cfg.cluster.name}", *([f"sweep:{sweep['group']}"] if sweep.get("group") else [])]),
             config=run_config(spec), settings=wandb.Settings(console="off"))
         # The step history against tokens seen, so runs with different batch sizes line up.
         self.run.define_metric("train/tokens_seen")
         self.run.define_metric("train/*", step_metric="train/tokens_seen")
+        # a step's own figure of what perf/ summarises (the median of the timed steps) has no
+        # summary: W&B would show the last step's beside it, and nothing would say which is the figure
+        for key in set(HISTORY_KEYS) & set(SUMMARY_KEYS):
+            self.run.define_metric(f"train/{key}", step_metric="train/tokens_seen", summary="none")
 
     def log_step(self, record: dict) -> None:
         if self.run is not None:
@@ -112,6 +118,12 @@ class Tracker:
         self.run.summary.update(summary(metrics, plan, status))
         self.run.finish(exit_code=0 if status == "ok" else 1)
         self.run = None
+
+
+def run_name(spec: TrialSpec, trial_dir: Path, sweep: dict) -> str:
+    """What the run is called in W&B: a sweep point's swept values, else the trial's own
+    overrides, else its directory's name (a plain run had none)."""
+    return sweep.get("name") or " ".join(spec.overrides) or trial_dir.name
 
 
 def run_id(trial_dir: Path) -> str:

@@ -53,8 +53,11 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
         assert "parallel.dp=" in w["run_record"]["display_name"]  # named by the swept values
         groups.add(w["run_record"]["run_group"])
         assert "cluster:local" in w["run_record"]["tags"] and f"sweep:{w['run_record']['run_group']}" in w["run_record"]["tags"]
-        # the median's interval beside it, and the noise verdict where there is one
+        # the median's interval beside it, and the noise verdict always (True or False)
         assert w["summary"]["perf/step_time_ci_low"] <= result["metrics"]["step_time_s"] <= w["summary"]["perf/step_time_ci_high"]
+        assert w["summary"]["perf/noisy"] is bool(result["metrics"]["noisy"])
+        # the last step's own throughput is not a summary figure beside perf/'s median
+        assert "train/tokens_per_sec_per_gpu" not in w["summary"] and "train/step_time_s" not in w["summary"]
     (group,) = groups  # one group: the sweep, by its name and when it started
     assert group.startswith("dp_bucket_local-") and len(group) == len("dp_bucket_local-2026-11-25_17-30-00")
     # a point's directory and W&B name: what was swept, nothing fixed (run.steps=4 is not in them)
@@ -178,3 +181,11 @@ def test_the_scaling_plot_labels_its_error_bars_with_what_they_cover(tmp_path, m
     labels = [t.get_text() for ax in drawn["fig"].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert any("interval of the median, 88%" in label for label in labels), labels
     assert not any("95 %" in label for label in labels)
+
+
+def test_a_plain_runs_wandb_run_has_a_name_and_a_noise_verdict(default_trial):
+    """`orchestrator run` with no sweep: its W&B run was unnamed; now its overrides, or
+    (none here) its directory's name."""
+    w = wandb_summary(default_trial)
+    assert w["run_record"]["display_name"] == default_trial.name
+    assert w["summary"]["perf/noisy"] in (True, False)
