@@ -64,7 +64,7 @@ def table() -> str:
 
 
 def plot(path: Path) -> Path:
-    points = [BucketPoint(n, b, s) for n in NODES for b, s in zip(BUCKETS, steps("1B", "h100-p5", n))]
+    points = [BucketPoint(f"{n} node(s)", b, s) for n in NODES for b, s in zip(BUCKETS, steps("1B", "h100-p5", n))]
     return bucket_plot(points, path, "1B, DDP, micro batch 1, h100-p5 (predicted)")
 
 

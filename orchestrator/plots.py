@@ -41,38 +41,52 @@ def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> l
     results_ok = [r for r, _ in ok]
     plots = [scaling_plot(results_ok, paths.scaling_png), predicted_vs_measured_plot(results_ok, paths.predicted_png),
              warmup_plot(ok, paths.warmup_png)]
-    points = [BucketPoint(r["plan"]["parallel"]["nodes"], r["config"]["zero"]["reduce_bucket_size"],
+    points = [BucketPoint(bucket_series(r, label), r["config"]["zero"]["reduce_bucket_size"],
                           r["plan"]["time"]["step_s"], r["metrics"].get("step_time_s"))
-              for r in results_ok if (r.get("plan") or {}).get("parallel") and (r.get("plan") or {}).get("time")]
+              for r, label in ok if (r.get("plan") or {}).get("parallel") and (r.get("plan") or {}).get("time")
+              and uses_reduce_buckets(r["config"])]
     if len({p.bucket for p in points}) > 1:
         plots.append(bucket_plot(points, paths.buckets_png))
     return plots
 
 
+def uses_reduce_buckets(config: dict) -> bool:
+    """FSDP2 reduce-scatters per block, whatever zero.reduce_bucket_size says: not a bucket point."""
+    engine = config.get("engine") or {}
+    return not (engine.get("name") == "fsdp" or (engine.get("backend") == "fsdp" and config["zero"]["stage"] in (2, 3)))
+
+
+def bucket_series(result: dict, label: str) -> str:
+    """One line per configuration: what tells a result apart, less its bucket size (dp 1 and
+    dp 2 on one node are two lines, not one)."""
+    rest = [part for part in label.split(", ") if part and not part.startswith("zero.reduce_bucket_size=")]
+    return ", ".join(rest) or f"{result['plan']['parallel']['nodes']} node(s)"
+
+
 @dataclass(frozen=True)
 class BucketPoint:
-    nodes: int
+    series: str  # the configuration it belongs to: one line each
     bucket: int  # zero.reduce_bucket_size, elements
     predicted_s: float  # step time
     measured_s: float | None = None
 
 
 def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
-    """Step time against the reduce bucket size, a line per node count: predicted (dashed)
-    and measured (solid) where the trials ran. Where larger buckets stop paying is where a
-    line stops falling (bucket sizes share a node count's other settings)."""
-    lines: dict[int, list[BucketPoint]] = defaultdict(list)
+    """Step time against the reduce bucket size, a line per configuration (the series):
+    predicted (dashed) and measured (solid) where the trials ran. Where larger buckets stop
+    paying is where a line stops falling."""
+    lines: dict[str, list[BucketPoint]] = defaultdict(list)
     for p in points:
-        lines[p.nodes].append(p)
+        lines[p.series].append(p)
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
-    for i, (nodes, line) in enumerate(sorted(lines.items())):
+    for i, (series, line) in enumerate(sorted(lines.items())):
         line.sort(key=lambda p: p.bucket)
         x = [p.bucket for p in line]
         ax.plot(x, [p.predicted_s for p in line], linestyle="--", marker="x", color=f"C{i % 10}",
-                label=f"{nodes} node(s), predicted")
+                label=f"{series}, predicted")
         measured = [(p.bucket, p.measured_s) for p in line if p.measured_s is not None]
         if measured:
-            ax.plot(*zip(*measured), marker="o", color=f"C{i % 10}", label=f"{nodes} node(s), measured")
+            ax.plot(*zip(*measured), marker="o", color=f"C{i % 10}", label=f"{series}, measured")
     ax.set_xscale("log")
     ax.set_xlabel("zero.reduce_bucket_size (elements)")
     ax.set_ylabel("step time (s)")

@@ -189,3 +189,31 @@ def test_a_plain_runs_wandb_run_has_a_name_and_a_noise_verdict(default_trial):
     w = wandb_summary(default_trial)
     assert w["run_record"]["display_name"] == default_trial.name
     assert w["summary"]["perf/noisy"] in (True, False)
+
+
+def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp_path, monkeypatch):
+    """buckets.png drew dp 1 and dp 2 of one node as one line, and FSDP2 trials (which
+    reduce-scatter per block, whatever the bucket size) at 5e8: read back from the plot."""
+    from orchestrator import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append((path.name, fig)) or path)
+    results, labels = [], []
+    for engine, dp, bucket in (("deepspeed", 1, 1e6), ("deepspeed", 1, 5e8), ("deepspeed", 2, 1e6),
+                               ("deepspeed", 2, 5e8), ("fsdp", 2, 5e8)):
+        results.append({"status": "ok", "plan": {"parallel": {"nodes": 1}, "time": {"step_s": 0.1 * dp}},
+                        "config": {"zero": {"reduce_bucket_size": bucket, "stage": 2}, "engine": {"name": engine},
+                                   "parallel": {"dp": dp}},
+                        "metrics": {"step_time_s": 0.1 * dp}})
+        labels.append(f"engine={engine}, parallel.dp={dp}, zero.reduce_bucket_size={bucket:g}")
+    monkeypatch.setattr(plots, "scaling_plot", lambda *a: None)
+    monkeypatch.setattr(plots, "predicted_vs_measured_plot", lambda *a: None)
+    monkeypatch.setattr(plots, "warmup_plot", lambda *a: None)
+    from orchestrator.trial_dir import SweepPaths
+
+    plots.report_plots(results, labels, SweepPaths(tmp_path))
+    (fig,) = [f for name, f in drawn if name == "buckets.png"]
+    lines = {line.get_label(): list(line.get_xdata()) for line in fig.axes[0].get_lines()}
+    assert set(lines) == {f"engine=deepspeed, parallel.dp={dp}, {kind}" for dp in (1, 2)
+                          for kind in ("predicted", "measured")}
+    assert all(x == [1e6, 5e8] for x in lines.values())
