@@ -102,6 +102,8 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
                 f"of {gib(m.capacity)} capacity: {verdict} ({m.total / m.capacity:.0%})"
                 + (f"; buffers hold {gib(m.untouched)} GiB more allocated but never written, which a CPU "
                    "does not commit" if m.untouched else ""))
+    mem.add_row("[dim]= at the peak[/dim]", "", "[dim]" + " + ".join(f"{name} {gib(v)}" for name, v in m.at_peak())
+                + " (the rows above are each one's own figure; not all are alive at once)[/dim]")
     mem.add_row("[dim]between steps[/dim]", f"[dim]{gib(m.static - m.untouched_static)}[/dim]",
                 "[dim]model states and kept buffers, as after step()[/dim]")
     if plan.host_memory is not None:

@@ -236,3 +236,15 @@ def test_a_cpu_holds_only_the_written_part_of_its_reduce_buckets(stage, buckets)
     # a bucket smaller than the model is written whole: nothing is left out
     small = make_plan(build_spec(["hardware=cpu", f"zero=stage{stage}", "zero.reduce_bucket_size=1e4"])).memory
     assert small.untouched == 0 and small.total == small.allocated
+
+
+@pytest.mark.parametrize("overrides", [["zero=stage2"], ["zero=stage3", "parallel.dp=8"], ["recompute=full"],
+                                       ["model.vocab=8", "zero=stage1"],
+                                       ["hardware=cpu", "hardware.kernels=preset", "zero=stage2", "parallel.dp=2"]])
+def test_what_the_peak_is_made_of_adds_up_to_the_total(overrides):
+    """The memory table's rows are each component's own figure, not all alive at once: the
+    line under its total names what the peak holds, and that adds up to it."""
+    from orchestrator.plan.planner import make_plan
+
+    plan = make_plan(build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", *overrides]))
+    assert sum(v for _, v in plan.memory.at_peak()) == plan.memory.total

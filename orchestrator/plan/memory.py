@@ -97,6 +97,20 @@ class Memory:
     def fits(self) -> bool:
         return self.total <= self.capacity
 
+    def at_peak(self) -> list[tuple[str, int]]:
+        """What the total is made of at its peak phase (phases(), as the device holds it): the
+        component rows each show their own figure, which are not all alive at once."""
+        static, buffers = self.static - self.untouched_static, self.buffers - self.untouched
+        parts = {"loss backward": [("between steps", static), ("gathered", self.gathered),
+                                   ("activations", self.activations), ("loss backward", self.loss_backward)],
+                 "backward": [("parameters", self.params), ("gradients", self.grads), ("optimizer states", self.optimizer),
+                              ("buffers", buffers), ("activations", self.activations),
+                              ("recomputed block", self.recompute)],
+                 "optimizer step": [("parameters", self.params), ("gradients", self.grads_at_step),
+                                    ("optimizer states", self.optimizer),
+                                    ("optimizer step", self.optimizer_step + self.optimizer_temporaries)]}[self.peak_phase]
+        return [(name, value) for name, value in parts + [("runtime", self.runtime)] if value]
+
     def as_dict(self) -> dict:
         return {**asdict(self), "fits": self.fits}
 
