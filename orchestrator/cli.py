@@ -50,12 +50,10 @@ def main(argv: list[str] | None = None) -> int:
 def _command(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     try:
-        if command in commands.COMMANDS:
-            return commands.main(command, argv[1:])
-        if command and not command.startswith("-") and command not in COMMANDS:
-            raise ConfigError("command", command, f"one of {one_of(COMMANDS)}{did_you_mean(command, COMMANDS)}")
-        args = _parser().parse_args(argv)
-        return args.handler(args)
+        code = _dispatch(command, argv)
+        if (lost := Interrupted.swallowed()) is not None:  # raised inside a finalizer and dropped there
+            raise lost
+        return code
     except (ConfigError, PlanRefused, MeasurementFailed) as exc:
         print(f"orchestrator {command}: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -65,6 +63,15 @@ def _command(argv: list[str]) -> int:
         return exc.exit_code
     except SystemExit as exc:  # Hydra's --help and its own errors end this way
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
+def _dispatch(command: str, argv: list[str]) -> int:
+    if command in commands.COMMANDS:
+        return commands.main(command, argv[1:])
+    if command and not command.startswith("-") and command not in COMMANDS:
+        raise ConfigError("command", command, f"one of {one_of(COMMANDS)}{did_you_mean(command, COMMANDS)}")
+    args = _parser().parse_args(argv)
+    return args.handler(args)
 
 
 # --- subcommands ------------------------------------------------------------------------

@@ -52,9 +52,18 @@ class Interrupted(BaseException):
         self.signum = signum
         super().__init__(signal.Signals(signum).name)
 
+    received: list[int] = []  # the signal the handler turned into Interrupted, in this process
+
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+    @classmethod
+    def swallowed(cls) -> "Interrupted | None":
+        """The interrupt a signal raised where nothing could catch it (inside a finalizer,
+        `__del__`, which Python reports and drops), or None: the command must still end as
+        interrupted, not finish its work and exit 0."""
+        return cls(cls.received[0]) if cls.received else None
 
     @staticmethod
     def install(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
@@ -63,7 +72,8 @@ class Interrupted(BaseException):
         must not be cut short by a second. Two often come together: a forked rank gets the
         launcher group's SIGTERM and torchrun's forwarded one, SLURM and a user repeat theirs.
         A second SIGTERM once left a rank's W&B run unwritten (7 bytes) on a busy machine."""
-        raised: list[int] = []
+        raised = Interrupted.received
+        raised.clear()
 
         def handler(signum, frame):
             if raised:  # one that arrived before the ignore below took effect

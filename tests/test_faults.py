@@ -419,3 +419,33 @@ def test_wait_status_and_report_read_a_result_with_any_field_missing(cli, defaul
     for command in (["wait", "--timeout", "20"], ["status"], ["report"]):
         proc = cli(*command, str(tmp_path))
         assert "Traceback" not in proc.stdout + proc.stderr and proc.returncode == 0, (command, proc.stderr)
+
+
+def test_a_signal_that_lands_in_a_finalizer_still_ends_the_command_as_interrupted(monkeypatch, capsys):
+    """A SIGTERM handled while a `__del__` ran raised Interrupted there, where Python reports
+    and drops it: the handler had already ignored the next signals, and the command finished
+    its work and exited 0. Now it ends as interrupted (143), as any other SIGTERM."""
+    import gc
+    import signal
+
+    from orchestrator import cli, commands
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered, and handled, inside this finalizer
+            for _ in range(1000):  # the handler runs between bytecodes, here
+                pass
+
+    def plan_that_collects(command, argv):
+        Finalized()
+        gc.collect()
+        return 0
+
+    monkeypatch.setattr(commands, "main", plan_that_collects)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert cli.main(["plan"]) == 128 + signal.SIGTERM
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    assert "interrupted by SIGTERM" in capsys.readouterr().err
