@@ -21,6 +21,7 @@ import errno
 import itertools
 import json
 import os
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,7 @@ def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False,
     first); otherwise a directory holding the user's own files is refused, never taken.
     """
     check_path(path, field)
+    check_room(path, field)
     inside = next((p for p in path.absolute().parents if holds_trial(p)), None)
     if inside is not None:  # its status, report and --overwrite would take this one along
         raise ConfigError(field, str(path), f"a directory outside any trial, but {inside} is a trial's; "
@@ -253,6 +255,25 @@ def writable_dir(path: Path, field: str) -> Path:
     except OSError as exc:
         raise ConfigError(field, str(path), f"a directory this user can create and write ({exc.strerror})") from None
     return path
+
+
+MIN_FREE_BYTES = 16 * 2**20  # a trial's files, logs and result.json, with room to spare
+
+
+def check_room(path: Path, field: str) -> None:
+    """The file system `path` lands on has room for a trial: a nearly full one failed mid-way,
+    two tracebacks and no result.json; refused before anything is written."""
+    existing = next((p for p in (path.absolute(), *path.absolute().parents) if p.exists()), None)
+    if existing is None:
+        return
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return
+    if free < MIN_FREE_BYTES:
+        raise ConfigError(field, str(path), f"a directory on a file system with room for a trial (at least "
+                          f"{MIN_FREE_BYTES >> 20} MB free for its files, logs and result.json); {existing} has "
+                          f"{free >> 10:,} KB free")
 
 
 def claim_record() -> dict:

@@ -548,3 +548,18 @@ def test_an_empty_or_relative_xdg_directory_is_ignored_as_the_spec_says(monkeypa
     assert user_conf_dir() == tmp_path / ".config" / "orchestrator" / "conf"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "elsewhere"))
     assert cache_dir() == tmp_path / "elsewhere" / "orchestrator"
+
+
+def test_a_nearly_full_file_system_is_refused_before_anything_is_written(cli, tmp_path, monkeypatch):
+    """With 8 KB free (a 2 MB tmpfs filled, by hand), `run` wrote its claim, then failed mid-way
+    with a traceback and no result.json. The free space is checked first (faked here: a full
+    file system is not one to make in a test), and nothing is written."""
+    import collections
+
+    import orchestrator.trial_dir as trial_dir
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(trial_dir.shutil, "disk_usage", lambda path: usage(2 << 20, (2 << 20) - 8192, 8192))
+    proc = cli("run", "--out", str(tmp_path / "t"), PRESET_KERNELS, "logger.mode=disabled")
+    assert proc.returncode == 2 and "8 KB free" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "t").exists()
