@@ -257,7 +257,8 @@ def writable_dir(path: Path, field: str) -> Path:
     return path
 
 
-MIN_FREE_BYTES = 16 * 2**20  # a trial's files, logs and result.json, with room to spare
+MIN_FREE_BYTES = 2**20  # a trial's files and result.json (the tiny trial's take about 150 KB); its logs
+# and checkpoints grow from there, and result.reserve keeps room for the result when they fill the rest
 
 
 def check_room(path: Path, field: str) -> None:
@@ -272,7 +273,7 @@ def check_room(path: Path, field: str) -> None:
         return
     if free < MIN_FREE_BYTES:
         raise ConfigError(field, str(path), f"a directory on a file system with room for a trial (at least "
-                          f"{MIN_FREE_BYTES >> 20} MB free for its files, logs and result.json); {existing} has "
+                          f"{MIN_FREE_BYTES >> 20} MB free for its files and result.json); {existing} has "
                           f"{free >> 10:,} KB free")
 
 
