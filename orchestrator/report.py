@@ -63,8 +63,8 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
                if row["status"] == "ok" and row["tokens_per_sec_per_gpu"] is not None else None
                for row, r in zip(rows, results)]
     best = spreads[0] if rows and rows[0]["status"] == "ok" else None
-    for row, spread in zip(rows, spreads):
-        row["vs_best"] = against_best(spread, best)
+    for row, its in zip(rows, spreads):
+        row["vs_best"] = against_best(its, best)
     return rows, results
 
 
