@@ -250,13 +250,17 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
 
 
 def swept_values(points: list[tuple[str, ...]]) -> list[dict[str, str]]:
-    """For each point, the overrides whose value differs between points: what was swept
-    (a whole number as one: Hydra writes a swept 1e4 as 10000.0)."""
+    """For each point, the overrides whose value differs between points, or that some points
+    set and others do not (two sweeps read together: zero.stage=1 only in the second tells
+    its rows apart): what was swept (a whole number as one: Hydra writes a swept 1e4 as 10000.0)."""
     seen: dict[str, set] = {}
+    having: dict[str, int] = {}
     for point in points:
+        for key in {o.partition("=")[0] for o in point}:
+            having[key] = having.get(key, 0) + 1
         for o in point:
             key, _, value = o.partition("=")
             seen.setdefault(key, set()).add(value)
-    swept = [k for k, values in seen.items() if len(values) > 1]
+    swept = [k for k, values in seen.items() if len(values) > 1 or having[k] < len(points)]
     return [{k: hydra_registry.whole_numbers(v) for k, _, v in (o.partition("=") for o in point) if k in swept} for point in points]
 

@@ -217,3 +217,19 @@ def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp
     assert set(lines) == {f"engine=deepspeed, parallel.dp={dp}, {kind}" for dp in (1, 2)
                           for kind in ("predicted", "measured")}
     assert all(x == [1e6, 5e8] for x in lines.values())
+
+
+def test_a_report_across_two_sweeps_keeps_the_column_that_tells_them_apart(cli, default_trial, tmp_path):
+    """Sweep a over parallel.dp, sweep b the same with zero.stage=1 set: one value of
+    zero.stage among all the rows, so it was dropped, and a's rows and b's looked alike."""
+    for sweep, extra in (("a", []), ("b", ["zero.stage=1"])):
+        for dp in (1, 2):
+            trial = tmp_path / sweep / f"{dp - 1}_parallel.dp={dp}"
+            shutil.copytree(default_trial, trial)
+            result = json.loads((trial / "result.json").read_text())
+            result["overrides"] = [*extra, f"parallel.dp={dp}"]
+            (trial / "result.json").write_text(json.dumps(result))
+    rows = json.loads(cli("report", str(tmp_path), "--json").stdout)
+    by_trial = {r["trial"]: r for r in rows}
+    assert all(by_trial[f"b/{d}_parallel.dp={d + 1}"].get("zero.stage") == "1" for d in (0, 1))
+    assert all(not by_trial[f"a/{d}_parallel.dp={d + 1}"].get("zero.stage") for d in (0, 1))
