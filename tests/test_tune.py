@@ -149,3 +149,20 @@ def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_reru
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "report.md").is_file() and (out / "tune.png").is_file()
     assert f"{state['ran']} of" in (out / "tune.md").read_text().splitlines()[0]
+
+
+def test_a_winner_from_candidates_that_all_ran_on_a_busy_host_is_said_to_be_so(tmp_path):
+    """tune named a winner from trials that all started on a fully busy host without a word:
+    now the winner record says so (each trial's result.json host_load, as the launcher wrote it)."""
+    from orchestrator.tune.record import winner
+
+    search = Search(plan_space([*GPU, "zero=stage2", "zero.offload_optimizer=none"]))
+    for i, (c, busy) in enumerate(zip(search.space.fitting[:2], (0.97, 0.91))):
+        trial = tmp_path / f"{i}_t"
+        trial.mkdir()
+        (trial / "result.json").write_text(json.dumps({"status": "ok", "host_load": {"busy_share": busy}}))
+        search.record(c, CandidateRun("ok", str(trial), 1, tokens_per_sec_per_gpu=1000.0 + i, step_s=1.0))
+    said = winner(search)["busy_hosts"]
+    assert "every candidate that ran started on a busy host (91%-97%" in said
+    (tmp_path / "0_t" / "result.json").write_text(json.dumps({"status": "ok", "host_load": {"busy_share": 0.02}}))
+    assert winner(search)["busy_hosts"] == ""  # one quiet start: the comparison had a quiet trial

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.files import atomic_write_json, atomic_write_text, read_json
+from orchestrator.host_load import BUSY_SHARE
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact, redact_text
 from orchestrator.plan.memory import GIB
@@ -146,10 +147,25 @@ def winner(search: Search) -> dict | None:
     paths = TrialPaths(Path(o.trial_dir))
     configs = [str(p) for p in (paths.ds_config, paths.accelerate_config) if p.is_file()]
     return {"candidate": c.label(), "overrides": list(c.overrides), "trial_dir": o.trial_dir,
+            "busy_hosts": busy_hosts(search),
             "measured_tokens_per_sec_per_gpu": o.tokens_per_sec_per_gpu,
             "predicted_tokens_per_sec_per_gpu": c.predicted_tokens_per_sec_per_gpu,
             "engine_configs": configs, "launch_script": str(paths.launch_sh) if paths.launch_sh.is_file() else None,
             "command": "orchestrator run " + " ".join(c.overrides)}
+
+
+def busy_hosts(search: Search) -> str:
+    """Where every candidate that ran ok started on a busy host (host_load.py's threshold),
+    what that was: then the winner may be the one that drew a quiet moment. '' otherwise."""
+    shares = []
+    for _, o in search.measured_ok():
+        load = (read_json(TrialPaths(Path(o.trial_dir)).result) or {}).get("host_load")
+        shares.append(load.get("busy_share") if isinstance(load, dict) else None)
+    numbers = [s for s in shares if isinstance(s, (int, float)) and not isinstance(s, bool)]
+    if not numbers or len(numbers) < len(shares) or min(numbers) < BUSY_SHARE:
+        return ""
+    return (f"every candidate that ran started on a busy host ({min(numbers):.0%}-{max(numbers):.0%} of its cores "
+            "already in use): the winner may be the one that drew a quiet moment; run the best few again on a quiet host")
 
 
 def write(base: Path, search: Search) -> list[Path]:
@@ -219,6 +235,8 @@ def show_winner(base: Path, search: Search, out: Console) -> None:
         return
     out.print(f"[bold green]winner[/bold green] {w['candidate']}: {w['measured_tokens_per_sec_per_gpu']:,.1f} "
               f"tokens/s/GPU measured (plan predicted {w['predicted_tokens_per_sec_per_gpu']:,.1f})")
+    if w["busy_hosts"]:
+        out.print(f"[yellow]warning:[/yellow] {w['busy_hosts']}")
     for config in w["engine_configs"]:
         out.print(f"  engine config: {config}")
     if w["launch_script"]:
