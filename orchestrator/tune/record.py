@@ -165,7 +165,8 @@ def busy_hosts(search: Search) -> str:
     if not numbers or len(numbers) < len(shares) or min(numbers) < BUSY_SHARE:
         return ""
     return (f"every candidate that ran started on a busy host ({min(numbers):.0%}-{max(numbers):.0%} of its cores "
-            "already in use): the winner may be the one that drew a quiet moment; run the best few again on a quiet host")
+            "already in use): the winner may be the one that drew a quiet moment; run the best few again on a "
+            "quiet host")
 
 
 def write(base: Path, search: Search) -> list[Path]:
