@@ -90,16 +90,23 @@ BUSY_RATIO = 1.25  # the same probe this much slower or faster the second time: 
 PEAK_MARGIN, SLOWEST_SHARE, LAUNCH_ALLOWANCE_S = 1.3, 0.01, 0.01
 
 
-def possible_gemm(flops: float, peak_flops: float | None) -> Callable[[float, float], bool]:
-    """Whether (forward s, backward s) of a GEMM of `flops` forward FLOPs (twice that
-    backward) are times this device can take; any time where its peak is not known."""
+def possible_gemm(flops: float, peak_flops: float | None, nbytes: float = 0.0,
+                  bandwidth: float | None = None) -> Callable[[float, float], bool]:
+    """Whether (forward s, backward s) of a kernel of `flops` forward FLOPs (twice that
+    backward) are times this device can take against its peak: never faster, nor 100x
+    slower; one that moves `nbytes` (a memory-bound one), not 100x slower than the
+    bandwidth allows (faster may be: caches). Any time where neither is known."""
     def possible(forward_s: float, backward_s: float) -> bool:
         if not plausible_times(forward_s, backward_s):
             return False
-        if not flops or not peak_flops:
-            return True
-        return all(work / (PEAK_MARGIN * peak_flops) <= s <= work / (SLOWEST_SHARE * peak_flops) + LAUNCH_ALLOWANCE_S
-                   for work, s in ((flops, forward_s), (2 * flops, backward_s)))
+        bounds = []
+        if flops and peak_flops:
+            bounds += [(work / (PEAK_MARGIN * peak_flops), work / (SLOWEST_SHARE * peak_flops), s)
+                       for work, s in ((flops, forward_s), (2 * flops, backward_s))]
+        if nbytes and bandwidth:
+            bounds += [(0.0, work / (SLOWEST_SHARE * bandwidth), s) for work, s in ((nbytes, forward_s),
+                                                                                   (2 * nbytes, backward_s))]
+        return all(low <= s <= high + LAUNCH_ALLOWANCE_S for low, high, s in bounds)
     return possible
 
 
@@ -327,7 +334,8 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
 
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
             optimizer_tensors: list[int], recompute: str = "none",
-            before_timing: Callable[[], None] = lambda: None, peak_flops: float | None = None) -> Measured:
+            before_timing: Callable[[], None] = lambda: None, peak_flops: float | None = None,
+            bandwidth: float | None = None) -> Measured:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
     optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     `before_timing`: called once, after the imports and before the first kernel is timed
@@ -345,15 +353,14 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
         """Cached where the entry is one this device can take (a GEMM against its peak), else
         timed, and timed once more where that time is not one either (then kept, and said)."""
-        key, possible = f"{prefix}{kernel.name} rows={kernel.rows}", possible_gemm(kernel.flops, peak_flops)
+        key = f"{prefix}{kernel.name} rows={kernel.rows}"
+        possible = possible_gemm(kernel.flops, peak_flops, kernel.bytes, bandwidth)
         fwd, bwd, when = Cache.get(key, lambda: first(how)(kernel, tick), plausible=possible)
         if not possible(fwd, bwd):
             Cache.known().pop(key, None)
             fwd, bwd, when = Cache.get(key, lambda: first(how)(kernel, tick), plausible=possible)
             if not possible(fwd, bwd):
-                impossible.append(f"{kernel.name} rows={kernel.rows}: {fwd:.3g} s forward, "
-                                  f"{kernel.flops / max(fwd, 1e-12) / 1e12:.3g} TFLOPS against a peak of "
-                                  f"{peak_flops / 1e12:.3g}")
+                impossible.append(f"{kernel.name} rows={kernel.rows}: {fwd:.3g} s forward")
         whens.append(when)
         return fwd, bwd
 
@@ -412,7 +419,8 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     finally:
         Cache.save()
     if impossible and not busy:
-        busy = (f"{len(impossible)} GEMM time(s) no device of this peak can take, twice (e.g. {impossible[0]}): "
+        busy = (f"{len(impossible)} kernel time(s) this device's peak or bandwidth rule out, twice "
+                f"(e.g. {impossible[0]}): "
                 "something else held the device while they were timed; plan again on a quiet machine")
         Cache.forget_new()
     return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),

@@ -48,6 +48,7 @@ class Kernel:
     scale: float = 1.0  # the real kernel over the one built, in a dimension other than rows
     smaller: Kernel | None = None  # the same on a smaller shape (a larger scale), or None
     flops: float = 0.0  # the real kernel's forward FLOPs on all its rows (a GEMM's 2 m n k; 0: not counted)
+    bytes: float = 0.0  # what its forward reads and writes at the least, where it is memory-bound (0: not counted)
 
 GPT2_ACTIVATION = "gelu_pytorch_tanh"  # what workload/model.py gives GPT2Config
 
@@ -131,7 +132,9 @@ def attention(model: ModelConfig, micro: int, precision: str, device: str) -> Ke
         do = torch.randn(1, r, s, d, device=device, dtype=dtype)
         return (lambda: core(q, k, v)), _grads(lambda: core(q, k, v), [q, k, v], do)
 
-    return Kernel(f"attention {model.attention} causal s={s} d={d}", micro * model.heads, build, min_rows=1)
+    rows = micro * model.heads  # QK^T and AV: 4 s^2 d a row, of which a fused kernel runs the causal half
+    return Kernel(f"attention {model.attention} causal s={s} d={d}", rows, build, min_rows=1,
+                  flops=4.0 * rows * s * s * d * (0.5 if model.attention == "sdpa" else 1.0))
 
 
 def memory_bound(model: ModelConfig, tokens: int, precision: str, device: str) -> Kernel:
@@ -166,8 +169,10 @@ def memory_bound(model: ModelConfig, tokens: int, precision: str, device: str) -
         grads = [torch.randn_like(o) for o in outs]
         return forward, _grads(forward, inputs, grads)
 
+    element = {"bf16": 2, "fp16": 2, "fp32": 4}[precision]
     return Kernel(f"memory-bound {model.arch} layer h={h} f={f}", tokens, build,
-                  min_rows=max(1, min(MIN_ROWS, -(-MIN_ELEMENTS // f))))
+                  min_rows=max(1, min(MIN_ROWS, -(-MIN_ELEMENTS // f))),
+                  bytes=tokens * element * (2 * h + f))  # its forward reads x and the activation's input once
 
 
 def loss(vocab: int, tokens: int, precision: str, device: str) -> Kernel:
@@ -182,7 +187,7 @@ def loss(vocab: int, tokens: int, precision: str, device: str) -> Kernel:
         forward = lambda: F.cross_entropy(logits.float(), labels)  # noqa: E731
         return forward, lambda: torch.autograd.grad(forward(), [logits])
 
-    return Kernel(f"loss vocab={vocab}", tokens, build)
+    return Kernel(f"loss vocab={vocab}", tokens, build, bytes=4.0 * tokens * vocab)  # the fp32 logits, read once
 
 
 def block(model: ModelConfig, micro: int, recompute: str, precision: str, device: str) -> Kernel:

@@ -60,7 +60,8 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
     here = on_the_node or cfg.cluster.name == "local"
     links, links_note = measured_links(spec, here=here, refused=refused)  # before the kernels: nothing beside them
     net = network_of(spec, links)
-    measured, compute_source = measured_kernels(spec, here=here, refused=refused, peak_tflops=peak_tflops)
+    measured, compute_source = measured_kernels(spec, here=here, refused=refused, peak_tflops=peak_tflops,
+                                                bandwidth_gbps=bandwidth)
     if not measured and peak_tflops is None:
         raise ConfigError("hardware.peak_tflops." + spec.precision, None, f"the dense peak of this GPU: its kernels could "
                           f"not be timed ({compute_source}), and without them the plan estimates from the peak")
@@ -160,8 +161,8 @@ def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: f
     return optimizer_traffic_bytes(updated, spec.precision) / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
 
 
-def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False,
-                     peak_tflops: float | None = None) -> tuple[Measured | None, str]:
+def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False, peak_tflops: float | None = None,
+                     bandwidth_gbps: float | None = None) -> tuple[Measured | None, str]:
     """The trial's kernels timed on this machine's device where hardware.kernels=measured
     and the trial runs `here` (None otherwise, where the plan will refuse the trial for its
     memory, or where timing failed), and where the compute times come from."""
@@ -180,12 +181,13 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False,
             raise KernelTimingError("no CUDA device on this machine")
         args = (spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares, spec.cfg.recompute.mode)
         peak = peak_tflops * 1e12 if peak_tflops else None  # what no timed GEMM can beat
+        limits = {"peak_flops": peak, "bandwidth": bandwidth_gbps * 1e9 if bandwidth_gbps else None}
         with engine_timing.EngineTiming(engine_settings(spec), threads, sum(shares), device) as engine:
             if hw.device.is_gpu:  # in a process of its own: the planner keeps no CUDA context for the ranks to meet
                 engine.imported()
-                m, discarded = kernel_timing.measure_apart(*args, peak_flops=peak)
+                m, discarded = kernel_timing.measure_apart(*args, **limits)
             else:
-                m, discarded = (kernel_timing.measure(*args, before_timing=engine.imported, peak_flops=peak),
+                m, discarded = (kernel_timing.measure(*args, before_timing=engine.imported, **limits),
                                 Cache.take_discarded())
             m = dataclasses.replace(engine.apply(m), discarded=discarded)
     except KernelTimingError as exc:
