@@ -26,7 +26,7 @@ import json
 import uuid
 from pathlib import Path
 
-from orchestrator.files import atomic_write_json
+from orchestrator.files import atomic_write_json, read_json
 from orchestrator.redact import redact
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths
@@ -87,7 +87,7 @@ class Tracker:
 
     def __init__(self, spec: TrialSpec, trial_dir: Path, sweep: dict):
         logger = spec.cfg.logger
-        self.run = None
+        self.run, self.trial_dir = None, trial_dir
         if logger.mode == "disabled":
             return
         wandb = import_wandb(logger.mode)
@@ -116,6 +116,9 @@ class Tracker:
         if self.run is None:
             return
         self.run.summary.update(summary(metrics, plan, status))
+        load = read_json(TrialPaths(self.trial_dir).node_load) or {}  # written by the launcher before the ranks
+        if isinstance(share := load.get("busy_share"), (int, float)) and not isinstance(share, bool):
+            self.run.summary["perf/host_busy_share"] = share  # a steady load slows every step alike: no scatter shows it
         self.run.finish(exit_code=0 if status == "ok" else 1)
         self.run = None
 

@@ -27,7 +27,7 @@ from orchestrator.plan.memory import GIB
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.plan.prediction import Plan, planned_steps_s
-from orchestrator.files import read_json, read_text
+from orchestrator.files import atomic_write_json, read_json, read_text
 from orchestrator.results import Status, error_record, now, outcome_status, write_result
 from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import TrialPaths, claimant_gone, reserve, trials_below
@@ -146,6 +146,7 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None
         return refused
     out.print(f"[bold]run[/bold] {trial_dir}")
     load = host_load.measure()
+    atomic_write_json(TrialPaths(trial_dir).node_load, load.as_dict())  # rank 0 logs it with the run (W&B)
     if warning := load.warning():
         out.print(f"[yellow]warning:[/yellow] {warning}")
     timeout = spec.cfg.run.timeout_min * 60 if spec.cfg.run.timeout_min else None

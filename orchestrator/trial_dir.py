@@ -42,7 +42,7 @@ class TrialPaths:
 
     Written before launch (translate): config.yaml, trial.json, plan.json, ds_config.json,
     accelerate_config.yaml, launch.json, launch.sh, EXPLAIN.md, and .hydra/ (Hydra's names,
-    masked); while it runs: plan-at-submit.json and node-load.json (SLURM), claim.json, result.reserve, logs/, errors/, checkpoint/,
+    masked); while it runs: plan-at-submit.json (SLURM), node-load.json, claim.json, result.reserve, logs/, errors/, checkpoint/,
     metrics.json (rank 0), slurm.json, wandb_run.json, wandb/, profile/; at its end: result.json."""
 
     root: Path
@@ -62,8 +62,8 @@ class TrialPaths:
     reserve = property(lambda self: self.root / "result.reserve")  # disk space held for result.json
     metrics = property(lambda self: self.root / "metrics.json")
     slurm_job = property(lambda self: self.root / "slurm.json")
-    # SLURM: how busy rank 0's node was before its ranks started (the local launcher keeps
-    # its host's in result.json directly)
+    # how busy rank 0's node (a local trial's host) was before its ranks started: result.json's
+    # host_load, and rank 0's W&B summary
     node_load = property(lambda self: self.root / "node-load.json")
     wandb_run = property(lambda self: self.root / "wandb_run.json")  # the W&B run id a requeued job resumes
     wandb_dir = property(lambda self: self.root / "wandb")  # W&B's own files (offline runs)

@@ -189,6 +189,9 @@ def test_a_plain_runs_wandb_run_has_a_name_and_a_noise_verdict(default_trial):
     w = wandb_summary(default_trial)
     assert w["run_record"]["display_name"] == default_trial.name
     assert w["summary"]["perf/noisy"] in (True, False)
+    # how busy the host was as the ranks started, as result.json has it
+    result = json.loads((default_trial / "result.json").read_text())
+    assert w["summary"]["perf/host_busy_share"] == pytest.approx(result["host_load"]["busy_share"])
 
 
 def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp_path, monkeypatch):
