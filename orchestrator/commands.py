@@ -298,8 +298,10 @@ def run(overrides: list[str], multirun: bool, argv: list[str], flags: dict) -> i
                  resume=tuning and not overwrite and resumable_tune(Path(target)))
     # W&B's group: the sweep by name (+sweep=NAME, else the keys swept) and when it started;
     # a plain run keeps its directory's name.
-    group = (f"{sweep_label(overrides)}-{time.strftime('%Y-%m-%d_%H-%M-%S')}" if multirun
-             else base.name if (out or named) else "_".join(base.parts[-2:]))
+    # A resumed tune keeps the group its first rounds ran in: one search, one W&B group.
+    group = (resumed_group(base) if tuning else None) or (
+        f"{sweep_label(overrides)}-{time.strftime('%Y-%m-%d_%H-%M-%S')}" if multirun
+        else base.name if (out or named) else "_".join(base.parts[-2:]))
     # Hydra would write .hydra/ with the overrides as typed, secrets included; each trial
     # writes it instead, masked (sweep_batch.write_hydra_files), under the name Hydra would use.
     subdir = settings.hydra_dirs.get("output_subdir")
@@ -370,6 +372,15 @@ def run_task(cfg: DictConfig) -> TaskReturn:
     returned = batch.task(0, cfg)(cfg)
     batch.submit()
     return returned
+
+
+def resumed_group(base: Path) -> str | None:
+    """The W&B group the trials already below `base` ran in (trial.json's sweep.group), if any."""
+    for trial_dir in trials_below(base):
+        sweep = (read_json(TrialPaths(trial_dir).meta) or {}).get("sweep")
+        if isinstance(sweep, dict) and isinstance(sweep.get("group"), str) and sweep["group"]:
+            return sweep["group"]
+    return None
 
 
 def sweep_outcome(results: list[dict], base: Path, out) -> int:

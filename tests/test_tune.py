@@ -4,6 +4,7 @@ and one real search on this CPU that is interrupted by its budget and resumed.""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -142,6 +143,9 @@ def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_reru
     # The first two kept, not re-run; a third only if the calibrated bound still says it may win.
     assert first <= again and state["ran"] == len(again) in (2, 3) and state["stopped"]
     assert "resuming" in proc.stdout
+    # one search, one W&B group: a round after the resume runs in the first rounds' group
+    groups = {json.loads((Path(d) / "trial.json").read_text())["sweep"]["group"] for d in again}
+    assert len(groups) == 1, groups
     # `report` on the tune's directory reports its trials and renders the tune's own files again
     (out / "tune.md").unlink()
     (out / "tune.png").unlink()
@@ -166,3 +170,15 @@ def test_a_winner_from_candidates_that_all_ran_on_a_busy_host_is_said_to_be_so(t
     assert "every candidate that ran started on a busy host (91%-97%" in said
     (tmp_path / "0_t" / "result.json").write_text(json.dumps({"status": "ok", "host_load": {"busy_share": 0.02}}))
     assert winner(search)["busy_hosts"] == ""  # one quiet start: the comparison had a quiet trial
+
+
+def test_a_resumed_tune_keeps_the_group_its_trials_ran_in(tmp_path):
+    from orchestrator.commands import resumed_group
+
+    assert resumed_group(tmp_path) is None
+    for i in range(2):
+        trial = tmp_path / f"{i}_x"
+        trial.mkdir()
+        (trial / "result.json").write_text("{}")
+        (trial / "trial.json").write_text(json.dumps({"sweep": {"group": "tune-2026-12-02_07-00-00"}}))
+    assert resumed_group(tmp_path) == "tune-2026-12-02_07-00-00"
