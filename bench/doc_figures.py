@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import buckets
+import gpu_host
 import published
 from published import (
     SETS,
@@ -136,6 +137,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "llm-foundry-by-gpu": llm_foundry_by_gpu,
     "fms-fsdp-rows": fms_rows,
     "buckets-gpu": buckets.table,
+    "gpu-host-h100": lambda: "```\n" + gpu_host.report(gpu_host.H100_RUNS) + "```\n",
 }
 
 

@@ -173,30 +173,35 @@ def predictions(row: dict, host_op_us: float) -> dict[str, float]:
             "preset, no host": preset(0.0), f"preset, host {host_op_us:g} us": preset(host_op_us)}
 
 
-def report(paths: list[Path]) -> None:
+H100_RUNS = sorted((Path(__file__).resolve().parent / "data" / "gpu").glob("h100-host-*.json"))
+
+
+def report(paths: list[Path]) -> str:
     """Each shape's median over the runs (their measured steps and host times; the kernels as
-    the last run timed them), measured against each way of planning it."""
-    runs = [json.loads(p.read_text()) for p in paths]
+    the last run timed them), measured against each way of planning it, as text
+    (bench/doc_figures.py writes it into bench/RESULTS.md)."""
+    runs, out = [json.loads(p.read_text()) for p in paths], []
     data, rows = runs[-1], []  # the kernels as the newest run timed them
     for i, row in enumerate(data["rows"]):
         same = [run["rows"][i] for run in runs]
         rows.append({**row, **{k: statistics.median(r[k] for r in same) for k in ("fwd_bwd_s", "step_s", "host_op_us")},
                      "spread": max(r["fwd_bwd_s"] for r in same) / min(r["fwd_bwd_s"] for r in same)})
     host_op_us = round(statistics.median(r["host_op_us"] for r in rows))
-    print(f"{data['gpu']} (host: {data['host_cpu']}; torch {data['torch']}, transformers {data['transformers']}, "
-          f"{data['measured_at']}), median of {len(runs)} run(s)")
-    print(f"host per kernel, whole model on 8 tokens: median {host_op_us} us "
-          f"(range {min(r['host_op_us'] for r in rows):.0f}-{max(r['host_op_us'] for r in rows):.0f})")
-    print("forward + backward, measured / predicted (spread: slowest / fastest run):")
+    out.append(f"{data['gpu']} (host: {data['host_cpu']}; torch {data['torch']}, transformers {data['transformers']}, "
+               f"{data['measured_at']}), median of {len(runs)} run(s)")
+    out.append(f"host per kernel, whole model on 8 tokens: median {host_op_us} us "
+               f"(range {min(r['host_op_us'] for r in rows):.0f}-{max(r['host_op_us'] for r in rows):.0f})")
+    out.append("forward + backward, measured / predicted (spread: slowest / fastest run):")
     table = [(f"{r['label']} ({r['spread']:.2f})", r["fwd_bwd_s"], predictions(r, host_op_us)) for r in rows]
     names = list(table[0][2])
-    print(f"{'shape':35s} {'measured':>9s}  " + "  ".join(f"{n:>26s}" for n in names))
+    out.append(f"{'shape':35s} {'measured':>9s}  " + "  ".join(f"{n:>26s}" for n in names))
     for label, measured, p in table:
-        print(f"{label:35s} {measured * 1e3:7.2f}ms  " + "  ".join(f"{measured / p[n]:26.2f}" for n in names))
+        out.append(f"{label:35s} {measured * 1e3:7.2f}ms  " + "  ".join(f"{measured / p[n]:26.2f}" for n in names))
     for n in names:
         ratios = [measured / p[n] for _, measured, p in table]
         within = sum(0.8 <= x <= 1.25 for x in ratios)
-        print(f"  {n}: {within} of {len(ratios)} within 20 %, median ratio {statistics.median(ratios):.2f}")
+        out.append(f"  {n}: {within} of {len(ratios)} within 20 %, median ratio {statistics.median(ratios):.2f}")
+    return "\n".join(out) + "\n"
 
 
 def engine_check(out: Path) -> None:
@@ -278,6 +283,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["measure"]:
         measure(Path(sys.argv[2]))
     elif sys.argv[1:2] == ["report"]:
-        report([Path(p) for p in sys.argv[2:]] or sorted((Path(__file__).parent / "data" / "gpu").glob("h100-host-*.json")))
+        print(report([Path(p) for p in sys.argv[2:]] or H100_RUNS), end="")
     else:
         sys.exit(__doc__)
