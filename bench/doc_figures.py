@@ -28,15 +28,7 @@ from pathlib import Path
 import buckets
 import gpu_host
 import published
-from published import (
-    SETS,
-    Planned,
-    floors,
-    plan_rows,
-    scaling_ratio,
-    share_within,
-    summary,
-)
+from published import SETS, Planned, floors, plan_rows, scaling_ratio, share_within, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures: (?P=name) -->)", re.DOTALL)

@@ -25,14 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.calibrate import (
-    Measured,
-    current_params,
-    determined,
-    fit_in_stages,
-    fitted_names,
-    with_params,
-)
+from orchestrator.calibrate import Measured, current_params, determined, fit_in_stages, fitted_names, with_params
 from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import Plan
 from orchestrator.spec import build_spec

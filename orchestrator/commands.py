@@ -37,26 +37,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.orchestrator_launcher.orchestrator_launcher import (
-    OrchestratorLauncher,
-)
+from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
-from orchestrator.compose import (
-    MAX_POINTS,
-    PROGRESS_EVERY_S,
-    compose_trial,
-    expand_sweep,
-    fixed_part,
-)
+from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S, compose_trial, expand_sweep, fixed_part
 from orchestrator.conf_tree import CONFIG_NAME, Source, current_source, use_source
 from orchestrator.config import OBJECTIVES
-from orchestrator.display import (
-    console,
-    show_plan,
-    show_report,
-    show_sweep,
-    trial_label,
-)
+from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.files import read_json, strict_json
 from orchestrator.host_load import available_bytes
@@ -70,15 +56,7 @@ from orchestrator.sweep_batch import SweepBatch, TaskReturn
 from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
 from orchestrator.trial import check_runnable_here, refusal, wait_for
-from orchestrator.trial_dir import (
-    CLAIM,
-    SWEEP_CLAIM,
-    SweepPaths,
-    TrialPaths,
-    claim,
-    trials_below,
-    writable_dir,
-)
+from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, claim, trials_below, writable_dir
 from orchestrator.tune.record import resumable_tune, same_space, tune_budget
 from orchestrator.tune.space import plan_space
 

@@ -314,7 +314,8 @@ def show_report(rows: list[dict], out: Console) -> None:
         table.add_row(label, r["status"] + (", noisy" if r.get("noisy") else ""), *[str(r.get(k, "")) for k in swept],
                       num("tokens_per_sec_per_gpu", "{:,.0f}"), r.get("vs_best", ""), r.get("host_busy", ""),
                       num("mfu", "{:.1%}"), num("hfu", "{:.1%}"), num("step_time_s", "{:.4g}"),
-                      r.get("step_time_interval", ""), num("predicted_step_s", "{:.4g}"), *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
+                      r.get("step_time_interval", ""), num("predicted_step_s", "{:.4g}"),
+                      *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
                       human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
                       human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "", r["error"])
     out.print(table)

@@ -84,13 +84,14 @@ class Measured:
 
 
 BUSY_RATIO = 1.25  # the same probe this much slower or faster the second time: something else ran
-# A GEMM's time against the device's peak (measured on a CPU, published for a GPU): no kernel
-# beats the peak (a margin for the peak's own measurement), and one 100x below it plus a fixed
-# allowance for a launch is no kernel either: something else held the device while it was timed.
+# A kernel's time against the device (its peak: measured on a CPU, published for a GPU; its
+# memory bandwidth): no kernel beats the peak (a margin for the peak's own measurement), and one
+# 100x below it, or below what its bytes take at the bandwidth, plus a fixed allowance for a
+# launch, is no kernel either: something else held the device while it was timed.
 PEAK_MARGIN, SLOWEST_SHARE, LAUNCH_ALLOWANCE_S = 1.3, 0.01, 0.01
 
 
-def possible_gemm(flops: float, peak_flops: float | None, nbytes: float = 0.0,
+def possible_times(flops: float, peak_flops: float | None, nbytes: float = 0.0,
                   bandwidth: float | None = None) -> Callable[[float, float], bool]:
     """Whether (forward s, backward s) of a kernel of `flops` forward FLOPs (twice that
     backward) are times this device can take against its peak: never faster, nor 100x
@@ -351,10 +352,10 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
     impossible: list[str] = []
 
     def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
-        """Cached where the entry is one this device can take (a GEMM against its peak), else
+        """Cached where the entry is one this device can take (against its peak and bandwidth), else
         timed, and timed once more where that time is not one either (then kept, and said)."""
         key = f"{prefix}{kernel.name} rows={kernel.rows}"
-        possible = possible_gemm(kernel.flops, peak_flops, kernel.bytes, bandwidth)
+        possible = possible_times(kernel.flops, peak_flops, kernel.bytes, bandwidth)
         fwd, bwd, when = Cache.get(key, lambda: first(how)(kernel, tick), plausible=possible)
         if not possible(fwd, bwd):
             Cache.known().pop(key, None)

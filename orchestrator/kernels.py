@@ -11,6 +11,7 @@ from typing import Callable, NamedTuple
 
 from orchestrator.config import ModelConfig
 from orchestrator.plan.compute import layer_gemms
+from orchestrator.plan.params import element_bytes
 
 MIN_ROWS = 256  # never timed on fewer rows: below this a kernel's time is not linear in them
 GEMM_MIN_ROWS = 32  # a GEMM's: its time per row holds from a few dozen rows
@@ -169,10 +170,9 @@ def memory_bound(model: ModelConfig, tokens: int, precision: str, device: str) -
         grads = [torch.randn_like(o) for o in outs]
         return forward, _grads(forward, inputs, grads)
 
-    element = {"bf16": 2, "fp16": 2, "fp32": 4}[precision]
     return Kernel(f"memory-bound {model.arch} layer h={h} f={f}", tokens, build,
                   min_rows=max(1, min(MIN_ROWS, -(-MIN_ELEMENTS // f))),
-                  bytes=tokens * element * (2 * h + f))  # its forward reads x and the activation's input once
+                  bytes=tokens * element_bytes(precision) * (2 * h + f))  # the forward reads x and the MLP's input
 
 
 def loss(vocab: int, tokens: int, precision: str, device: str) -> Kernel:

@@ -31,13 +31,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text
 from orchestrator.hydra_registry import fit_name
 from orchestrator.redact import redact
-from orchestrator.results import (
-    Status,
-    error_record,
-    now,
-    objective_value,
-    write_result,
-)
+from orchestrator.results import Status, error_record, now, objective_value, write_result
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.trial import run_trial, submit_trials
 from orchestrator.trial_dir import SweepPaths, TrialPaths, claim

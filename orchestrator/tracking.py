@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from orchestrator.files import atomic_write_json, read_json
+from orchestrator.hydra_registry import fit_name
 from orchestrator.redact import redact
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths
@@ -126,7 +127,7 @@ class Tracker:
 def run_name(spec: TrialSpec, trial_dir: Path, sweep: dict) -> str:
     """What the run is called in W&B: a sweep point's swept values, else the trial's own
     overrides, else its directory's name (a plain run had none)."""
-    return sweep.get("name") or " ".join(spec.overrides) or trial_dir.name
+    return sweep.get("name") or fit_name(" ".join(spec.overrides)) or trial_dir.name
 
 
 def run_id(trial_dir: Path) -> str:

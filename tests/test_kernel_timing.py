@@ -497,12 +497,12 @@ def test_a_gemm_time_no_device_of_its_peak_can_take_is_timed_again(fresh_cache):
     """A tampered or busy-machine cache (3,000 s for a kernel of the tiny model, or a GEMM
     faster than the device's peak) is not a kernel's time: against the peak and the memory
     bandwidth it is dropped, timed again, and the plan says so; a real one is kept."""
-    from orchestrator.kernel_timing import possible_gemm
+    from orchestrator.kernel_timing import possible_times
 
-    gemm = possible_gemm(2e9, 1e12)  # 2 GFLOP forward on a 1 TFLOPS device: 2 ms at the peak
+    gemm = possible_times(2e9, 1e12)  # 2 GFLOP forward on a 1 TFLOPS device: 2 ms at the peak
     assert gemm(0.004, 0.008) and gemm(0.15, 0.3)  # at half the peak; 75x below it
     assert not gemm(3000.0, 6000.0) and not gemm(0.0005, 0.001)  # 100x+ below; 4x above the peak
-    assert possible_gemm(2e9, None)(3000.0, 3000.0)  # no peak known: any time a kernel can take
+    assert possible_times(2e9, None)(3000.0, 3000.0)  # no peak known: any time a kernel can take
     spec = small_spec()
     model, tensors = spec.cfg.model, [p.numel for p in parameter_tensors(spec.cfg.model)]
     measure(model, 2, "bf16", "cpu", 1, tensors)

@@ -77,6 +77,9 @@ class BusTable:
         for r in rows:
             curves.setdefault((r.collective, r.nodes, r.ranks_per_node), []).append((r.bytes, r.busbw_gbps * 1e9))
         self.curves = {k: tuple(sorted(v)) for k, v in curves.items()}
+        self._fastest: dict[tuple[str, int], float] = {}  # (collective, ranks per node): the most busbw measured
+        for (op, _, rpn), curve in self.curves.items():
+            self._fastest[(op, rpn)] = max(self._fastest.get((op, rpn), 0.0), max(b for _, b in curve))
 
     def node_counts(self, op: str, ranks_per_node: int) -> list[int]:
         return sorted(n for (o, n, r) in self.curves if o == op and r == ranks_per_node)
@@ -119,7 +122,7 @@ class BusTable:
         """The most busbw any curve of this collective measured: what no reading may pass (a
         line drawn above a curve's largest size tends to 1 / its slope, which two close points
         can put at any figure)."""
-        return max(b for (o, _, r), curve in self.curves.items() if o == op and r == ranks_per_node for _, b in curve)
+        return self._fastest[(op, ranks_per_node)]
 
 
     def small_call(self, op: str, nodes: int, rpn: int, nbytes: float) -> Reading | None:

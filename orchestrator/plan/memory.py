@@ -98,18 +98,10 @@ class Memory:
         return self.total <= self.capacity
 
     def at_peak(self) -> list[tuple[str, int]]:
-        """What the total is made of at its peak phase (phases(), as the device holds it): the
-        component rows each show their own figure, which are not all alive at once."""
-        static, buffers = self.static - self.untouched_static, self.buffers - self.untouched
-        parts = {"loss backward": [("between steps", static), ("gathered", self.gathered),
-                                   ("activations", self.activations), ("loss backward", self.loss_backward)],
-                 "backward": [("parameters", self.params), ("gradients", self.grads), ("optimizer states", self.optimizer),
-                              ("buffers", buffers), ("activations", self.activations),
-                              ("recomputed block", self.recompute)],
-                 "optimizer step": [("parameters", self.params), ("gradients", self.grads_at_step),
-                                    ("optimizer states", self.optimizer),
-                                    ("optimizer step", self.optimizer_step + self.optimizer_temporaries)]}[self.peak_phase]
-        return [(name, value) for name, value in parts + [("runtime", self.runtime)] if value]
+        """What the total is made of at its peak phase, as the device holds it: the component
+        rows each show their own figure, which are not all alive at once."""
+        parts = phase_parts(written(asdict(self)), self.activations, self.recompute, self.loss_backward)
+        return [(name, value) for name, value in parts[self.peak_phase] + [("runtime", self.runtime)] if value]
 
     def as_dict(self) -> dict:
         return {**asdict(self), "fits": self.fits}
@@ -322,11 +314,21 @@ def phases(states: dict[str, int], activations: int, recompute: int, loss_backwa
     alive with every activation: an upper bound, as a block's activations are freed while
     its gradients arrive.
     """
-    held = states["params"] + states["grads"] + states["optimizer"]
-    at_step = states["params"] + states["grads_at_step"] + states["optimizer"]
-    return {"loss backward": states["static"] + states["gathered"] + activations + loss_backward,
-            "backward": held + states["buffers"] + activations + recompute,
-            "optimizer step": at_step + states["optimizer_step"] + states["optimizer_temporaries"]}
+    return {phase: sum(v for _, v in parts)
+            for phase, parts in phase_parts(states, activations, recompute, loss_backward).items()}
+
+
+def phase_parts(states: dict[str, int], activations: int, recompute: int,
+                loss_backward: int) -> dict[str, list[tuple[str, int]]]:
+    """What is alive at each of phases()' moments, by component (the plan table's names)."""
+    s = states
+    return {"loss backward": [("between steps", s["static"]), ("gathered", s["gathered"]),
+                              ("activations", activations), ("loss backward", loss_backward)],
+            "backward": [("parameters", s["params"]), ("gradients", s["grads"]), ("optimizer states", s["optimizer"]),
+                         ("buffers", s["buffers"]), ("activations", activations), ("recomputed block", recompute)],
+            "optimizer step": [("parameters", s["params"]), ("gradients", s["grads_at_step"]),
+                               ("optimizer states", s["optimizer"]),
+                               ("optimizer step", s["optimizer_step"] + s["optimizer_temporaries"])]}
 
 
 def peak_memory(states: dict[str, int], activations: int, recompute: int, loss_backward: int, runtime: int,
