@@ -135,11 +135,15 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed
     code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"
     who = f"rank {rank}" if rank is not None else "a rank (the launcher's log does not say which)"
     message = f"{who} exited without a Python error ({code})"
-    if exits.get(rank) == -9:  # SIGKILL: the OOM killer, or someone's kill -9
+    # SIGKILL, or a rank torchrun's summary left out (it names one failure, often the peer whose
+    # collective broke): the OOM killer where the memory cgroup counted a kill meanwhile
+    if rank is not None and (exits.get(rank) == -9 or rank not in exits):
         if oom_killed:
-            return Status.OOM, error_record("OutOfMemory", f"rank {rank} was killed by the kernel's OOM killer (SIGKILL, "
+            how = "SIGKILL" if rank in exits else "it died without leaving through Python"
+            return Status.OOM, error_record("OutOfMemory", f"rank {rank} was killed by the kernel's OOM killer ({how}, "
                                             "and its memory cgroup counted an OOM kill)", rank, log)
-        message += "; SIGKILL with no OOM kill counted in its memory cgroup: killed by another process or a person"
+        if rank in exits:
+            message += "; SIGKILL with no OOM kill counted in its memory cgroup: killed by another process or a person"
     if (free := shutil.disk_usage(trial_dir).free) < DISK_FULL_BYTES:  # it could not even write its error
         return Status.FAILED, error_record(
             "DiskFull", f"the file system holding {trial_dir} is full ({free:,} bytes free): {message}", rank, log)

@@ -285,20 +285,25 @@ def _memory_cgroup(name: str) -> Path | None:
     return parent / name
 
 
-def test_a_rank_the_oom_killer_ends_is_recorded_oom_with_the_step_it_reached(tmp_path):
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_rank_the_oom_killer_ends_is_recorded_oom_with_the_step_it_reached(tmp_path, dp):
     """A rank that takes host memory until the kernel's OOM killer ends it, under a 4 GiB
-    memory cgroup the test makes (its limit, not the host's, so nothing else is touched)."""
+    memory cgroup the test makes (its limit, not the host's, so nothing else is touched).
+    At dp 2 the last rank grows: its peer's collective breaks, and torchrun's summary names
+    the peer (exit code 1), not the rank the OOM killer ended (3 of 3 runs before the fix)."""
     group = _memory_cgroup(f"orchestrator-oom-{os.getpid()}")
     if group is None:
         pytest.skip("no memory cgroup to make here (needs root and the v1 memory controller)")
     try:
         (group / "memory.limit_in_bytes").write_text(str(4 << 30))
         proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(tmp_path / "t"), "model=tiny",
-                               PRESET_KERNELS, "parallel.dp=1", "run.steps=4", "run.warmup_steps=1", "run.fail_at_step=2",
+                               PRESET_KERNELS, f"parallel.dp={dp}", f"run.fail_rank={dp - 1}", "run.steps=4",
+                               "run.warmup_steps=1", "run.fail_at_step=2",
                                "run.fail_mode=grow", "logger.mode=disabled"], capture_output=True, text=True,
                               timeout=300, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
         r = json.loads((tmp_path / "t" / "result.json").read_text())
         assert r["status"] == "oom" and r["error"]["type"] == "OutOfMemory", (r["error"], proc.stdout[-2000:])
+        assert r["error"]["rank"] == dp - 1
         assert "OOM killer" in r["error"]["message"] and "after step 2 of 4" in r["error"]["message"]
         assert "Traceback" not in proc.stdout + proc.stderr
     finally:

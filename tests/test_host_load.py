@@ -63,6 +63,18 @@ def test_a_sigkilled_rank_is_oom_only_where_its_cgroup_counted_an_oom_kill(tmp_p
     status, error = outcome_status(tmp_path, 1, False, oom_killed=True)
     assert status == "oom" and error["type"] == "OutOfMemory" and "OOM killer" in error["message"]
     assert memory_cgroup.oom_kills() is not None  # this machine's kind has a counter to read
+    # torchrun names the peer whose collective broke (exit code 1, a Python error); the rank
+    # the OOM killer ended left its running marker and no error of its own
+    log.write_text(log.read_text().replace("rank      : 1", "rank      : 0").replace("-9 (pid", "1 (pid"))
+    paths = TrialPaths(tmp_path)
+    paths.errors.mkdir(parents=True, exist_ok=True)
+    paths.rank_error(0).write_text('{"rank": 0, "type": "DistBackendError", "message": "Connection reset by peer", '
+                                   '"time": 1.0, "oom": false}')
+    paths.rank_running(1).write_text("")
+    status, error = outcome_status(tmp_path, 1, False, oom_killed=True)
+    assert status == "oom" and error["rank"] == 1 and "OOM killer" in error["message"], error
+    status, error = outcome_status(tmp_path, 1, False, oom_killed=False)
+    assert status == "failed" and error["rank"] == 1 and error["type"] == "ProcessExit", error
 
 
 def test_the_free_memory_a_trial_is_checked_against_is_its_cgroups_where_that_is_less(tmp_path):
