@@ -21,9 +21,10 @@ from pathlib import Path
 from orchestrator.calibrate import calibrated_params, calibrated_step_s
 from orchestrator.compose import swept_values
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_text
+from orchestrator.files import atomic_write_text, read_json, read_text
 from orchestrator.plan.prediction import planned_for_timed_steps, timed_batches
 from orchestrator.plots import report_plots
+from orchestrator.spec import REPEAT
 from orchestrator.timing_stats import Spread, beyond_noise, spread, sure
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
 
@@ -55,7 +56,7 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
                           for r in results])
     fitted = functools.lru_cache(maxsize=None)(lambda name: _calibrated(name, warn))  # read once per report
     rows = [_row(r, p.parent, directory, s, fitted) for r, p, s in zip(results, paths, swept)]
-    rows, results = group_repeats(rows, results)
+    rows, results = group_repeats(rows, results, [_masked_point(p.parent) for p in paths])
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["status"] != "ok", -(rows[i]["tokens_per_sec_per_gpu"] or 0)))
     rows, results = [rows[i] for i in order], [results[i] for i in order]
     # a spread counts only beside the figure it spreads (a result whose throughput is not one has none)
@@ -68,21 +69,30 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
     return rows, results
 
 
-REPEAT = "run.repeat"
+
+def _masked_point(trial_dir: Path) -> tuple | None:
+    """(sweep group, number) of a point whose swept secret is masked (sweep_batch.masked_point), else None."""
+    sweep = (read_json(TrialPaths(trial_dir).meta) or {}).get("sweep")
+    if isinstance(sweep, dict) and isinstance(sweep.get("masked_point"), int):
+        return str(sweep.get("group")), sweep["masked_point"]
+    return None
 
 
-def group_repeats(rows: list[dict], results: list[dict]) -> tuple[list[dict], list[dict]]:
+def group_repeats(rows: list[dict], results: list[dict],
+                  masked_points: list[tuple | None] | None = None) -> tuple[list[dict], list[dict]]:
     """Repeats of one point (ok trials differing only in run.repeat) as one row: its timed
     steps pooled into one median and interval, `repeats` counting them, the largest peak.
-    Its result (for the plots) is the first repeat's with the pooled figures."""
+    Its result (for the plots) is the first repeat's with the pooled figures. masked_points:
+    per trial, what tells apart points whose overrides mask alike (_masked_point)."""
     if not any(REPEAT in row for row in rows):
         return rows, results
+    masked_points = masked_points or [None] * len(rows)
     groups: dict[tuple, list[int]] = {}
     for i, row in enumerate(rows):
         # the point is every override but the repeat's, not the swept columns alone: two sweeps
         # that differ in a key only one of them set are two points (one set it, one did not)
         overrides = results[i].get("overrides") if isinstance(results[i].get("overrides"), list) else []
-        point = tuple(sorted(str(o) for o in overrides if not str(o).startswith(f"{REPEAT}=")))
+        point = (*sorted(str(o) for o in overrides if not str(o).startswith(f"{REPEAT}=")), masked_points[i])
         groups.setdefault(point if row["status"] == "ok" else ("not ok", i), []).append(i)
     out_rows, out_results = [], []
     for members in groups.values():

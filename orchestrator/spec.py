@@ -43,6 +43,7 @@ from orchestrator.trial_dir import TrialPaths
 MAX_LAYERS = 10_000
 MAX_STEPS = 10_000_000
 MAX_DP = 1_048_576
+REPEAT = "run.repeat"  # the override that numbers one point's measurements (a sweep over it repeats the point)
 MAX_REPEAT = 1000  # repeats of one point: past this a sweep is measuring the machine, not the trial
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed
 MAX_TAG = 64  # W&B refuses longer tags

@@ -32,7 +32,7 @@ from orchestrator.files import atomic_write_text
 from orchestrator.hydra_registry import fit_name
 from orchestrator.redact import redact
 from orchestrator.results import Status, error_record, now, objective_value, write_result
-from orchestrator.spec import TrialSpec, build_spec
+from orchestrator.spec import REPEAT, TrialSpec, build_spec
 from orchestrator.trial import run_trial, submit_trials
 from orchestrator.trial_dir import SweepPaths, TrialPaths, claim
 
@@ -109,12 +109,17 @@ class SweepBatch:
             self.to_submit = []
 
     def info(self, i: int) -> dict | None:
-        """The W&B group, name and swept values of point i (a plain run has none)."""
+        """The W&B group, name and swept values of point i (a plain run has none); where a
+        swept secret is masked, the point's number among those it masks alike (masked_point)."""
         if self.single:
             return None
         swept = redact(self.swept[i])  # the run's name and trial.json: a swept secret stays masked
         name = ",".join(f"{k}={v}" for k, v in swept.items()) or " ".join(self.overrides[i]) or "default"
-        return {"group": self.group, "name": fit_name(name), "index": self.first + i, "swept": swept}
+        number = masked_point(self.base, {k: v for k, v in self.swept[i].items() if k != REPEAT})
+        if number is not None:
+            name = f"{name} #{number}"
+        return {"group": self.group, "name": fit_name(name), "index": self.first + i, "swept": swept,
+                **({"masked_point": number} if number is not None else {})}
 
     def _start(self, cfg: DictConfig) -> tuple[TrialSpec | None, Path, dict | None]:
         """Claim the point's directory, write its .hydra/, validate it: (spec, directory,
@@ -135,6 +140,26 @@ class SweepBatch:
                                   exit_code=exc.exit_code)
             console().print(f"[red]invalid point[/red] {trial_dir.name}: {exc}")
             return None, trial_dir, result
+
+
+# Masked, two points that differ only in a swept secret look alike: one W&B job type, one
+# report row pooled as repeats. Each gets a number instead (#1, #2, in the order first seen),
+# which tells them apart and says nothing of the secret. Counted in this process, which runs
+# every batch of a Hydra sweep; the values themselves are kept only in its memory.
+_SECRET_POINTS: dict[tuple[str, str], list[str]] = {}
+
+
+def masked_point(sweep_dir: Path, point: dict[str, str]) -> int | None:
+    """The number of `point` (swept values, the repeat left out) among the points of its sweep
+    that mask alike, or None where no value of it is masked."""
+    masked = redact(point)
+    if masked == point:
+        return None
+    seen = _SECRET_POINTS.setdefault((str(sweep_dir), repr(sorted(masked.items()))), [])
+    raw = repr(sorted(point.items()))
+    if raw not in seen:
+        seen.append(raw)
+    return seen.index(raw) + 1
 
 
 def inside_the_sweep(trial_dir: Path, sweep_dir: Path) -> None:

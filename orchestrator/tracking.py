@@ -29,7 +29,7 @@ from pathlib import Path
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.hydra_registry import fit_name
 from orchestrator.redact import redact
-from orchestrator.spec import TrialSpec
+from orchestrator.spec import REPEAT, TrialSpec
 from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload.wandb_compat import import_wandb
 
@@ -72,12 +72,15 @@ def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
 def point_type(sweep: dict) -> str:
     """The run's W&B job_type: "trial", or where a sweep repeats its points (run.repeat) the
     point's swept values without the repeat, so that W&B groups a point's repeats as one
-    (by job type, within the sweep's group). W&B keeps 64 characters of a job type: a
+    (by job type, within the sweep's group; sweep_batch.masked_point numbers points that
+    differ only in a masked secret). W&B keeps 64 characters of a job type: a
     longer one ends in a hash of the whole."""
     swept = sweep.get("swept") or {}
-    if "run.repeat" not in swept:
+    if REPEAT not in swept:
         return "trial"
-    point = ",".join(f"{k}={v}" for k, v in swept.items() if k != "run.repeat") or "point"
+    point = ",".join(f"{k}={v}" for k, v in swept.items() if k != REPEAT) or "point"
+    if sweep.get("masked_point"):  # its secret masked: told from the points masked alike by number
+        point += f" #{sweep['masked_point']}"
     if len(point) <= 64:
         return point
     return f"{point[:55]}-{hashlib.sha1(point.encode()).hexdigest()[:8]}"

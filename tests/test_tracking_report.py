@@ -164,6 +164,36 @@ def test_repeats_of_two_sweeps_that_differ_by_a_key_only_one_set_are_two_points(
     assert len(rows) == 2 and all(r["repeats"] == 2 for r in rows)
 
 
+def test_points_that_differ_only_in_a_swept_secret_stay_two_points_masked(cli, default_trial, tmp_path):
+    """A swept secret is masked in every name: the two points looked alike, one W&B job type
+    and one report row pooled as repeats. Each is numbered instead (sweep_batch.masked_point),
+    in its name, its job type and trial.json, with nothing of the secret in any of them."""
+    from orchestrator.redact import redact
+    from orchestrator.sweep_batch import SweepBatch
+    from orchestrator.tracking import point_type
+
+    sweep = tmp_path / "sweep"
+    overrides = [(f"+data.api_key={key}", f"run.repeat={repeat}") for key in ("s3cret-one", "s3cret-two")
+                 for repeat in (0, 1)]
+    batch = SweepBatch(overrides=overrides, first=0, base=sweep, group="g")
+    infos = [batch.info(i) for i in range(4)]
+    assert "s3cret" not in json.dumps(infos)
+    types, names = [point_type(i) for i in infos], [i["name"] for i in infos]
+    assert types[0] == types[1] != types[2] == types[3] and len(set(names)) == 4, (types, names)
+    assert point_type(SweepBatch(overrides=[("parallel.dp=1", "run.repeat=0"), ("parallel.dp=2", "run.repeat=1")],
+                                 first=0, base=sweep).info(0)) == "parallel.dp=1"  # no secret: no number
+    for i, (info, these) in enumerate(zip(infos, overrides)):
+        trial = sweep / f"{i}_{i}"
+        shutil.copytree(default_trial, trial)
+        result = json.loads((trial / "result.json").read_text())
+        result["overrides"] = redact([*result["overrides"], *these])
+        (trial / "result.json").write_text(json.dumps(result))
+        meta = json.loads((trial / "trial.json").read_text())
+        (trial / "trial.json").write_text(json.dumps({**meta, "sweep": redact(info)}))
+    rows = json.loads(cli("report", str(sweep), "--json").stdout)
+    assert len(rows) == 2 and all(r["repeats"] == 2 for r in rows), [(r["trial"], r["repeats"]) for r in rows]
+
+
 def test_the_scaling_plot_labels_its_error_bars_with_what_they_cover(tmp_path, monkeypatch):
     """Four timed steps give an 88 % interval; the legend said 95 %. The label now says what
     the steps give (the figure read back from the plot itself)."""
