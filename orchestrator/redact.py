@@ -11,7 +11,9 @@ arguments, overrides, messages), `NAME=VALUE`, `NAME: VALUE`, `'NAME': 'VALUE'`,
 to its `@`), a token standing as a URL's user, and a token whose format names it
 (`ghp_...`, `hf_...`, `AKIA...`) are redacted wherever they sit: the value of a name that
 is not secret is searched too (`logger.group=https://x/hook?api_key=...`). In a list,
-`--NAME` followed by its value as the next item is masked too.
+`--NAME` followed by its value as the next item is masked too. Beside these rules,
+detect-secrets' format detectors (cloud, forge, chat and payment services' tokens) mask
+the credentials whose format they know (_DETECTORS).
 
 `RedactedOutput` applies the same to everything the CLI prints (error paragraphs, Hydra's
 `--cfg job`, tables), so a terminal, a CI log or a SLURM output file holds no secret either.
@@ -24,6 +26,8 @@ instead of the script (secret_exports).
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import io
 import re
 import sys
@@ -38,7 +42,9 @@ _NAME = r"[A-Za-z_][\w.-]*"
 # A value runs to the next space or quote: a secret cut at `,` `[` or `]` would leave its rest
 # in clear (a name that is not secret has its value searched again, so nothing is lost).
 _VALUE = r"(?:\"[^\"]*\"|'[^']*'|[^\s\"']+)"
-_REFERENCE = re.compile(r"[\"']?\$(?:\{?[A-Za-z_]\w*\}?[\"']?$|\()")  # $TOKEN, ${TOKEN}, $(cmd: names one
+# $TOKEN, ${TOKEN}, $(cmd: names a secret, holds none. An environment variable's name is upper
+# case (POSIX's convention for the environment): `$ecret` is a password that starts with `$`.
+_REFERENCE = re.compile(r"[\"']?\$(?:\{?[A-Z_][A-Z0-9_]*\}?[\"']?$|\()")
 # NAME=VALUE, NAME: VALUE, and the dict / JSON spelling 'NAME': 'VALUE'
 _ASSIGNMENT = re.compile(rf"({_NAME})([\"']?\s*[=:]\s*)({_VALUE})")
 _FLAG = re.compile(rf"(--?{_NAME})(\s+)({_VALUE})")
@@ -58,6 +64,39 @@ _KNOWN_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-
                           r"|glpat-[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}"  # GitLab's and npm's tokens
                           r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})\b"  # a JWT: header.payload.sig
                           r"|hooks\.slack\.com/services/[A-Za-z0-9/]+")  # a Slack webhook's path is its credential
+
+
+# detect-secrets (Yelp) keeps detectors for credentials by their format: cloud (AWS, Azure
+# storage keys, IBM), forges and registries (GitHub, GitLab, npm, PyPI, Artifactory), chat and
+# payment services (Slack, Discord, Telegram, Twilio, SendGrid, Mailchimp, Stripe, Square),
+# JWTs and basic-auth URLs. They run beside the rules above, for the formats these do not
+# know. Left out: its keyword detector (the names above do that for every spelling, in any
+# text, not per file type), its entropy detectors (a run id, a hash in a directory's name,
+# a sweep's override would be masked) and public IPs (a node's address is no secret).
+_DETECTORS = ("aws.AWSKeyDetector", "artifactory.ArtifactoryDetector", "azure_storage_key.AzureStorageKeyDetector",
+              "basic_auth.BasicAuthDetector", "cloudant.CloudantDetector", "discord.DiscordBotTokenDetector",
+              "github_token.GitHubTokenDetector", "gitlab_token.GitLabTokenDetector", "ibm_cloud_iam.IbmCloudIamDetector",
+              "ibm_cos_hmac.IbmCosHmacDetector", "jwt.JwtTokenDetector", "mailchimp.MailchimpDetector",
+              "npm.NpmDetector", "openai.OpenAIDetector", "pypi_token.PypiTokenDetector", "sendgrid.SendGridDetector",
+              "slack.SlackDetector", "softlayer.SoftlayerDetector", "square_oauth.SquareOAuthDetector",
+              "stripe.StripeDetector", "telegram_token.TelegramBotTokenDetector", "twilio.TwilioKeyDetector")
+_SHORTEST_CREDENTIAL = 8  # a detector's shorter match is a part of its pattern (a quote), never a credential
+
+
+@functools.lru_cache(maxsize=1)
+def _detectors() -> tuple:
+    """detect-secrets' format detectors, imported on first use (about 0.15 s: it brings requests)."""
+    return tuple(getattr(importlib.import_module(f"detect_secrets.plugins.{module}"), name)()
+                 for module, name in (d.rsplit(".", 1) for d in _DETECTORS))
+
+
+def _detected(text: str) -> str:
+    """`text` with what detect-secrets' detectors find in it masked."""
+    found = {secret for detector in _detectors() for secret in detector.analyze_string(text)
+             if len(secret) >= _SHORTEST_CREDENTIAL and secret != MASK}
+    for secret in sorted(found, key=len, reverse=True):  # a longer one first: a shorter may be its part
+        text = text.replace(secret, MASK)
+    return text
 
 
 def is_secret_name(name: str) -> bool:
@@ -88,7 +127,7 @@ def redact_text(text: str) -> str:
     text = _AUTHORIZATION.sub(rf"\1\2{MASK}", text)
     text = _KNOWN_TOKEN.sub(MASK, _BEARER.sub(rf"\1\2{MASK}", text))
     text = _URL_TOKEN_USER.sub(rf"\1{MASK}\3", _URL_PASSWORD.sub(rf"\1{MASK}\3", text))
-    return _FLAG.sub(mask, _ASSIGNMENT.sub(mask, text))
+    return _detected(_FLAG.sub(mask, _ASSIGNMENT.sub(mask, text)))
 
 
 def redact(data: Any) -> Any:

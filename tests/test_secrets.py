@@ -142,6 +142,7 @@ def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it
     ("password=first,second", "second"),
     ("password=[one,two]", "two"),
     ("api_key=$ecret!value", "ecret!value"),
+    ("password=$ecret", "ecret"),  # a lower-case `$name` is no environment variable's
     ("https://user:p@ss@db.example.com/x", "p@ss"),
     ("https://hooks.slack.com/services/T0001/B0001/XXXXXXXXXXXXXXXX", "XXXXXXXXXXXXXXXX"),
     ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c", "SflKxwRJ"),
@@ -150,6 +151,29 @@ def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it
 ])
 def test_secrets_the_last_pass_found_in_other_spellings_are_masked(text, secret):
     assert secret not in redact_text(text), redact_text(text)
+
+
+@pytest.mark.parametrize("text,secret", [  # formats only detect-secrets' detectors know (redact._DETECTORS)
+    ("stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc", "4eC39HqLyjWDarjtT1zdp7dc"),
+    ("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", "TwL2iGABf9DHoTf"),
+    ("twilio SK0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef"),
+    ("MTIzNDU2Nzg5MDEyMzQ1Njc4.GhIjKl.abcdefghijklmnopqrstuvwxyz0", "abcdefghijklmnopqrstuvwxyz0"),
+    ("pypi-AgEIcHlwaS5vcmcCJDAwMDAwMDAwLTAwMDAtMDAwMC0wMDAwLTAwMDAwMDAwMDAwMAACJXsicGVybWlzc2lvbnMiOiAidXNlciJ9AAAGIA",
+     "cHlwaS5vcmcCJDAw"),
+    ("DefaultEndpointsProtocol=https;AccountName=x;AccountKey=" + "a1B2" * 21 + "ab==;EndpointSuffix=core.windows.net",
+     "a1B2a1B2a1B2"),
+    ("chimp 0123456789abcdef0123456789abcdef-us12", "0123456789abcdef0123456789abcdef"),
+])
+def test_credentials_a_maintained_detector_knows_by_their_format_are_masked(text, secret):
+    assert secret not in redact_text(text), redact_text(text)
+
+
+def test_what_looks_random_but_is_no_credential_stays():
+    """The detectors left out would mask these (entropy, public IPs): a run id, a directory's
+    hash, a node's address, a sweep's override, a plan's figures."""
+    for text in ("wandb/offline-run-20261202_101500-1a2b3c4d", "3_parallel.dp=2,zero.reduce_bucket_size=5e8-9f8e7d6c",
+                 "node 203.0.113.7:29500", "hydra.sweep.dir=sweeps/2026-12-02/10-15-00", "step 0.412 s, 20,463 tokens/s"):
+        assert redact_text(text) == text
 
 
 def test_a_variable_that_names_a_secret_stays_and_a_literal_dollar_value_is_masked():
