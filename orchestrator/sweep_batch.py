@@ -29,7 +29,7 @@ from orchestrator.compose import swept_values
 from orchestrator.display import console
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text
-from orchestrator.hydra_registry import fit_name
+from orchestrator.hydra_registry import fit_name, whole_numbers
 from orchestrator.redact import redact
 from orchestrator.results import Status, error_record, now, objective_value, write_result
 from orchestrator.spec import REPEAT, TrialSpec, build_spec
@@ -65,6 +65,7 @@ class SweepBatch:
     base: the sweep's directory (a plain run's: the trial's own). group: the W&B group of
     the sweep's runs. hydra_subdir: the name Hydra would give .hydra/ (None: write none).
     single: a plain run, whose directory the command claimed and which has no sweep record.
+    fixed: the command line's overrides, which no point's name repeats.
     """
 
     overrides: list[tuple[str, ...]]
@@ -74,10 +75,15 @@ class SweepBatch:
     hydra_subdir: str | None = ".hydra"
     single: bool = False
     to_submit: list = field(default_factory=list)
-    swept: list[dict[str, str]] = field(default_factory=list)  # per point: the values that differ
+    fixed: frozenset[str] = frozenset()  # the sweep's command-line overrides: what no point tried
+    swept: list[dict[str, str]] = field(default_factory=list)  # per point: what it tried
 
     def __post_init__(self) -> None:
-        self.swept = swept_values(self.overrides)
+        # What a point tried: the values that differ within the batch, and every override the
+        # command line did not fix (a tune round of one candidate tried its whole key, not nothing).
+        self.swept = [{o.partition("=")[0]: whole_numbers(o.partition("=")[2]) for o in point
+                       if o.partition("=")[0] in differ or o not in self.fixed}
+                      for point, differ in zip(self.overrides, swept_values(self.overrides))]
 
     @property
     def job_id(self) -> str:

@@ -144,8 +144,10 @@ def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_reru
     assert first <= again and state["ran"] == len(again) in (2, 3) and state["stopped"]
     assert "resuming" in proc.stdout
     # one search, one W&B group: a round after the resume runs in the first rounds' group
-    groups = {json.loads((Path(d) / "trial.json").read_text())["sweep"]["group"] for d in again}
-    assert len(groups) == 1, groups
+    sweeps = [json.loads((Path(d) / "trial.json").read_text())["sweep"] for d in again]
+    assert len({s["group"] for s in sweeps}) == 1, sweeps
+    # each run named by what it tried (the stage and micro batch), the resumed round's alone too
+    assert all("zero=stage" in s["name"] and "batch.micro_batch_size=" in s["name"] for s in sweeps), sweeps
     # `report` on the tune's directory reports its trials and renders the tune's own files again
     (out / "tune.md").unlink()
     (out / "tune.png").unlink()
@@ -170,6 +172,21 @@ def test_a_winner_from_candidates_that_all_ran_on_a_busy_host_is_said_to_be_so(t
     assert "every candidate that ran started on a busy host (91%-97%" in said
     (tmp_path / "0_t" / "result.json").write_text(json.dumps({"status": "ok", "host_load": {"busy_share": 0.02}}))
     assert winner(search)["busy_hosts"] == ""  # one quiet start: the comparison had a quiet trial
+
+
+def test_a_tune_rounds_runs_are_named_by_what_they_tried(tmp_path):
+    """A round's runs were named by what differed within the round: a round of one had every
+    override in its name, a round of two only the axis they differed on. Now a run's name is
+    what it tried: every override the command line did not fix."""
+    from orchestrator.sweep_batch import SweepBatch
+
+    fixed = frozenset({"parallel.dp=1", "zero=stage0,stage1", "batch.micro_batch_size=1,2"})
+    point = ("parallel.dp=1", "zero=stage1", "batch.micro_batch_size=2", "recompute=none")
+    alone = SweepBatch([point], 4, tmp_path, fixed=fixed)
+    assert alone.info(0)["name"] == "zero=stage1,batch.micro_batch_size=2,recompute=none"
+    pair = SweepBatch([point, (*point[:2], "batch.micro_batch_size=1", point[3])], 5, tmp_path, fixed=fixed)
+    assert [pair.info(i)["name"] for i in range(2)] == ["zero=stage1,batch.micro_batch_size=2,recompute=none",
+                                                       "zero=stage1,batch.micro_batch_size=1,recompute=none"]
 
 
 def test_a_resumed_tune_keeps_the_group_its_trials_ran_in(tmp_path):

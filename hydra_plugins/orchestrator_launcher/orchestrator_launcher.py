@@ -48,7 +48,8 @@ class OrchestratorLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
         batch = SweepBatch([tuple(o) for o in job_overrides], initial_job_idx, Path(str(self.config.hydra.sweep.dir)),
-                           group=self.group, hydra_subdir=self.hydra_subdir)
+                           group=self.group, hydra_subdir=self.hydra_subdir,
+                           fixed=frozenset(map(str, self.config.hydra.overrides.task)))
         redact_sweep_record(batch.base)  # the basic sweeper's multirun.yaml, before any point runs
         returns: list[JobReturn] = []
         for i, overrides in enumerate(job_overrides):
