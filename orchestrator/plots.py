@@ -1,19 +1,20 @@
 """Every plot the orchestrator draws: matplotlib, Agg backend, PNG files written atomically.
 
 The report's (`orchestrator report DIR`):
-  scaling.png                 tokens/s/GPU (with its interval and what it covers), MFU and scaling
-                              efficiency against DP degree, one line per reduce bucket size
+  scaling.png                 tokens/s/GPU and MFU (with their interval and what it covers) and
+                              scaling efficiency against DP degree, one line per configuration
   predicted_vs_measured.png   peak and activation memory, and step time, measured
                               against the plan, with the identity line
   warmup.png                  the global batch of every step against tokens consumed
-  buckets.png                 step time against the reduce bucket size, a line per node
-                              count (where the sweep varies the bucket size)
+  buckets.png                 step time against the reduce bucket size, a line per configuration
+                              that ran at several bucket sizes
 and a tune's (tune.png): the search in the order it ran, and its predictions against
 what was measured.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +40,18 @@ def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> l
     if not ok:
         return []
     results_ok = [r for r, _ in ok]
-    plots = [scaling_plot(results_ok, paths.scaling_png), predicted_vs_measured_plot(results_ok, paths.predicted_png),
+    plots = [scaling_plot(ok, paths.scaling_png), predicted_vs_measured_plot(results_ok, paths.predicted_png),
              warmup_plot(ok, paths.warmup_png)]
-    points = [BucketPoint(bucket_series(r, label), r["config"]["zero"]["reduce_bucket_size"],
+    points = [BucketPoint(series(r, label, "zero.reduce_bucket_size"), r["config"]["zero"]["reduce_bucket_size"],
                           r["plan"]["time"]["step_s"], r["metrics"].get("step_time_s"))
               for r, label in ok if (r.get("plan") or {}).get("parallel") and (r.get("plan") or {}).get("time")
               and uses_reduce_buckets(r["config"])]
-    if len({p.bucket for p in points}) > 1:
+    # a line is a configuration at several bucket sizes: one that ran at one size (an engine
+    # beside another, each at its own default) compares no bucket sizes, and is not drawn
+    buckets: dict[str, set[int]] = defaultdict(set)
+    for point in points:
+        buckets[point.series].add(point.bucket)
+    if points := [p for p in points if len(buckets[p.series]) > 1]:
         plots.append(bucket_plot(points, paths.buckets_png))
     return plots
 
@@ -56,11 +62,19 @@ def uses_reduce_buckets(config: dict) -> bool:
     return not (engine.get("name") == "fsdp" or (engine.get("backend") == "fsdp" and config["zero"]["stage"] in (2, 3)))
 
 
-def bucket_series(result: dict, label: str) -> str:
-    """One line per configuration: what tells a result apart, less its bucket size (dp 1 and
-    dp 2 on one node are two lines, not one)."""
-    rest = [part for part in label.split(", ") if part and not part.startswith("zero.reduce_bucket_size=")]
-    return ", ".join(rest) or f"{result['plan']['parallel']['nodes']} node(s)"
+def series(result: dict, label: str, x_key: str) -> str:
+    """The line a result belongs to, one per configuration: what tells it apart (label: its
+    swept values), less the key on the x axis (dp 1 and dp 2 are two bucket lines, and two
+    engines two scaling lines, not one)."""
+    rest = [part for part in label.split(", ") if part and not part.startswith(f"{x_key}=")]
+    if rest:
+        return ", ".join(rest)
+    return "the sweep" if x_key != "zero.reduce_bucket_size" else f"{result['plan']['parallel']['nodes']} node(s)"
+
+
+def natural(text: str) -> list:
+    """A sort key that orders numbers by value: dp=2 before dp=16, 4 node(s) before 32."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 @dataclass(frozen=True)
@@ -79,7 +93,7 @@ def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
     for p in points:
         lines[p.series].append(p)
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
-    for i, (series, line) in enumerate(sorted(lines.items())):
+    for i, (series, line) in enumerate(sorted(lines.items(), key=lambda item: natural(item[0]))):
         line.sort(key=lambda p: p.bucket)
         x = [p.bucket for p in line]
         ax.plot(x, [p.predicted_s for p in line], linestyle="--", marker="x", color=f"C{i % 10}",
@@ -91,67 +105,107 @@ def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
     ax.set_xlabel("zero.reduce_bucket_size (elements)")
     ax.set_ylabel("step time (s)")
     ax.set_title(title or "Step time against the gradient bucket size")
-    ax.legend(fontsize=8)
+    ax.margins(x=0.08, y=0.12)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below, off the data
     return save_figure(fig, path)
 
 
-def scaling_plot(ok: list[dict], path: Path) -> Path:
-    """tokens/s/GPU, MFU and scaling efficiency against the DP degree, a line per reduce
-    bucket size: measured (solid, the median with its interval as error bars, labelled with
-    the confidence the steps give, each point labelled) and the plan's prediction for the same
-    trials (dashed). A noisy trial is
-    ringed in red; an efficiency above 100 % is marked as what it is, not a speed-up."""
-    lines: dict[int, list[tuple]] = defaultdict(list)
-    for r in ok:
-        plan, m = (r.get("plan") or {}).get("time") or {}, r["metrics"]
+@dataclass(frozen=True)
+class ScalingPoint:
+    """One trial on the scaling plot: measured (the median with its interval) and planned."""
+
+    dp: int
+    tps: float  # tokens/s/GPU, the median of the timed steps
+    low: float  # its interval
+    high: float
+    covered: float  # the interval's confidence (what the timed steps give)
+    mfu: float | None  # None: no published peak for this GPU
+    noisy: bool
+    planned_tps: float | None
+    planned_mfu: float | None
+
+    @classmethod
+    def of(cls, result: dict) -> "ScalingPoint":
+        plan, m = (result.get("plan") or {}).get("time") or {}, result["metrics"]
         spread = m.get("tokens_per_sec_per_gpu_spread") or {}
         tps = m["tokens_per_sec_per_gpu"]
-        lines[r["config"]["zero"]["reduce_bucket_size"]].append(
-            (r["config"]["parallel"]["dp"], tps, m["mfu"], plan.get("tokens_per_sec_per_gpu"), plan.get("mfu"),
-             spread.get("ci_low", tps), spread.get("ci_high", tps), bool(m.get("noisy")),
-             spread.get("confidence", 0.0)))
-    fig, (a, b, c) = _pyplot().subplots(1, 3, figsize=(15, 4.5))
+        return cls(result["config"]["parallel"]["dp"], tps, spread.get("ci_low", tps), spread.get("ci_high", tps),
+                   spread.get("confidence", 0.0), m.get("mfu"), bool(m.get("noisy")),
+                   plan.get("tokens_per_sec_per_gpu"), plan.get("mfu"))
+
+
+ABOVE_100 = 100.5  # a scaling efficiency past this (past rounding) is marked: noise or another step, not a speed-up
+
+
+def scaling_plot(ok: list[tuple[dict, str]], path: Path) -> Path:
+    """tokens/s/GPU, MFU and scaling efficiency against the DP degree, a line per
+    configuration (what tells the trials apart less dp; ok: results with their labels):
+    measured (solid; the median with its interval as error bars, labelled with the confidence
+    the steps give; MFU with the same interval, which it is in proportion to) and the plan's
+    prediction for the same trials (dashed). A noisy trial is ringed in red; an efficiency
+    above 100 % is marked red. Legends sit below the panels, never over the data."""
+    lines: dict[str, list[ScalingPoint]] = defaultdict(list)
+    for r, label in ok:
+        lines[series(r, label, "parallel.dp")].append(ScalingPoint.of(r))
+    fig, panels = _pyplot().subplots(1, 3, figsize=(15, 5.5))
     above = False
-    for i, (bucket, points) in enumerate(sorted(lines.items())):
-        points.sort()
-        dp, tps, mfu, p_tps, p_mfu, low, high, noisy, covered = zip(*points)
-        colour, label = f"C{i % 10}", f"reduce bucket {bucket:.0e} elements"
-        # what the error bars cover is what the fewest timed steps give (four: 88 %), not a fixed 95 %
-        bars = f"interval of the median, {min(covered):.0%}"
-        bars += f"-{max(covered):.0%}" if max(covered) > min(covered) else ""
-        a.errorbar(dp, tps, yerr=[[t - lo for t, lo in zip(tps, low)], [hi - t for t, hi in zip(tps, high)]],
-                   marker="o", capsize=3, color=colour, label=f"{label}, measured ({bars})")
-        for x, y in zip(dp, tps):
-            a.annotate(f"{y:,.0f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
-        rings = [(x, y) for x, y, n in zip(dp, tps, noisy) if n]
-        if rings:
-            a.scatter(*zip(*rings), s=160, facecolors="none", edgecolors="red", label="noisy: its steps scatter")
-        if all(x is not None for x in mfu):  # None: no published peak for this GPU
-            b.plot(dp, [100 * x for x in mfu], marker="o", color=colour, label=f"{label}, measured")
-        efficiency = [100 * t / tps[0] for t in tps]
-        c.plot(dp, efficiency, marker="o", color=colour, label=f"{label}, measured")
-        for x, e in zip(dp, efficiency):
-            c.annotate(f"{e:.0f} %" + (" (above 100 %: noise or another step, not a speed-up)" if e > 100.5 else ""),
-                       (x, e), textcoords="offset points", xytext=(4, 4), fontsize=7, color="red" if e > 100.5 else colour)
-            above = above or e > 100.5  # past rounding
-        if all(p_tps):
-            a.plot(dp, p_tps, linestyle="--", marker="x", color=colour, label=f"{label}, predicted")
-            if all(x is not None for x in p_mfu):
-                b.plot(dp, [100 * x for x in p_mfu], linestyle="--", marker="x", color=colour,
-                       label=f"{label}, predicted")
-            c.plot(dp, [100 * t / p_tps[0] for t in p_tps], linestyle="--", marker="x", color=colour,
-                   label=f"{label}, predicted")
+    for i, (name, points) in enumerate(sorted(lines.items(), key=lambda item: natural(item[0]))):
+        points.sort(key=lambda p: p.dp)
+        above = _draw_scaling_line(panels, name, points, f"C{i % 10}") or above
     if above:
-        c.axhline(100, color="grey", linestyle=":", linewidth=1)
-    for ax, title, ylabel in ((a, "Throughput per GPU", "tokens/s/GPU"), (b, "Model FLOPs utilisation", "MFU (%)"),
-                              (c, "Scaling efficiency", "tokens/s/GPU vs smallest DP (%)")):
+        panels[2].axhline(100, color="grey", linestyle=":", linewidth=1,
+                          label="100 %: red above it is noise or another step, not a speed-up")
+    dps = sorted({r["config"]["parallel"]["dp"] for r, _ in ok})
+    for ax, title, ylabel in zip(panels, ("Throughput per GPU", "Model FLOPs utilisation", "Scaling efficiency"),
+                                 ("tokens/s/GPU", "MFU (%)", "tokens/s/GPU vs smallest DP (%)")):
         ax.set(title=title, xlabel="data-parallel degree (ranks)", ylabel=ylabel)
         ax.set_xscale("log", base=2)
-        dps = sorted({r["config"]["parallel"]["dp"] for r in ok})
         ax.set_xticks(dps, [str(d) for d in dps])
+        ax.margins(x=0.12, y=0.15)  # room for the points' labels inside the axes
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     return save_figure(fig, path)
+
+
+def _label_point(ax, text: str, x: float, y: float, colour: str, last: bool) -> None:
+    """A point's figure beside it, to its left where it is a line's last (to its right it would
+    run past the axes, over the next panel)."""
+    ax.annotate(text, (x, y), textcoords="offset points", xytext=(-4, 4) if last else (4, 4),
+                ha="right" if last else "left", fontsize=7, color=colour)
+
+
+def _draw_scaling_line(panels, name: str, points: list[ScalingPoint], colour: str) -> bool:
+    """One configuration's line on the three panels; whether an efficiency went above 100 %."""
+    a, b, c = panels
+    dp, tps = [p.dp for p in points], [p.tps for p in points]
+    below, over = [max(0.0, p.tps - p.low) for p in points], [max(0.0, p.high - p.tps) for p in points]
+    covered = [p.covered for p in points]
+    # what the error bars cover is what the fewest timed steps give (four: 88 %), not a fixed 95 %
+    bars = f"interval of the median, {min(covered):.0%}" + (f"-{max(covered):.0%}" if max(covered) > min(covered) else "")
+    a.errorbar(dp, tps, yerr=[below, over], marker="o", capsize=3, color=colour, label=f"{name}, measured ({bars})")
+    for x, y in zip(dp, tps):
+        _label_point(a, f"{y:,.0f}", x, y, colour, last=x == dp[-1])
+    if rings := [(p.dp, p.tps) for p in points if p.noisy]:
+        a.scatter(*zip(*rings), s=160, facecolors="none", edgecolors="red", label="noisy: its steps scatter")
+    if all(p.mfu is not None for p in points):  # MFU is tokens/s times a constant: the same interval, scaled
+        mfu = [100 * p.mfu for p in points]
+        b.errorbar(dp, mfu, yerr=[[m * d / t for m, d, t in zip(mfu, below, tps)],
+                                  [m * u / t for m, u, t in zip(mfu, over, tps)]],
+                   marker="o", capsize=3, color=colour, label=f"{name}, measured ({bars})")
+    efficiency = [100 * t / tps[0] for t in tps]
+    c.plot(dp, efficiency, marker="o", color=colour, label=f"{name}, measured")
+    for x, e in zip(dp, efficiency):
+        _label_point(c, f"{e:.0f} %", x, e, "red" if e > ABOVE_100 else colour, last=x == dp[-1])
+    planned = [p.planned_tps for p in points]
+    if all(planned):
+        a.plot(dp, planned, linestyle="--", marker="x", color=colour, label=f"{name}, predicted")
+        if all(p.planned_mfu is not None for p in points):
+            b.plot(dp, [100 * p.planned_mfu for p in points], linestyle="--", marker="x", color=colour,
+                   label=f"{name}, predicted")
+        c.plot(dp, [100 * t / planned[0] for t in planned], linestyle="--", marker="x", color=colour,
+               label=f"{name}, predicted")
+    return any(e > ABOVE_100 for e in efficiency)
 
 
 def predicted_vs_measured_plot(ok: list[dict], path: Path) -> Path:
@@ -206,7 +260,7 @@ def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")  # what sits outside the axes (legends, labels) is kept whole
     _pyplot().close(fig)
     tmp.replace(path)
     return path

@@ -115,7 +115,8 @@ def group_repeats(rows: list[dict], results: list[dict],
                        hfu=row["hfu"] * scale if row["hfu"] and scale else row["hfu"])
             result["metrics"].update(step_time_s=step.median, step_time_spread=step.as_dict(),
                                      tokens_per_sec_per_gpu=throughput.median,
-                                     tokens_per_sec_per_gpu_spread=throughput.as_dict())
+                                     tokens_per_sec_per_gpu_spread=throughput.as_dict(),
+                                     mfu=row["mfu"], hfu=row["hfu"])  # the plots draw the pooled point, as the table
         peaks = [rows[i]["peak_bytes"] for i in members if rows[i]["peak_bytes"] is not None]
         row.update(trial=f"{row['trial']} (+{len(members) - 1} repeats)", repeats=len(members),
                    peak_bytes=max(peaks) if peaks else None)

@@ -205,12 +205,83 @@ def test_the_scaling_plot_labels_its_error_bars_with_what_they_cover(tmp_path, m
     results = []
     for dp, tps in ((1, 1000.0), (2, 900.0)):
         s = spread([tps * f for f in (0.99, 1.0, 1.01, 1.0)]).as_dict()  # four timed steps
-        results.append({"metrics": {"tokens_per_sec_per_gpu": tps, "mfu": 0.3, "tokens_per_sec_per_gpu_spread": s},
-                        "config": {"zero": {"reduce_bucket_size": 5e8}, "parallel": {"dp": dp}}})
+        results.append(({"metrics": {"tokens_per_sec_per_gpu": tps, "mfu": 0.3, "tokens_per_sec_per_gpu_spread": s},
+                         "config": {"zero": {"reduce_bucket_size": 5e8}, "parallel": {"dp": dp}}}, f"parallel.dp={dp}"))
     plots.scaling_plot(results, tmp_path / "scaling.png")
     labels = [t.get_text() for ax in drawn["fig"].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert any("interval of the median, 88%" in label for label in labels), labels
     assert not any("95 %" in label for label in labels)
+
+
+def _scaling_results(engines=("deepspeed", "fsdp"), dps=(1, 2, 4)) -> list[tuple[dict, str]]:
+    """Results of an engine x dp sweep as the report hands them to the plots (with labels)."""
+    from orchestrator.timing_stats import spread
+
+    out = []
+    for engine in engines:
+        for dp in dps:
+            tps = (20_000.0 if engine == "fsdp" else 24_000.0) / dp ** 0.2
+            s = spread([tps * f for f in (0.97, 1.0, 1.03, 0.99, 1.01, 1.0)]).as_dict()
+            out.append(({"status": "ok", "plan": {"parallel": {"nodes": 1}, "time": {"step_s": 0.1 * dp,
+                                                  "tokens_per_sec_per_gpu": tps * 1.1, "mfu": tps / 1e5}},
+                         "config": {"zero": {"reduce_bucket_size": 5e8, "stage": 1}, "engine": {"name": engine},
+                                    "parallel": {"dp": dp}},
+                         "metrics": {"tokens_per_sec_per_gpu": tps, "mfu": tps / 1e5, "step_time_s": 0.1 * dp,
+                                     "tokens_per_sec_per_gpu_spread": s}},
+                        f"engine={engine}, parallel.dp={dp}"))
+    return out
+
+
+def test_the_scaling_plot_draws_a_line_per_configuration_mfu_with_its_interval_and_nothing_over_data(tmp_path,
+                                                                                                   monkeypatch):
+    """An engine comparison was one line per bucket size (both engines on one line), the MFU
+    panel had no error bars, the legend sat over the data and a point's label ran past its
+    panel. Rendered and read back: the lines, the MFU bars, where each legend and label is."""
+    from orchestrator import plots
+
+    drawn = {}
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig) and real_save(fig, path))
+    plots.scaling_plot(_scaling_results(engines=("deepspeed", "fsdp", "accelerate", "ddp")), tmp_path / "scaling.png")
+    fig = drawn["scaling.png"]
+    throughput, mfu, efficiency = fig.axes
+    measured = {c.get_label(): list(c.lines[0].get_xdata()) for c in throughput.containers}
+    assert sorted(k.split(",")[0] for k in measured) == ["engine=accelerate", "engine=ddp", "engine=deepspeed",
+                                                       "engine=fsdp"], measured
+    assert all(x == [1, 2, 4] for x in measured.values())
+    assert len(mfu.containers) == 4 and all(c.has_yerr for c in mfu.containers)  # MFU with its interval
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # the figure as saved (closed once written: it had lost its canvas)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent(renderer)
+        points = [ax.transData.transform(xy) for line in ax.get_lines() for xy in line.get_xydata()]
+        assert not any(legend.contains(*xy) for xy in points), f"{ax.get_title()}: the legend covers a point"
+        box = ax.get_window_extent(renderer)
+        for text in ax.texts:
+            extent = text.get_window_extent(renderer)
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1, f"{ax.get_title()}: {text.get_text()} past the panel"
+
+
+def test_a_bucket_plot_is_drawn_only_for_configurations_that_ran_at_several_bucket_sizes(tmp_path, monkeypatch):
+    """Two engines, each at its own bucket size, were drawn as one bucket-size line."""
+    from orchestrator import plots
+    from orchestrator.trial_dir import SweepPaths
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(path.name) or path)
+    for other in ("scaling_plot", "predicted_vs_measured_plot", "warmup_plot"):
+        monkeypatch.setattr(plots, other, lambda *a: None)
+    results = _scaling_results(engines=("deepspeed", "accelerate"), dps=(2,))
+    results[1][0]["config"]["zero"]["reduce_bucket_size"] = 2e8
+    plots.report_plots(*zip(*results), SweepPaths(tmp_path))
+    assert drawn == []
+    results += [({**results[0][0], "config": {**results[0][0]["config"], "zero": {"reduce_bucket_size": 1e6,
+                                                                                  "stage": 1}}}, results[0][1])]
+    plots.report_plots(*zip(*results), SweepPaths(tmp_path))  # deepspeed at two sizes: its line alone
+    assert drawn == ["buckets.png"]
 
 
 def test_a_plain_runs_wandb_run_has_a_name_and_a_noise_verdict(default_trial):
