@@ -22,8 +22,8 @@ import sys
 import time
 
 from orchestrator import cpu_allocator
-from orchestrator.kernel_cache import MAX_KERNEL_S, Cache
-from orchestrator.kernel_timing import KernelTimingError, Measured, device_name, software
+from orchestrator.kernel_cache import Cache
+from orchestrator.kernel_timing import SLOWEST_SHARE, KernelTimingError, Measured, device_name, software
 from orchestrator.process import clear_stale_build_locks
 
 TIMEOUT_S = 300
@@ -103,11 +103,22 @@ def stand_in_sizes(device: str, elements: int) -> list[int]:
     return [top // 2, top]
 
 
-def plausible_line(intercept_s: float, slope_s: float) -> bool:
+# An engine's hooks and step at no elements: what DeepSpeed or FSDP2 do per call around the
+# work (milliseconds); past this either way it is no engine's time.
+MAX_ENGINE_INTERCEPT_S = 10.0
+# What an engine's hook or step moves per element at the most (fp32 parameter, gradient and
+# moments read and written, a copy or two beside them): with the memory's bandwidth, a slope
+# 100x past this is no engine's either.
+ENGINE_BYTES_PER_ELEMENT = 64
+
+
+def plausible_line(intercept_s: float, slope_s: float, bandwidth: float | None = None) -> bool:
     """An engine's (intercept, seconds per element) as a device can take them: finite, the
-    intercept within an hour either way (a fitted line may start below 0), the slope >= 0
-    and under a millisecond an element."""
-    return abs(intercept_s) <= MAX_KERNEL_S and 0.0 <= slope_s <= 1e-3
+    intercept within MAX_ENGINE_INTERCEPT_S either way (a fitted line may start below 0), the
+    slope >= 0 and no slower than 100x what ENGINE_BYTES_PER_ELEMENT take at `bandwidth`
+    (bytes/s; a millisecond an element where it is not known)."""
+    slowest = ENGINE_BYTES_PER_ELEMENT / (SLOWEST_SHARE * bandwidth) if bandwidth else 1e-3
+    return abs(intercept_s) <= MAX_ENGINE_INTERCEPT_S and 0.0 <= slope_s <= slowest
 
 
 class EngineTiming:
@@ -165,19 +176,30 @@ class EngineTiming:
             self.proc = start_timing(self.settings)
         return finish_timing(self.proc)[0]
 
-    def apply(self, measured: Measured) -> Measured:
+    def apply(self, measured: Measured, bandwidth: float | None = None) -> Measured:
         """`measured` with the engine's hooks per micro batch and its own step for a rank
-        holding `elements`; where the engine cannot be timed, `measured` as it is (torch's
-        AdamW), saying why."""
+        holding `elements`; where the engine cannot be timed, or its lines are no engine's
+        (plausible_line, against the memory's `bandwidth` in bytes/s), `measured` as it is
+        (torch's AdamW), saying why."""
         if self.engine is None:
             return measured
         lines: dict = {}
         at, whens = {}, [measured.timed_at]
+        plausible = lambda a, b: plausible_line(a, b, bandwidth)  # noqa: E731
+
+        def line(part: str) -> tuple[float, float]:  # timed where not cached, or cached as no engine's time
+            if part not in lines:
+                lines.update(self.timed())
+            return lines[part]
+
         try:
             for part in PARTS:
-                if part not in lines and self._uncached(part):
-                    lines.update(self.timed())
-                a, b, when = Cache.get(f"{self.key} {part}", lambda: lines[part], plausible_line)
+                key = f"{self.key} {part}"
+                a, b, when = Cache.get(key, lambda: line(part), plausible)
+                if not plausible(a, b):  # timed so just now: something else ran beside it
+                    Cache.known().pop(key, None)
+                    raise ValueError(f"its {part} line ({a:.3g} s + {b:.3g} s an element) is no engine's time; "
+                                     "something else ran while it was timed")
                 at[part] = max(a + b * self.elements, 0.0)
                 whens.append(when)
         except (KernelTimingError, OSError, ValueError, KeyError) as exc:

@@ -63,12 +63,13 @@ class Cache:
         return entry[0], entry[1], entry[2]
 
     @classmethod
-    def get_whole(cls, key: str, measure: Callable[[], tuple[float, float] | None]) -> tuple[tuple | None, str]:
+    def get_whole(cls, key: str, measure: Callable[[], tuple[float, float] | None],
+                  plausible: Callable[[float, float], bool] | None = None) -> tuple[tuple | None, str]:
         """As `get`, for a kernel timed whole, which may be too large to time (then None)."""
         entry = cls.known().get(key)
         if isinstance(entry, list) and len(entry) == 4 and entry[3] == TOO_LARGE:
             return None, str(entry[2])
-        entry = cls._checked(key, plausible_times)
+        entry = cls._checked(key, plausible or plausible_times)
         if entry is not None:
             return (entry[0], entry[1]), str(entry[2])
         times = measure()

@@ -89,6 +89,13 @@ BUSY_RATIO = 1.25  # the same probe this much slower or faster the second time: 
 # 100x below it, or below what its bytes take at the bandwidth, plus a fixed allowance for a
 # launch, is no kernel either: something else held the device while it was timed.
 PEAK_MARGIN, SLOWEST_SHARE, LAUNCH_ALLOWANCE_S = 1.3, 0.01, 0.01
+# Past every cache (the largest L3 is about 1 GiB): what moves this much runs at the memory's
+# bandwidth at best, so it has a lower bound too.
+BEYOND_CACHES_BYTES = 2**31
+# A block or the ends timed whole take their kernels' time and what runs between them (the
+# modules' Python, autograd: a few ms a call on a slow host); more than this past 100x their
+# kernels' sum is no block's time. (A block is timed whole only where its kernels sum under WHOLE_MAX_S.)
+WHOLE_ALLOWANCE_S = 0.25
 
 
 def possible_times(flops: float, peak_flops: float | None, nbytes: float = 0.0,
@@ -105,9 +112,23 @@ def possible_times(flops: float, peak_flops: float | None, nbytes: float = 0.0,
             bounds += [(work / (PEAK_MARGIN * peak_flops), work / (SLOWEST_SHARE * peak_flops), s)
                        for work, s in ((flops, forward_s), (2 * flops, backward_s))]
         if nbytes and bandwidth:
-            bounds += [(0.0, work / (SLOWEST_SHARE * bandwidth), s) for work, s in ((nbytes, forward_s),
-                                                                                   (2 * nbytes, backward_s))]
+            fastest = (lambda work: work / (PEAK_MARGIN * bandwidth)) if nbytes >= BEYOND_CACHES_BYTES else (lambda _: 0.0)
+            bounds += [(fastest(work), work / (SLOWEST_SHARE * bandwidth), s) for work, s in ((nbytes, forward_s),
+                                                                                             (2 * nbytes, backward_s))]
         return all(low <= s <= high + LAUNCH_ALLOWANCE_S for low, high, s in bounds)
+    return possible
+
+
+def possible_whole(kernels_s: float, flops: float, peak_flops: float | None) -> Callable[[float, float], bool]:
+    """Whether (forward s, backward s) of a block (or the ends) timed whole are times this
+    device can take: never faster than its GEMMs' `flops` at the peak, nor slower than 100x
+    the sum of its kernels (`kernels_s`, timed just before, forward and backward) plus
+    WHOLE_ALLOWANCE_S for what runs between them."""
+    def possible(forward_s: float, backward_s: float) -> bool:
+        fastest = flops / (PEAK_MARGIN * peak_flops) if flops and peak_flops else 0.0
+        slowest = kernels_s / SLOWEST_SHARE + WHOLE_ALLOWANCE_S
+        return (plausible_times(forward_s, backward_s) and fastest <= forward_s <= slowest
+                and 2 * fastest <= backward_s <= slowest)
     return possible
 
 
@@ -365,13 +386,19 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
         whens.append(when)
         return fwd, bwd
 
-    def whole(kernel: Kernel, kernels_s: float, elements: int) -> tuple[float, float] | None:
+    def whole(kernel: Kernel, kernels_s: float, elements: int, flops: float = 0.0) -> tuple[float, float] | None:
         """A block or the ends timed whole where its kernels say a call is short and its
-        weights are small (else the plan keeps their kernels' sum, and says so)."""
+        weights are small (else the plan keeps their kernels' sum, and says so); timed once
+        more where the time is not one this device can take (possible_whole)."""
         if kernels_s > WHOLE_MAX_S or elements > WHOLE_MAX_ELEMENTS:
             return None
-        times, when = Cache.get_whole(f"{prefix}{kernel.name} rows={kernel.rows}",
-                                      lambda: first(time_whole)(kernel, whole_tick))
+        key, possible = f"{prefix}{kernel.name} rows={kernel.rows}", possible_whole(kernels_s, flops, peak_flops)
+        times, when = Cache.get_whole(key, lambda: first(time_whole)(kernel, whole_tick), plausible=possible)
+        if times is not None and not possible(*times):
+            Cache.known().pop(key, None)
+            times, when = Cache.get_whole(key, lambda: first(time_whole)(kernel, whole_tick), plausible=possible)
+            if times is not None and not possible(*times):
+                impossible.append(f"{kernel.name} rows={kernel.rows} whole: {times[0]:.3g} s forward")
         whens.append(when)
         return times
 
@@ -402,10 +429,13 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                                 attention=timed(trial.attention), memory_bound=timed(trial.memory_bound),
                                 loss=timed(trial.loss), launch_s=timed(kernels.launch(device))[0])
             block_s = sum(times.layer_gemms) + sum(times.attention) + sum(times.memory_bound)
+            block_flops = sum(k.flops * count for k, count in trial.layer_gemms) + trial.attention.flops
             times = dataclasses.replace(
                 times, block=whole(trial.block, block_s,
-                                   sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, tokens))),
-                ends=whole(trial.ends, sum(times.head) + sum(times.loss), model.vocab * model.hidden))
+                                   sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, tokens)),
+                                   block_flops),
+                ends=whole(trial.ends, sum(times.head) + sum(times.loss), model.vocab * model.hidden,
+                           trial.head.flops))
             if device.startswith("cuda"):  # the host's own time: the same, on 8 tokens (any size fits a GPU)
                 tiny = dataclasses.replace(model, seq_len=8)
                 times = dataclasses.replace(

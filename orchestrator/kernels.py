@@ -300,6 +300,11 @@ def launch(device: str) -> Kernel:
     return Kernel("launch", 1, build, min_rows=1)
 
 
+# What AdamW's step moves per fp32 element at the least: it reads the parameter, its gradient
+# and both moments, and writes the parameter and the moments (Loshchilov & Hutter, 2019).
+ADAMW_BYTES_PER_ELEMENT = 7 * 4
+
+
 def adamw(tensors: list[int], device: str) -> Kernel:
     """torch's AdamW step over fp32 tensors of these sizes (the rank's share of each
     parameter), torch's default implementation for the device (foreach on CUDA). The
@@ -323,4 +328,5 @@ def adamw(tensors: list[int], device: str) -> Kernel:
         step = lambda: optimizer.step()  # noqa: E731
         return step, step
 
-    return Kernel(f"adamw tensors={len(tensors)} elements={total}", total, build, min_rows=2**22)
+    return Kernel(f"adamw tensors={len(tensors)} elements={total}", total, build, min_rows=2**22,
+                  bytes=ADAMW_BYTES_PER_ELEMENT * total)

@@ -316,6 +316,40 @@ def test_cached_kernel_times_no_device_could_take_are_timed_again_and_said(tmp_p
     assert all(kernel_cache.plausible_times(*rewritten[k][:2]) for k in poisoned)
 
 
+def test_an_engines_line_no_engine_could_take_is_dropped_cached_or_just_timed(tmp_path, monkeypatch):
+    """An engine's line (its hooks and step against the share's elements) was bounded only
+    by an hour and a millisecond an element: a tampered 3,000 s intercept planned a step of
+    hours. Against the memory's bandwidth: a cached one is dropped and timed again, a just
+    timed one is not kept, and the plan says so and keeps torch's AdamW. (The engine's
+    process is stood in for: what is tested is how its lines are trusted.)"""
+    from orchestrator import engine_timing
+    from orchestrator.engine_timing import EngineTiming, plausible_line
+    from orchestrator.kernel_cache import Cache
+    from orchestrator.kernel_timing import Measured
+    from orchestrator.plan.compute import KernelTimes
+
+    assert plausible_line(0.002, 2.5e-9, 10e9) and plausible_line(-0.01, 2e-8, 10e9)  # as this CPU's engines time
+    assert not plausible_line(3000.0, 2.5e-9, 10e9) and not plausible_line(0.002, 1e-5, 10e9)
+    assert plausible_line(0.002, 1e-5)  # no bandwidth known: a millisecond an element
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(Cache, "_known", None)
+    engine = EngineTiming.__new__(EngineTiming)  # its key and share, without its process
+    engine.engine, engine.elements, engine.proc, engine.key = {"engine": "deepspeed"}, 10**6, None, "dev|sw|engine"
+    Cache.known().update({f"dev|sw|engine {part}": [3000.0, 0.0, "2026-01-01"] for part in engine_timing.PARTS})
+    timings = iter([{part: (1e-3, 1e-9) for part in engine_timing.PARTS},  # what a quiet machine times
+                    {part: (1e-3, 1e-4) for part in engine_timing.PARTS}])  # 100 s for 1M elements: a busy one
+    monkeypatch.setattr(EngineTiming, "timed", lambda self: next(timings))
+    measured = Measured(kernels=KernelTimes((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), 1e-5),
+                        optimizer_s=0.01, device="dev", software="sw", timed_at="2026-01-01", optimizer="torch's AdamW")
+    applied = engine.apply(measured, bandwidth=10e9)
+    assert applied.optimizer_s == pytest.approx(1e-3 + 1e-3) and "own step" in applied.optimizer
+    for part in engine_timing.PARTS:
+        Cache.known().pop(f"dev|sw|engine {part}")
+    applied = engine.apply(measured, bandwidth=10e9)
+    assert applied.optimizer_s == 0.01 and "no engine's time" in applied.optimizer, applied.optimizer
+    assert not any(k.startswith("dev|sw|engine") for k in Cache.known())  # not kept: timed again next plan
+
+
 @pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "a list", "a string", "negative", "NaN", "text",
                                   "cache is a file"])
 def test_a_cached_cpu_peak_is_read_bounded_and_checked_before_use(tmp_path, monkeypatch, kind):

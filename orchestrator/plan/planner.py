@@ -189,7 +189,7 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False, peak_tf
             else:
                 m, discarded = (kernel_timing.measure(*args, before_timing=engine.imported, **limits),
                                 Cache.take_discarded())
-            m = dataclasses.replace(engine.apply(m), discarded=discarded)
+            m = dataclasses.replace(engine.apply(m, limits["bandwidth"]), discarded=discarded)
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
