@@ -19,7 +19,7 @@ from pathlib import Path
 
 from published import ultrascale_overrides
 
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.plan.prediction import HELD_OUT_ERROR
 from orchestrator.plots import BucketPoint, bucket_plot
 from orchestrator.spec import build_spec
@@ -42,7 +42,7 @@ def trial(model: str, hardware: str, nodes: int, bucket: int) -> list[str]:
 
 
 def steps(model: str, hardware: str, nodes: int) -> list[float]:
-    return [make_plan(build_spec(trial(model, hardware, nodes, b))).time.step_s for b in BUCKETS]
+    return [plan_trial(build_spec(trial(model, hardware, nodes, b))).time.step_s for b in BUCKETS]
 
 
 def smallest_as_good(line: list[float]) -> int:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.plan.collectives import Level, Network, ring_steps, ring_time
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,7 +179,7 @@ def planned(overrides: list[str], extra: list[str]) -> dict:
     """This code's plan of a trial (not the one at launch), with `extra` in place of the
     launch's values for the same keys."""
     keys = {e.split("=", 1)[0] for e in extra}
-    return make_plan(build_spec([o for o in overrides if o.split("=", 1)[0] not in keys] + extra)).as_dict()
+    return plan_trial(build_spec([o for o in overrides if o.split("=", 1)[0] not in keys] + extra)).as_dict()
 
 
 def calls_per_step(plan: dict) -> int:

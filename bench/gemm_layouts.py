@@ -22,6 +22,7 @@ import torch
 
 from orchestrator.hardware import measured_cpu_bandwidth_gbps, measured_cpu_peak_tflops
 from orchestrator.plan.compute import gemm_time
+from orchestrator.plan.inputs import MachineFacts
 from orchestrator.plan.planner import rates
 from orchestrator.spec import build_spec
 
@@ -65,7 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = build_spec([f"hardware={args.hardware}", "parallel.dp=1"])
-    r = rates(spec, measured_cpu_peak_tflops("bf16", 1), measured_cpu_bandwidth_gbps(1))
+    facts = MachineFacts(measured_cpu_peak_tflops("bf16", 1), "measured", measured_cpu_bandwidth_gbps(1), "measured",
+                         host_memory_bytes=0, gpu_driver_present=False)
+    r = rates(spec, facts)
     print(f"bf16, 1 thread; peak {r.peak_flops / 1e9:.1f} GFLOPS (measured), preset {args.hardware}")
     print(f"{'m x n x k':>18} {'A MB':>6} {'B MB':>6} | {'W[n,k] meas.':>12} {'plan':>6} | {'W[k,n] meas.':>12} {'plan':>6}")
     rows = []

@@ -151,7 +151,7 @@ def measure(out: Path) -> None:
 def predictions(row: dict, host_op_us: float) -> dict[str, float]:
     """Seconds of the row's forward + backward as each way of planning it says."""
     from orchestrator.plan.compute import KernelTimes, micro_batch_time
-    from orchestrator.plan.planner import make_plan
+    from orchestrator.planning import plan_trial
     from orchestrator.spec import build_spec
 
     m = ModelConfig(**{k: v for k, v in row["model"].items()})
@@ -166,7 +166,7 @@ def predictions(row: dict, host_op_us: float) -> dict[str, float]:
                  "parallel.dp=1"]
 
     def preset(host_us: float) -> float:
-        return make_plan(build_spec([*overrides, f"hardware.host_op_us={host_us}"])).time.micro_batch.total_s
+        return plan_trial(build_spec([*overrides, f"hardware.host_op_us={host_us}"])).time.micro_batch.total_s
 
     return {"kernels timed, summed": micro_batch_time(m, row["micro"], "none", kernels_only, timed=True).total_s,
             "block and ends timed whole": micro_batch_time(m, row["micro"], "none", times, timed=True).total_s,
@@ -213,7 +213,7 @@ def engine_check(out: Path) -> None:
 
     from orchestrator import engine_timing
     from orchestrator.plan.params import parameter_tensors
-    from orchestrator.plan.planner import engine_settings
+    from orchestrator.trial_measurements import engine_settings
     from orchestrator.spec import build_spec
     from orchestrator.workload import step_timing
     from orchestrator.workload.model import build_model

@@ -7,7 +7,7 @@
 Runs trials on this machine through `orchestrator run` (engine=deepspeed: ZeRO 0-3;
 engine=fsdp: FSDP2 at zero.stage 2 and 3; x recompute none/selective/full x dp 1 and 2, on
 a GPT-2 and a Llama shape whose static memory is tens of MB per rank), then prints one
-table from orchestrator/plan/check.py:
+table from bench/plan_drift.py:
 static memory (alive between optimizer steps), activation memory and step time,
 predicted / measured, and beside them DeepSpeed's own estimators
 (estimate_zero2/3_model_states_mem_needs) and the textbook 16N, and the peak: the plan's
@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.plan.check import ACTIVATION_TOLERANCE, PEAK_TOLERANCE, STATIC_TOLERANCE, compare, within
+from plan_drift import ACTIVATION_TOLERANCE, PEAK_TOLERANCE, STATIC_TOLERANCE, compare, within
 
 SHAPES = {
     "gpt2": ["model.n_layers=4", "model.hidden=256", "model.heads=4", "model.kv_heads=4", "model.ffn_hidden=1024",

@@ -32,7 +32,8 @@ import argparse
 import csv
 from pathlib import Path
 
-from orchestrator.plan.bus_table import BusRow, BusTable, curve_busbw, write
+from orchestrator.network_table import write
+from orchestrator.plan.bus_table import BusRow, BusTable, curve_busbw
 
 ROOT = Path(__file__).resolve().parent.parent
 P5_TABLE = ROOT / "conf" / "hardware" / "h100-p5.network.csv"

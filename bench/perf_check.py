@@ -30,7 +30,7 @@ from pathlib import Path
 from published import mpt_overrides
 
 from orchestrator.calibrate import BOUNDS, FITTED, current_params, fit, with_params
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import TrialSpec, build_spec
 
 CSV = Path(__file__).resolve().parent / "data" / "llm-foundry.csv"  # its source: bench/data/README.md
@@ -49,7 +49,7 @@ def row_spec(row: dict, engine: str = "fsdp") -> TrialSpec:
 
 
 def predicted(spec: TrialSpec, params: dict | None = None) -> float:
-    return make_plan(with_params(spec, params or {})).time.tokens_per_sec_per_gpu
+    return plan_trial(with_params(spec, params or {})).time.tokens_per_sec_per_gpu
 
 
 def loss(specs: list[tuple[TrialSpec, float]], params: dict) -> float:

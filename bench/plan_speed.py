@@ -24,7 +24,7 @@ from pathlib import Path
 from orchestrator.kernel_cache import Cache
 
 from orchestrator.compose import expand_sweep
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
 
@@ -43,7 +43,7 @@ def cpu_sweep(points: int) -> None:
             start = time.perf_counter()
             # as each allocated node plans its trial (on the submitting host a SLURM trial's
             # plan takes the preset's values: the node is not this machine)
-            plans = [make_plan(build_spec(o), on_the_node=True) for o in overrides]
+            plans = [plan_trial(build_spec(o), on_the_node=True) for o in overrides]
             kernels = sum(1 for _ in Cache.known())
             print(f"this CPU, measured kernels, {state} cache: {len(plans)} points in "
                   f"{time.perf_counter() - start:6.2f} s ({kernels} kernels timed and cached)")
@@ -89,7 +89,7 @@ def main(points: int = 1000) -> None:
     expanded = time.perf_counter()
     specs = [build_spec(o) for o in overrides]
     validated = time.perf_counter()
-    plans = [make_plan(s) for s in specs]
+    plans = [plan_trial(s) for s in specs]
     planned = time.perf_counter()
     n = len(plans)
     print(f"points: {n}")

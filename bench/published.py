@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.calibrate import Measured, current_params, determined, fit_in_stages, fitted_names, with_params
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.plan.prediction import Plan
 from orchestrator.spec import build_spec
 
@@ -77,7 +77,7 @@ def plan_rows(rows: list[Row], extra: tuple[str, ...] = (), params: dict | None 
     out = []
     for row in rows:
         spec = build_spec([*row.overrides, *extra])
-        out.append(Planned(row, make_plan(with_params(spec, params) if params else spec)))
+        out.append(Planned(row, plan_trial(with_params(spec, params) if params else spec)))
     return out
 
 

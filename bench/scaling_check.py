@@ -33,7 +33,7 @@ from pathlib import Path
 from published import CLUSTER, DATA, ultrascale_overrides
 
 from orchestrator.conf_tree import Source, use_source
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
 CSV = DATA / "ultrascale-1b.csv"
@@ -46,7 +46,7 @@ def overrides(row: dict, hardware: str = "h100-sxm") -> list[str]:
 
 
 def plan_row(row: dict, hardware: str = "h100-sxm", extra: tuple[str, ...] = ()):
-    return make_plan(build_spec(overrides(row, hardware) + list(extra)))
+    return plan_trial(build_spec(overrides(row, hardware) + list(extra)))
 
 
 def table(title: str, rows: list[dict], hardware: str = "h100-sxm", extra: tuple[str, ...] = (),

@@ -32,7 +32,7 @@ from orchestrator.config import KernelSource
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import WORKLOAD_MODULE, accelerate_launch, rank_environment
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.process import clear_stale_build_locks, freeze_at_exit
 from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import TrialPaths
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     paths = TrialPaths(args.trial_dir.resolve())
     if args.plan:
-        atomic_write_json(paths.plan, make_plan(load_spec(paths.root), on_the_node=True).as_dict())
+        atomic_write_json(paths.plan, plan_trial(load_spec(paths.root), on_the_node=True).as_dict())
         return
     if args.result is not None:
         sys.exit(write_job_result(paths, args.result, args.started))

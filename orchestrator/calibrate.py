@@ -51,6 +51,7 @@ from orchestrator.hardware import PLAUSIBLE, calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.plan.prediction import planned_step_s, timed_batches
 from orchestrator.spec import TrialSpec, build_spec, load_spec
+from orchestrator.trial_measurements import machine_facts
 from orchestrator.trial_dir import TrialPaths, check_path, trials_below, writable_dir
 
 FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency",
@@ -128,7 +129,8 @@ def fitted_names(trials: list[Measured]) -> tuple[str, ...]:
 def predicted_step_s(spec: TrialSpec, params: dict, timed_batches: tuple[int, ...] = ()) -> float:
     """The step `params` predict for the trial; at the timed steps' global batches where
     they are given (a warm-up's), as the trial's measured median was taken over them."""
-    plan = make_plan(with_params(spec, params))
+    fitted = with_params(spec, params)
+    plan = make_plan(fitted, machine_facts(fitted))  # planned as it ran: nothing timed again
     return planned_step_s({"batch": plan.batch, "time": {"step_s": plan.time.step_s,
                                                          "added_micro_batch_s": plan.time.added_micro_batch_s}},
                           timed_batches)

@@ -48,7 +48,7 @@ from orchestrator.files import read_json, strict_json
 from orchestrator.host_load import available_bytes
 from orchestrator.hydra_compat import hydra_arguments
 from orchestrator.hydra_errors import foreign_launcher
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.report import collect
 from orchestrator.results import exit_code_of
 from orchestrator.spec import TrialSpec, build_spec
@@ -199,7 +199,7 @@ def max_points(flags: dict) -> int:
 
 
 def plan(overrides: list[str], multirun: bool, as_json: bool, most: int = MAX_POINTS) -> int:
-    points = [(spec, make_plan(spec)) for spec in specs_from(overrides, multirun, most)]
+    points = [(spec, plan_trial(spec)) for spec in specs_from(overrides, multirun, most)]
     if as_json:
         data = ([{"overrides": list(spec.overrides), "plan": p.as_dict()} for spec, p in points]
                 if multirun else points[0][1].as_dict())
@@ -227,7 +227,7 @@ def translate(overrides: list[str], multirun: bool, out_dir, most: int = MAX_POI
     refused = 0
     for i, spec in enumerate(specs):
         trial_dir = out / point_name(i, spec) if multirun else out
-        plan = make_plan(spec)
+        plan = plan_trial(spec)
         files = write_trial_files(spec, trial_dir, plan=plan.as_dict())
         print(f"{trial_label(spec)}\n  wrote {', '.join(p.name for p in files.written)} in {files.directory}")
         for w in files.warnings:

@@ -23,7 +23,8 @@ import time
 
 from orchestrator import cpu_allocator
 from orchestrator.kernel_cache import Cache
-from orchestrator.kernel_timing import SLOWEST_SHARE, KernelTimingError, Measured, device_name, software
+from orchestrator.kernel_timing import SLOWEST_SHARE, KernelTimingError, device_name, software
+from orchestrator.plan.inputs import MeasuredKernels
 from orchestrator.process import clear_stale_build_locks
 
 TIMEOUT_S = 300
@@ -176,7 +177,7 @@ class EngineTiming:
             self.proc = start_timing(self.settings)
         return finish_timing(self.proc)[0]
 
-    def apply(self, measured: Measured, bandwidth: float | None = None) -> Measured:
+    def apply(self, measured: MeasuredKernels, bandwidth: float | None = None) -> MeasuredKernels:
         """`measured` with the engine's hooks per micro batch and its own step for a rank
         holding `elements`; where the engine cannot be timed, or its lines are no engine's
         (plausible_line, against the memory's `bandwidth` in bytes/s), `measured` as it is

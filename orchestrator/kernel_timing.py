@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
 from orchestrator import cpu_allocator, kernels
@@ -42,6 +41,7 @@ from orchestrator.config import ModelConfig
 from orchestrator.kernel_cache import Cache, device_name, plausible_times, software  # the cache's key
 from orchestrator.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
+from orchestrator.plan.inputs import MeasuredKernels
 from orchestrator.process import collector_paused
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
@@ -60,27 +60,6 @@ WHOLE_MAX_ELEMENTS = 2**26
 
 class KernelTimingError(RuntimeError):
     """A kernel could not be timed on this device (the plan falls back to the preset)."""
-
-
-@dataclass(frozen=True)
-class Measured:
-    """The kernels of one micro batch and the optimizer step, and where they were timed."""
-
-    kernels: KernelTimes
-    optimizer_s: float
-    device: str  # what they were timed on: the device's name
-    software: str  # torch and transformers versions
-    timed_at: str  # when the oldest of them was timed (UTC, ISO 8601)
-    # What the engine adds to each micro batch's forward and backward (hooks, buckets), and
-    # how its step was timed: the engine's own (engine_timing.py), or torch's AdamW alone.
-    engine_forward_s: float = 0.0
-    engine_backward_s: float = 0.0
-    optimizer: str = "torch's AdamW over the rank's share"
-    busy: str = ""  # the machine was busy while new kernels were timed: what showed it (they were not cached)
-    discarded: str = ""  # cached times that no device could take, dropped and timed again: which
-
-    def source(self) -> str:
-        return f"measured kernels: timed on {self.device} ({self.software}), {self.timed_at}"
 
 
 BUSY_RATIO = 1.25  # the same probe this much slower or faster the second time: something else ran
@@ -325,7 +304,7 @@ def affordable(kernel: Kernel, tick: Callable) -> tuple[Kernel, Probe]:
     return chosen, probed if chosen is smallest else probe(chosen, tick)
 
 
-def measure_apart(*args, **kwargs) -> tuple[Measured, str]:
+def measure_apart(*args, **kwargs) -> tuple[MeasuredKernels, str]:
     """`measure` in a process of its own (spawned), with what the cache discarded there: a
     GPU's CUDA context and the timing's buffers end with that process, so the ranks started
     after the plan find GPU 0 as whole as the others (an EXCLUSIVE_PROCESS GPU free to open)."""
@@ -338,7 +317,7 @@ def measure_apart(*args, **kwargs) -> tuple[Measured, str]:
     return measured
 
 
-def _measure_and_discarded(*args, **kwargs) -> tuple[Measured, str]:
+def _measure_and_discarded(*args, **kwargs) -> tuple[MeasuredKernels, str]:
     return measure(*args, **kwargs), Cache.take_discarded()
 
 
@@ -357,7 +336,7 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
 def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
             optimizer_tensors: list[int], recompute: str = "none",
             before_timing: Callable[[], None] = lambda: None, peak_flops: float | None = None,
-            bandwidth: float | None = None) -> Measured:
+            bandwidth: float | None = None) -> MeasuredKernels:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
     optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     `before_timing`: called once, after the imports and before the first kernel is timed
@@ -454,5 +433,5 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
                 f"(e.g. {impossible[0]}): "
                 "something else held the device while they were timed; plan again on a quiet machine")
         Cache.forget_new()
-    return Measured(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),
+    return MeasuredKernels(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),
                     busy=busy)

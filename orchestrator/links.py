@@ -32,7 +32,7 @@ from orchestrator.errors import ConfigError, MeasurementFailed, one_of
 from orchestrator.files import atomic_write_text
 from orchestrator.hardware import calibrated_name, calibrated_preset
 from orchestrator.host_load import available_bytes
-from orchestrator.plan import bus_table
+from orchestrator import network_table
 from orchestrator.plan.bus_table import BusRow, BusTable
 from orchestrator.plan.collectives import Level, Network, bus_factor, ring_steps, ring_time
 from orchestrator.process import run_group
@@ -226,10 +226,10 @@ def _write_preset(hardware: str, what: str, change, table: BusTable | None) -> s
     if table is not None:
         own = table_path(hardware)
         if data.get("network") == str(own) and own.is_file():  # ours from an earlier run: keep its other curves
-            old = bus_table.load(own)
+            old = network_table.load(own)
             kept = [r for r in old.rows if (r.collective, r.nodes, r.ranks_per_node) not in table.curves]
-            table = bus_table.BusTable(kept + list(table.rows), f"{old.source}\n{table.source}" if kept else table.source)
-        bus_table.write(own, table)
+            table = BusTable(kept + list(table.rows), f"{old.source}\n{table.source}" if kept else table.source)
+        network_table.write(own, table)
         data["network"] = str(own)  # a preset of someone else's network (h100-p5's table) is not kept
     path.parent.mkdir(parents=True, exist_ok=True)
     header = f"# Written by `orchestrator calibrate`: {what}.\n"

@@ -34,7 +34,7 @@ from orchestrator.errors import ConfigError, one_of
 from orchestrator.files import read_text, read_yaml
 from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
-from orchestrator.plan import bus_table
+from orchestrator import network_table
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.trial_dir import TrialPaths
 
@@ -333,7 +333,7 @@ def _with_network_table(cfg: TrialConfig) -> TrialConfig:
     if not cfg.hardware.network:
         return cfg
     path = hardware.network_table_path(cfg.hardware.network)
-    bus_table.load(path)
+    network_table.load(path)
     return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, network=str(path)))
 
 

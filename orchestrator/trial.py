@@ -24,7 +24,7 @@ from orchestrator import hardware, host_load, memory_cgroup
 from orchestrator.errors import ConfigError, Interrupted
 from orchestrator.display import show_plan, show_progress, show_result, trial_label
 from orchestrator.plan.memory import GIB
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.plan.prediction import Plan, planned_steps_s
 from orchestrator.files import atomic_write_json, read_json, read_text
@@ -118,7 +118,7 @@ def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict |
     """Plan the trial and write its files: (the refused result if the plan says no, files, plan)."""
     started = now()
     reserve(trial_dir, spec.cfg.run.steps)
-    plan = make_plan(spec)
+    plan = plan_trial(spec)
     free = host_load.available_bytes()  # read once: the refusal and the cost line say the same figure
     if message := refusal(spec, plan, nodes, free):
         if sweep is None:  # one trial: its whole plan, then why; a sweep's points one line each

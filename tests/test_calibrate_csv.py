@@ -9,7 +9,7 @@ import csv
 import pytest
 import yaml
 
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
 BASE = {"model": "gpt2-350m", "hardware": "h100-sxm", "cluster": "slurm", "zero": "stage1",
@@ -31,7 +31,7 @@ def _synthetic_rows():
     for dp in (4, 8, 16, 32, 64, 128, 256):
         point = {**BASE, "parallel.dp": dp}
         spec = build_spec([f"{k}={v}" for k, v in point.items()] + TRUE_NETWORK)
-        rows.append({**point, "tokens_per_sec_per_gpu": round(make_plan(spec).time.tokens_per_sec_per_gpu, 1)})
+        rows.append({**point, "tokens_per_sec_per_gpu": round(plan_trial(spec).time.tokens_per_sec_per_gpu, 1)})
     return rows
 
 
@@ -54,7 +54,7 @@ def test_calibrate_csv_recovers_the_network_a_dp_sweep_measured(cli, tmp_path):
     for row in rows:
         point = {k: v for k, v in row.items() if k != "tokens_per_sec_per_gpu"}
         spec = build_spec([f"{k}={v}" for k, v in point.items()] + fitted)
-        assert make_plan(spec).time.tokens_per_sec_per_gpu == pytest.approx(row["tokens_per_sec_per_gpu"], rel=0.03)
+        assert plan_trial(spec).time.tokens_per_sec_per_gpu == pytest.approx(row["tokens_per_sec_per_gpu"], rel=0.03)
     assert preset["inter_node"]["latency_us"] + preset.get("collective_overhead_us", 0) > 20  # the preset's 9.6 us is not it
     assert preset["compute_efficiency"] == pytest.approx(0.62, rel=0.05)  # the one-node rows pin the compute
     assert preset["calibrated_on"].startswith("7 trials")

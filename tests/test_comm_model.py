@@ -8,7 +8,8 @@ import pytest
 from orchestrator.plan import comm
 from orchestrator.plan.collectives import RING_BASE_US, TREE_HOP_US, call_time, network, ring_time, tree_time
 from orchestrator.plan.batch import batch_sizes_per_step
-from orchestrator.plan.planner import make_plan, wire_dtype
+from orchestrator.plan.planner import wire_dtype
+from orchestrator.planning import plan_trial
 from orchestrator.plan.prediction import planned_for_timed_steps, planned_steps_s, step_s_at
 from orchestrator.spec import build_spec
 from orchestrator.trial import cost_line
@@ -165,7 +166,7 @@ def test_the_wire_dtype_reaches_the_plan_as_deepspeed_decides_it():
     comm32 = build_spec([*base, "zero=stage1", "zero.communication_dtype=fp32"])
     accum32 = build_spec([*base, "zero=stage1", "zero.grad_accum_dtype=fp32"])
     assert (wire_dtype(plain), wire_dtype(comm32), wire_dtype(accum32)) == ("bf16", "fp32", "fp32")
-    reduced = [make_plan(s).comm.collectives[0] for s in (plain, comm32, accum32)]
+    reduced = [plan_trial(s).comm.collectives[0] for s in (plain, comm32, accum32)]
     assert [c.dtype_bytes for c in reduced] == [2, 4, 4]
     assert reduced[1].time_s > reduced[0].time_s
 
@@ -179,10 +180,10 @@ def test_a_warm_up_step_is_planned_as_the_same_trial_at_that_global_batch(engine
     """A step of fewer micro batches (the warm-up's first) costs what the plan of a trial
     whose whole run had that batch says: the step models are lines in the micro batches."""
     base = ["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2", *engine]
-    warm = make_plan(build_spec([*base, "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"]))
+    warm = plan_trial(build_spec([*base, "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"]))
     assert warm.batch["grad_accum_steps"] == 8 and warm.time.added_micro_batch_s > 0
     for batch in (16, 32, 64, 128):
-        alone = make_plan(build_spec([*base, f"batch.global_batch_size={batch}"])).time.step_s
+        alone = plan_trial(build_spec([*base, f"batch.global_batch_size={batch}"])).time.step_s
         assert step_s_at(warm.as_dict(), batch) == pytest.approx(alone, rel=1e-9)
 
 
@@ -190,7 +191,7 @@ def test_the_cost_before_launch_adds_up_the_warm_up_steps_at_their_own_batches()
     spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2",
                        "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32",
                        "batch.warmup.ramp_samples=128", "run.steps=6", "run.warmup_steps=1"])
-    plan = make_plan(spec)
+    plan = plan_trial(spec)
     sizes = batch_sizes_per_step(spec.schedule, 6, spec.cfg.model.seq_len)
     assert sizes[0] == 32 and sizes[-1] == 128  # the schedule warms up inside the run
     each = planned_steps_s(plan.as_dict(), sizes)
@@ -203,7 +204,7 @@ def test_the_cost_before_launch_adds_up_the_warm_up_steps_at_their_own_batches()
 def test_the_plan_of_a_warm_up_trial_is_compared_at_the_steps_it_timed():
     spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2",
                        "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"])
-    plan = make_plan(spec).as_dict()
+    plan = plan_trial(spec).as_dict()
     history = [{"timed": False, "global_batch_size": 32}, {"timed": True, "global_batch_size": 32},
                {"timed": True, "global_batch_size": 64}, {"timed": True, "global_batch_size": 64}]
     got = planned_for_timed_steps(plan, history)
@@ -221,7 +222,7 @@ def test_calibrate_fits_a_warm_up_trial_at_the_batches_it_timed():
                        "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"])
     params = current_params(spec.cfg.hardware)
     # a measurement exactly as planned at the warm-up's batch, under the parameters that plan used
-    at_32 = step_s_at(make_plan(spec).as_dict(), 32)
+    at_32 = step_s_at(plan_trial(spec).as_dict(), 32)
     assert log_error([Measured("t", spec, at_32, (32, 32))], params) < 1e-12
     assert log_error([Measured("t", spec, at_32)], params) > 0.1  # against the full batch's step: a large miss
 

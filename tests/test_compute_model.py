@@ -8,7 +8,7 @@ import pytest
 from orchestrator.config import ModelConfig
 from orchestrator.plan.compute import (ENDS_KERNELS, LAYER_KERNELS, KernelTimes, Rates, attention_time, estimated_kernels, gemm_time,
                                        kernel_counts, micro_batch_time)
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
 H100 = Rates(peak_flops=989e12, compute_efficiency=0.6, kn_efficiency=0.6, gemm_half_dim=128, cache_bytes=float("inf"),
@@ -82,7 +82,7 @@ def test_micro_batch_size_changes_the_predicted_throughput():
     def tokens_per_s(micro):
         spec = build_spec(["model=gpt2-125m", "hardware=h100-sxm", "parallel.dp=8",
                            f"batch.micro_batch_size={micro}", "batch.global_batch_size=512"])
-        return make_plan(spec).time.tokens_per_sec_per_gpu
+        return plan_trial(spec).time.tokens_per_sec_per_gpu
 
     rates = [tokens_per_s(m) for m in (1, 4, 16)]
     assert rates == sorted(rates) and rates[-1] > 1.2 * rates[0]
@@ -140,9 +140,9 @@ def test_a_small_model_on_a_gpu_runs_at_its_hosts_pace_and_a_large_one_at_its_de
 
 
 def test_the_host_paces_a_gpu_plan_only_and_says_so():
-    gpu = make_plan(build_spec(["hardware=h100-sxm", "model.hidden=256", "model.heads=4", "model.kv_heads=null"]))
+    gpu = plan_trial(build_spec(["hardware=h100-sxm", "model.hidden=256", "model.heads=4", "model.kv_heads=null"]))
     assert gpu.time.micro_batch.host_wait_s > 0 and "the host issues each kernel in 45 us" in " ".join(gpu.assumptions)
-    cpu = make_plan(build_spec(["hardware=cpu", "hardware.kernels=preset", "hardware.host_op_us=500"]))
+    cpu = plan_trial(build_spec(["hardware=cpu", "hardware.kernels=preset", "hardware.host_op_us=500"]))
     assert cpu.time.micro_batch.host_s == 0  # on a CPU the host is the device
 
 
@@ -151,17 +151,20 @@ def test_on_a_cpu_the_k_by_n_layout_runs_at_one_threads_rate_whatever_the_rank_h
     # the k x n layout 0.9-1.35x (bench/RESULTS.md). Uses this host's measured peaks.
     from orchestrator import hardware
     from orchestrator.plan.planner import rates
+    from orchestrator.trial_measurements import machine_facts
 
     spec = build_spec(["hardware=cpu", "parallel.dp=1", "hardware.gemm_kn_efficiency=0.1"])  # as calibrate sets it
     hw = spec.cfg.hardware
     threads = hardware.threads_per_rank(spec.gpus_per_node)
     rank_peak, _ = hardware.peak_tflops(hw, "bf16", threads)
     one_thread, _ = hardware.peak_tflops(hw, "bf16", 1)
-    r = rates(spec, rank_peak, None)
+    facts = machine_facts(spec)
+    assert facts.peak_tflops == rank_peak and facts.peak_tflops_one_thread == one_thread
+    r = rates(spec, facts)
     assert r.peak_flops * r.compute_efficiency == pytest.approx(rank_peak * 1e12 * hw.compute_efficiency)
     assert r.peak_flops * r.kn_efficiency == pytest.approx(one_thread * 1e12 * hw.gemm_kn_efficiency)
     gpu = build_spec(["hardware=h100-sxm", "parallel.dp=1"])
-    assert rates(gpu, 989.0, 3350.0).kn_efficiency == gpu.cfg.hardware.compute_efficiency
+    assert rates(gpu, machine_facts(gpu)).kn_efficiency == gpu.cfg.hardware.compute_efficiency
 
 
 def test_on_a_gpu_the_engines_hooks_run_on_the_host_beside_the_device():
@@ -208,7 +211,7 @@ def test_torch_compile_is_planned_as_fused_kernels_and_fewer_launches():
     of the kernels); GPT-2's LayerNorm and GELU are single kernels already, so less changes."""
     def micro(arch: str, compiled: bool):
         base = ["model=llama3-8b", "model.n_layers=8"] if arch == "llama" else ["model=gpt2-350m"]
-        return make_plan(build_spec([*base, "hardware=h100-sxm", f"run.compile={str(compiled).lower()}"])).time.micro_batch
+        return plan_trial(build_spec([*base, "hardware=h100-sxm", f"run.compile={str(compiled).lower()}"])).time.micro_batch
 
     eager, fused = micro("llama", False), micro("llama", True)
     # (the loss over a 128k vocabulary is the same kernels either way)

@@ -325,7 +325,7 @@ def test_an_engines_line_no_engine_could_take_is_dropped_cached_or_just_timed(tm
     from orchestrator import engine_timing
     from orchestrator.engine_timing import EngineTiming, plausible_line
     from orchestrator.kernel_cache import Cache
-    from orchestrator.kernel_timing import Measured
+    from orchestrator.plan.inputs import MeasuredKernels
     from orchestrator.plan.compute import KernelTimes
 
     assert plausible_line(0.002, 2.5e-9, 10e9) and plausible_line(-0.01, 2e-8, 10e9)  # as this CPU's engines time
@@ -339,7 +339,7 @@ def test_an_engines_line_no_engine_could_take_is_dropped_cached_or_just_timed(tm
     timings = iter([{part: (1e-3, 1e-9) for part in engine_timing.PARTS},  # what a quiet machine times
                     {part: (1e-3, 1e-4) for part in engine_timing.PARTS}])  # 100 s for 1M elements: a busy one
     monkeypatch.setattr(EngineTiming, "timed", lambda self: next(timings))
-    measured = Measured(kernels=KernelTimes((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), 1e-5),
+    measured = MeasuredKernels(kernels=KernelTimes((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), 1e-5),
                         optimizer_s=0.01, device="dev", software="sw", timed_at="2026-01-01", optimizer="torch's AdamW")
     applied = engine.apply(measured, bandwidth=10e9)
     assert applied.optimizer_s == pytest.approx(1e-3 + 1e-3) and "own step" in applied.optimizer

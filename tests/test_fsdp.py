@@ -9,7 +9,7 @@ import pytest
 from orchestrator.plan.collectives import network
 from orchestrator.plan.fsdp import fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.params import parameter_tensors
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.compose import expand_sweep
 from orchestrator.spec import build_spec
 from tests.conftest import run_in_process
@@ -26,7 +26,7 @@ def test_each_block_is_one_unit_and_the_rest_is_the_roots():
     f = layout()
     spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "cluster=slurm"])
     assert len(f.blocks) == spec.cfg.model.n_layers and len(set(f.blocks)) == 1
-    assert f.elements == make_plan(spec).parameters
+    assert f.elements == plan_trial(spec).parameters
     assert f.root == f.elements - sum(f.blocks) > 0  # embeddings and the final norm
 
 
@@ -85,15 +85,15 @@ def test_on_a_cpu_device_no_collective_hides_behind_compute():
         blocking.comm_s)
     assert gpu.exposed_s < 0.2 * gpu.comm_s
     spec = build_spec(["engine=fsdp", "zero=stage3", "hardware=cpu", "parallel.dp=2"])
-    time = make_plan(spec).as_dict()["time"]
+    time = plan_trial(spec).as_dict()["time"]
     assert time["exposed_comm_s"] == pytest.approx(time["comm_s"])  # the planner tells the layout it is a CPU
 
 
 def test_both_routes_to_fsdp2_describe_the_same_sharding():
-    own = make_plan(build_spec([*GPU, "engine=fsdp", "zero=stage3", "parallel.dp=16"]))
-    via_accelerate = make_plan(build_spec([*GPU, "engine=accelerate", "engine.backend=fsdp", "zero=stage3",
+    own = plan_trial(build_spec([*GPU, "engine=fsdp", "zero=stage3", "parallel.dp=16"]))
+    via_accelerate = plan_trial(build_spec([*GPU, "engine=accelerate", "engine.backend=fsdp", "zero=stage3",
                                            "parallel.dp=16"]))
-    zero3 = make_plan(build_spec([*GPU, "engine=deepspeed", "zero=stage3", "parallel.dp=16"]))
+    zero3 = plan_trial(build_spec([*GPU, "engine=deepspeed", "zero=stage3", "parallel.dp=16"]))
     assert own.memory.total == via_accelerate.memory.total and own.time.step_s == via_accelerate.time.step_s
     assert own.memory.total != zero3.memory.total  # planned as FSDP2, not as ZeRO-3
 

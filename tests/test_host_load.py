@@ -33,18 +33,18 @@ def test_a_busy_process_is_seen_and_named():
 def test_the_ranks_together_must_fit_in_the_memory_the_host_has_free():
     import dataclasses
 
-    from orchestrator.plan.planner import make_plan
+    from orchestrator.planning import plan_trial
 
     assert host_load.available_bytes() > 0
     cpu = build_spec(["hardware=cpu", "hardware.kernels=preset", "parallel.dp=2"])
-    plan = make_plan(cpu)
+    plan = plan_trial(cpu)
     two_gib = dataclasses.replace(plan, memory=dataclasses.replace(plan.memory, total=2 * GIB))
     why = host_memory_refusal(cpu, two_gib, 3 * GIB)
     assert "3.00 GiB free" in why and "needs 4.00 GiB (2 rank(s) x 2.00 GiB)" in why and "run.force=true" in why
     assert host_memory_refusal(cpu, two_gib, 5 * GIB) is None
     # a SLURM GPU trial: its node is not this host, and nothing said what the node grants
     gpu = build_spec(["hardware=h100-sxm", "cluster=slurm", "cluster.gpus_per_node=8", "parallel.dp=8"])
-    assert host_memory_refusal(gpu, make_plan(gpu), 1 * GIB) is None
+    assert host_memory_refusal(gpu, plan_trial(gpu), 1 * GIB) is None
 
 
 def test_a_sigkilled_rank_is_oom_only_where_its_cgroup_counted_an_oom_kill(tmp_path):

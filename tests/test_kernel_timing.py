@@ -21,9 +21,10 @@ from orchestrator.kernel_timing import KernelTimingError, clock, measure, time_k
 from orchestrator import kernels
 from orchestrator.kernels import Kernel, trial_gemms
 from orchestrator.plan.compute import KernelTimes, micro_batch_time
-from orchestrator.plan import planner
+from orchestrator import trial_measurements
+from orchestrator.plan.inputs import MeasuredKernels
 from orchestrator.plan.params import parameter_tensors
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 from tests.conftest import FP32
 
@@ -46,7 +47,7 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel_timing.QuietCheck, "probe", lambda self: 0.01)
     # Nor about this host's links, which a fresh cache would measure again for every plan of
     # two ranks (seconds each): tests/test_local_links.py measures them.
-    monkeypatch.setattr(planner, "measured_links", lambda *a, **k: (None, ""))
+    monkeypatch.setattr(trial_measurements, "measured_links", lambda *a, **k: (None, ""))
     yield tmp_path / "orchestrator" / "kernels.json"
     Cache._known = None
 
@@ -222,7 +223,7 @@ def test_where_timing_fails_the_plan_uses_the_preset_and_says_so(monkeypatch):
         raise KernelTimingError("RuntimeError: no kernel")
 
     monkeypatch.setattr(kernel_timing, "measure", broken)
-    plan, preset = make_plan(small_spec()), make_plan(small_spec("hardware.kernels=preset"))
+    plan, preset = plan_trial(small_spec()), plan_trial(small_spec("hardware.kernels=preset"))
     assert plan.sources["compute"].startswith("measured kernels failed (RuntimeError: no kernel), so compute (the cpu")
     # the compute as the preset plans it (the links, measured on this host, are not the kernels')
     assert (plan.time.compute_s, plan.time.optimizer_s) == (preset.time.compute_s, preset.time.optimizer_s)
@@ -235,14 +236,14 @@ def test_which_plans_time_kernels(fresh_cache):
     assert small_spec().cfg.hardware.kernels == "measured"  # this machine's CPU
     assert build_spec(["hardware=h100-sxm", "cluster=slurm"]).cfg.hardware.kernels == "preset"  # not here
     assert with_params(small_spec(), {"compute_efficiency": 0.5}).cfg.hardware.kernels == "preset"  # a fit's
-    plan = make_plan(small_spec())
+    plan = plan_trial(small_spec())
     assert plan.time.micro_batch.timed and "timed on" in plan.sources["compute"]
-    gpu = make_plan(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b"]))
+    gpu = plan_trial(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b"]))
     assert gpu.sources["compute"].startswith("compute (the h100-sxm preset's parameters)")
     # On SLURM the submitting host is not the node: it plans from the preset, and the
     # allocated node times the kernels before the ranks start (tests/test_multinode.py runs it).
     slurm = small_spec("cluster=slurm")
-    submitted, on_the_node = make_plan(slurm), make_plan(slurm, on_the_node=True)
+    submitted, on_the_node = plan_trial(slurm), plan_trial(slurm, on_the_node=True)
     assert not submitted.time.micro_batch.timed and submitted.sources["compute"].endswith(
         "until the kernels are timed on the allocated node before the ranks start")
     assert on_the_node.time.micro_batch.timed and "in SLURM job" in on_the_node.sources["compute"]
@@ -271,12 +272,12 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
     # a GPU's kernels are timed in a process of their own (measure_apart: its CUDA context ends
     # with it, before the ranks start), never in the planning process; stood in for here
     monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: pytest.fail("a GPU timed in the planning process"))
-    monkeypatch.setattr(kernel_timing, "measure_apart", lambda *a, **k: (kernel_timing.Measured(
+    monkeypatch.setattr(kernel_timing, "measure_apart", lambda *a, **k: (MeasuredKernels(
         timed, 1e-3, "NVIDIA L40S", "torch 2.13.0", "2026-11-24T00:00:00Z"), ""))
     spec = build_spec(["model=gpt2-125m"])
     hw = spec.cfg.hardware
     assert (hw.name, hw.device, hw.kernels, hw.memory_gib) == ("gpu", "cuda", "measured", 44.52)
-    plan = make_plan(spec)
+    plan = plan_trial(spec)
     assert plan.time.mfu is None and plan.time.hfu is None and plan.time.step_s > 0
     assert plan.time.tokens_per_sec_per_gpu == pytest.approx(spec.tokens_per_step / plan.time.step_s / spec.world_size)
     assert "timed on NVIDIA L40S" in plan.sources["compute"] and "MFU is unknown" in plan.sources["peak"]
@@ -288,7 +289,7 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
         build_spec(["model=gpt2-125m", "run.objective=mfu"])
     monkeypatch.setattr(kernel_timing, "measure_apart", lambda *a, **k: (_ for _ in ()).throw(KernelTimingError("OOM")))
     with pytest.raises(ConfigError, match="hardware.peak_tflops.bf16"):  # no kernels and no peak: no plan
-        make_plan(spec)
+        plan_trial(spec)
 
 
 
@@ -298,16 +299,15 @@ def test_kernels_that_sum_past_their_block_timed_whole_are_said_so(monkeypatch):
     from rich.console import Console
 
     from orchestrator.display import show_plan
-    from orchestrator.plan import planner
 
     alone = KernelTimes(layer_gemms=(2e-3, 4e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
                         memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=0.0)
     whole = dataclasses.replace(alone, block=(1e-3, 2e-3), ends=(1e-3, 2e-3))
-    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: kernel_timing.Measured(
+    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: MeasuredKernels(
         whole, 1e-3, "a CPU", "torch 2.13.0", "2026-11-27T00:00:00Z"))
-    monkeypatch.setattr(planner, "engine_settings", lambda spec: None)  # no engine to time
+    monkeypatch.setattr(trial_measurements, "engine_settings", lambda spec: None)  # no engine to time
     spec = small_spec()
-    plan = make_plan(spec)
+    plan = plan_trial(spec)
     mb = plan.time.micro_batch
     assert mb.between_s < 0 and mb.total_s == pytest.approx(spec.cfg.model.n_layers * 3e-3 + 3e-3)
     out = Console(width=400)  # every note on one line
@@ -350,7 +350,7 @@ def test_a_block_too_large_to_time_whole_keeps_its_kernels_sum(fresh_cache, monk
                                                     ("fsdp", 3, "AdamW")])
 def test_the_engines_own_step_is_timed_as_it_runs_it(engine, stage, optimizer):
     """The real engine (DeepSpeed, FSDP2) wraps a stand-in with the trial's modules and shares."""
-    from orchestrator.plan.planner import engine_settings
+    from orchestrator.trial_measurements import engine_settings
 
     spec = small_spec(f"engine={engine if engine == 'fsdp' else 'deepspeed'}", f"zero=stage{stage}", "parallel.dp=2")
     settings = engine_settings(spec)
@@ -366,7 +366,7 @@ def test_the_engines_process_imports_beside_the_kernels_and_times_only_when_told
     """A new shape's plan starts the engine's timing process first: it imports while the
     kernels are timed, says it is ready and times nothing until told (so no timing runs beside
     another); a process never told ends without timing."""
-    from orchestrator.plan.planner import engine_settings
+    from orchestrator.trial_measurements import engine_settings
 
     # fp32: what is timed when is the point, not the precision (bf16 kernels are 2-20x slower
     # on a CPU without bf16 instructions: docs/measurements.md)
@@ -393,7 +393,7 @@ def test_the_engines_process_imports_beside_the_kernels_and_times_only_when_told
     real_imported, real_probe = engine_timing.EngineTiming.imported, kernel_timing.QuietCheck.probe
     monkeypatch.setattr(engine_timing.EngineTiming, "imported", lambda self: events.append("imported") or real_imported(self))
     monkeypatch.setattr(kernel_timing.QuietCheck, "probe", lambda self: events.append("probe") or real_probe(self))
-    plan = make_plan(spec)
+    plan = plan_trial(spec)
     assert alive_while_kernels_timed == [[True]], (alive_while_kernels_timed, plan.time.optimizer_source)
     assert events[:2] == ["imported", "probe"]  # no kernel timed before the engine's process has imported
     assert "fsdp's own step, timed as it runs it" in plan.time.optimizer_source and not timing_processes()
@@ -403,7 +403,7 @@ def test_the_plan_waits_for_the_engines_process_to_import_before_it_times_a_kern
     """`EngineTiming.imported` returns once that process has imported and waits, idle, to be
     told: on a CPU whose planner imports first, the kernels were otherwise timed beside its
     import (and the quiet check then dropped them)."""
-    from orchestrator.plan.planner import engine_settings
+    from orchestrator.trial_measurements import engine_settings
 
     spec = small_spec("engine=fsdp", "zero=stage3", "parallel.dp=1")
     with engine_timing.EngineTiming(engine_settings(spec), 1, 10_000, "cpu") as engine:
@@ -437,7 +437,7 @@ def test_a_busy_machine_is_said_and_its_timings_are_not_cached(fresh_cache, monk
 def test_the_engine_is_timed_on_the_trials_device_with_its_backend():
     """Which group and device the engine's timing uses (the GPU path ran on an H100:
     bench/RESULTS.md; here only the choice can be checked)."""
-    from orchestrator.plan.planner import engine_settings
+    from orchestrator.trial_measurements import engine_settings
     from orchestrator.engine_timing import DEFAULT_SIZES
     from orchestrator.workload.step_timing import group_of
 

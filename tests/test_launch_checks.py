@@ -133,7 +133,7 @@ def test_the_collective_timeout_reaches_the_process_group_keywords():
 def test_a_gpu_trials_host_memory_is_planned_per_node_and_refused_past_what_slurm_grants():
     from orchestrator.plan.host_memory import host_memory, slurm_size_bytes
     from orchestrator.plan.memory import GIB
-    from orchestrator.plan.planner import make_plan
+    from orchestrator.planning import plan_trial
     from orchestrator.trial import refusal
 
     # eight ranks of a 70B model each building it whole in fp32: over 2 TB of one node
@@ -145,14 +145,14 @@ def test_a_gpu_trials_host_memory_is_planned_per_node_and_refused_past_what_slur
     fits_the_gpu = ["model=llama3-8b", "hardware=h100-sxm", "cluster=slurm", "parallel.dp=8", "recompute=full",
                     "batch.micro_batch_size=1"]
     spec = build_spec([*fits_the_gpu, "zero=stage2", "cluster.mem_gb=200"])
-    plan = make_plan(spec)
+    plan = plan_trial(spec)
     assert plan.fits and not plan.host_memory.fits and plan.as_dict()["host_memory"]["per_node"] > 200 * GIB
     assert "the node's host memory: 8 rank(s)" in refusal(spec, plan) and "cluster.mem_gb=200" in refusal(spec, plan)
     partitioned = build_spec([*fits_the_gpu, "zero=stage3", "cluster.mem_gb=200"])  # zero.Init: a share a rank
-    assert refusal(partitioned, make_plan(partitioned)) is None
+    assert refusal(partitioned, plan_trial(partitioned)) is None
     per_gpu = build_spec([*fits_the_gpu, "zero=stage2", "cluster.mem_per_gpu=40G"])
-    assert make_plan(per_gpu).host_memory.capacity == 8 * 40 * GIB
-    assert make_plan(build_spec(["hardware=cpu", "hardware.kernels=preset"])).host_memory is None  # a CPU's is `memory`
+    assert plan_trial(per_gpu).host_memory.capacity == 8 * 40 * GIB
+    assert plan_trial(build_spec(["hardware=cpu", "hardware.kernels=preset"])).host_memory is None  # a CPU's is `memory`
 
 
 def test_the_interpreter_the_tasks_run_is_a_field_of_its_own(tmp_path):

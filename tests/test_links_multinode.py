@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from orchestrator.plan import bus_table
+from orchestrator import network_table
 
 from tests.conftest import LINK_MBIT, NODES, run_cli
 
@@ -28,7 +28,7 @@ def test_calibrate_links_recovers_the_shaped_rate_between_nodes(slurm_cluster, t
     assert 0 < preset["inter_node"]["busbw_gbps"] <= LINK_MBIT / 8000 * 1.15
     assert preset["inter_node"]["name"].startswith("measured: gloo")
     # the same measurements, as the network table the plan reads: every op on 2 and 4 nodes, 1-8 MB
-    table = bus_table.load(preset["network"])
+    table = network_table.load(preset["network"])
     assert set(table.curves) == {(op, n, 1) for op in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4)}
     assert all([s for s, _ in c] == [2**20 * k for k in (1, 2, 4, 8)] for c in table.curves.values())
     # the plan of a trial on this cluster now times its calls from that table

@@ -11,6 +11,7 @@ import pytest
 from orchestrator import links, local_links as local
 from orchestrator.links import OPS, Measurement
 from orchestrator.local_links import cache_path, key, local_links
+from orchestrator import trial_measurements
 from orchestrator.plan import planner
 from orchestrator.plan.collectives import ring_time
 from orchestrator.spec import build_spec
@@ -69,14 +70,15 @@ def test_a_damaged_cache_entry_is_measured_again(cache, monkeypatch, damage):
 def test_a_cpu_trial_with_ranks_on_this_host_is_planned_over_its_measured_links(cache):
     cached(rows_of_a_level(1e-3, 5e8))
     spec = build_spec(DP2)
-    measured, note = planner.measured_links(spec, here=True, refused=False)
+    measured, note = trial_measurements.measured_links(spec, here=True, refused=False)
     assert note == "" and measured.level.latency == pytest.approx(1e-3, rel=1e-6)
-    net = planner.network_of(spec, measured)
+    facts = trial_measurements.machine_facts(spec)
+    net = planner.network_of(spec, facts, measured)
     assert net.intra.latency == pytest.approx(1e-3, rel=1e-6) and net.intra.busbw == pytest.approx(5e8, rel=1e-6)
     assert net.table is measured.table
-    preset = planner.network_of(spec)  # the preset's assumed level: 50 us, 5 GB/s
+    preset = planner.network_of(spec, facts)  # the preset's assumed level: 50 us, 5 GB/s
     assert ring_time("all_gather", 1 << 20, net) > ring_time("all_gather", 1 << 20, preset) + 1e-3
-    assert "intra-node measured on this host" in planner.network_note(spec.cfg.hardware, measured)
+    assert "intra-node measured on this host" in planner.network_note(spec.cfg.hardware, facts, measured)
 
 
 @pytest.mark.parametrize("overrides, here", [
@@ -89,7 +91,7 @@ def test_a_cpu_trial_with_ranks_on_this_host_is_planned_over_its_measured_links(
 def test_the_links_are_measured_only_where_the_trial_runs_here_on_a_cpu_with_several_ranks(
         cache, monkeypatch, overrides, here):
     monkeypatch.setattr(local, "measure", lambda *a, **k: pytest.fail("measured"))
-    assert planner.measured_links(build_spec(overrides), here=here, refused=False) == (None, "")
+    assert trial_measurements.measured_links(build_spec(overrides), here=here, refused=False) == (None, "")
 
 
 def test_links_that_cannot_be_measured_leave_the_preset_and_say_why(cache, monkeypatch):
@@ -97,7 +99,7 @@ def test_links_that_cannot_be_measured_leave_the_preset_and_say_why(cache, monke
         raise links.MeasurementFailed("2 ranks on 1 node(s) failed: no port")
 
     monkeypatch.setattr(local, "measure", fail)
-    measured, note = planner.measured_links(build_spec(DP2), here=True, refused=False)
+    measured, note = trial_measurements.measured_links(build_spec(DP2), here=True, refused=False)
     assert measured is None and "could not be measured" in note and "no port" in note
 
 

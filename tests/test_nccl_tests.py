@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator.errors import ConfigError
 from orchestrator.nccl_tests import parse_run, parse_runs, read_runs, table_of
-from orchestrator.plan import bus_table
+from orchestrator import network_table
 
 SIZES = [2**k for k in range(20, 31, 2)]  # 1 MiB to 1 GiB
 TYPE_BYTES = {"float": 4, "bfloat16": 2}
@@ -122,7 +122,7 @@ def test_calibrate_nccl_tests_writes_the_table_into_the_calibrated_preset_and_th
     proc = cli("calibrate", "--nccl-tests", *files, "--hardware", "h100-sxm", env=env)
     assert proc.returncode == 0, proc.stderr
     preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "h100-sxm-calibrated.yaml").read_text())
-    table = bus_table.load(preset["network"])
+    table = network_table.load(preset["network"])
     assert set(table.curves) == {(op, n, 8) for op in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4)}
     assert table.busbw("all_reduce", 2, 8, 2**24).busbw == pytest.approx(150e9, rel=0.01)  # from the time column
     plan = cli("plan", "--json", "hardware=h100-sxm-calibrated", "cluster=slurm", "cluster.gpus_per_node=8",

@@ -8,10 +8,12 @@ import math
 
 import pytest
 
-from orchestrator.plan import bus_table
+from orchestrator import network_table
 from orchestrator.plan.bus_table import BusRow, BusTable, alpha_beta, curve_busbw
 from orchestrator.plan.collectives import Level, Network, bus_factor, call_time
-from orchestrator.plan.planner import make_plan, network_of
+from orchestrator.plan.planner import network_of
+from orchestrator.trial_measurements import machine_facts
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
 MiB = 2**20
@@ -73,16 +75,17 @@ def test_the_h100_p5_preset_plans_dp_buckets_where_the_measured_curve_is_lowest(
     """1,024 ranks' all-reduce of 50 MB buckets on p5 moves at the table's 32-node figure
     for that size (nccl-tests: 66 GB/s at 32 MiB, 84 at 64 MiB), not at its 8 GiB rate."""
     spec = build_spec([*P5, "parallel.dp=256"])
-    t = call_time("all_reduce", 50e6, network_of(spec))
+    t = call_time("all_reduce", 50e6, network_of(spec, machine_facts(spec)))
     assert t.algorithm == "measured" and 66e9 < t.busbw < 84e9
-    assert network_of(build_spec([*P5[:1], "model=gpt2-1.3b", "parallel.dp=8"])).table is not None
-    plan = make_plan(spec)
+    p5 = build_spec([*P5[:1], "model=gpt2-1.3b", "parallel.dp=8"])
+    assert network_of(p5, machine_facts(p5)).table is not None
+    plan = plan_trial(spec)
     assert all(c.algorithm == "measured" for c in plan.comm.collectives)
     assert any("h100-p5.network.csv" in a for a in plan.assumptions)
 
 
 def test_a_preset_without_a_table_keeps_its_parametric_levels():
-    plan = make_plan(build_spec(["hardware=h100-sxm", "cluster=slurm", "cluster.gpus_per_node=8",
+    plan = plan_trial(build_spec(["hardware=h100-sxm", "cluster=slurm", "cluster.gpus_per_node=8",
                                  "model=gpt2-1.3b", "parallel.dp=256"]))
     assert {c.algorithm for c in plan.comm.collectives} <= {"ring", "tree"}
 
@@ -134,8 +137,8 @@ def test_a_missing_table_exits_2(cli):
 
 def test_a_table_written_reads_back_the_same(tmp_path):
     table = two_node_table()
-    bus_table.write(tmp_path / "t.csv", table)
-    again = bus_table.load(tmp_path / "t.csv")
+    network_table.write(tmp_path / "t.csv", table)
+    again = network_table.load(tmp_path / "t.csv")
     assert again.curves == table.curves and again.source == "test"
 
 
@@ -158,8 +161,8 @@ def test_a_call_below_a_curves_smallest_size_is_no_faster_than_fewer_nodes_measu
 
 
 def test_the_plan_says_what_a_small_call_costs_its_ranks_and_on_what_that_rests():
-    p5 = make_plan(build_spec([*P5, "parallel.dp=256", "zero=stage3"]))
-    sxm = make_plan(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b", "parallel.dp=256",
+    p5 = plan_trial(build_spec([*P5, "parallel.dp=256", "zero=stage3"]))
+    sxm = plan_trial(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b", "parallel.dp=256",
                                 "zero=stage3"]))
     line = lambda plan: next(a for a in plan.assumptions if "8-byte all-reduce" in a)  # noqa: E731
     # p5's 32-node curve starts at 32 MiB; the line through its two smallest sizes is slower at

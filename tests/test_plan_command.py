@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.spec import build_spec
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 
 H100 = ["hardware=h100-sxm"]
 DESIGN_KEYS = {
@@ -52,14 +52,14 @@ def test_plan_table_labels_figures_predicted_and_lists_assumptions(cli):
 
 
 def test_plan_on_cpu_uses_a_measured_peak():
-    plan = make_plan(build_spec(["hardware=cpu"]))
+    plan = plan_trial(build_spec(["hardware=cpu"]))
     assert plan.time.peak_tflops > 0
     assert any("measured" in a for a in plan.assumptions)
 
 
 def test_the_optimizer_step_costs_its_memory_traffic_at_the_device_bandwidth():
     def plan(*more):
-        return make_plan(build_spec(["model=gpt2-1.3b", "parallel.dp=8", *H100, *more]))
+        return plan_trial(build_spec(["model=gpt2-1.3b", "parallel.dp=8", *H100, *more]))
 
     z0, z2 = plan("zero=stage0"), plan("zero=stage2")
     n = z0.parameters
@@ -71,7 +71,7 @@ def test_the_optimizer_step_costs_its_memory_traffic_at_the_device_bandwidth():
     shard = -(-n // 8)
     assert offloaded.time.optimizer_s == pytest.approx(shard * 28 * 8 / 100e9 + shard * 4 / 25e9)
     assert any("host link (assumed)" in a for a in offloaded.assumptions)
-    own = make_plan(build_spec(["model=gpt2-1.3b", "hardware.name=mygpu", "hardware.device=cuda",
+    own = plan_trial(build_spec(["model=gpt2-1.3b", "hardware.name=mygpu", "hardware.device=cuda",
                                 "hardware.peak_tflops.bf16=500", "hardware.memory_gib=80"]))
     assert own.time.optimizer_s == 0 and any("not counted" in a for a in own.assumptions)
 
@@ -100,7 +100,7 @@ def test_force_lifts_the_refusal():
 
     spec = build_spec(["model=gpt3-175b", "hardware=cpu"])
     forced = build_spec(["model=gpt3-175b", "hardware=cpu", "run.force=true"])
-    plan = make_plan(spec)  # a forced plan is the same but for its timed kernels (most of a minute here)
+    plan = plan_trial(spec)  # a forced plan is the same but for its timed kernels (most of a minute here)
     assert "does not fit" in refusal(spec, plan)
     assert refusal(forced, plan) is None
     # A plan that will be refused times nothing: the refusal is immediate, and says where
@@ -133,7 +133,7 @@ def test_sweep_view_has_one_row_per_point_and_scaling_flattens(capsys):
 
 
 def test_shape_warnings():
-    warned = lambda *ov: " ".join(make_plan(build_spec([*ov, *H100])).warnings)
+    warned = lambda *ov: " ".join(plan_trial(build_spec([*ov, *H100])).warnings)
     assert "multiple of 64" in warned("model=gpt2-125m")  # vocab 50257
     assert "head size" in warned("model=gpt2-2.7b")  # 2560 / 32 = 80
     assert "SwiGLU" in warned("model=llama3-8b", "model.ffn_hidden=11000", "batch.micro_batch_size=1")
@@ -143,25 +143,25 @@ def test_shape_warnings():
 
 def test_max_micro_batch_is_the_edge_of_fitting():
     base = ["model=gpt2-1.3b", "zero=stage2", "parallel.dp=8", *H100]
-    k = make_plan(build_spec(base)).max_micro_batch
+    k = plan_trial(build_spec(base)).max_micro_batch
     assert k > 1
-    assert make_plan(build_spec([*base, f"batch.micro_batch_size={k}"])).fits
-    assert not make_plan(build_spec([*base, f"batch.micro_batch_size={k + 1}"])).fits
+    assert plan_trial(build_spec([*base, f"batch.micro_batch_size={k}"])).fits
+    assert not plan_trial(build_spec([*base, f"batch.micro_batch_size={k + 1}"])).fits
 
 
 def test_a_trial_that_does_not_fit_is_told_what_would():
     base = ["model=llama3-8b", "zero=stage2", "parallel.dp=8", *H100]
-    plan = make_plan(build_spec(base))
+    plan = plan_trial(build_spec(base))
     assert not plan.fits
     (advice,) = [w for w in plan.warnings if w.startswith("does not fit")]
     options = [o.split() for o in advice.split(": ", 1)[1].split("; ")]
     assert len(options) >= 2
     for overrides in options:  # every suggestion fits, with the trial's micro batch or the largest that does
-        assert make_plan(build_spec([*base, *overrides])).fits, overrides
+        assert plan_trial(build_spec([*base, *overrides])).fits, overrides
         micro = int(overrides[-1].split("=")[1])
         bigger = [*overrides[:-1], f"batch.micro_batch_size={micro + 1}"]
-        assert micro == 4 or not make_plan(build_spec([*base, *bigger])).fits, bigger
-    huge = make_plan(build_spec(["model=gpt3-175b", "zero=stage3", "parallel.dp=8", *H100]))
+        assert micro == 4 or not plan_trial(build_spec([*base, *bigger])).fits, bigger
+    huge = plan_trial(build_spec(["model=gpt3-175b", "zero=stage3", "parallel.dp=8", *H100]))
     assert any(w.startswith("does not fit; not even ZeRO-3") and "parallel.dp" in w for w in huge.warnings)
 
 

@@ -13,12 +13,15 @@ step, with its temporaries.
 """
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from orchestrator.plan.check import ACTIVATION_TOLERANCE, PEAK_TOLERANCE, STATIC_TOLERANCE, compare, within
 from tests.conftest import PRESET_KERNELS, run_in_process
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from plan_drift import ACTIVATION_TOLERANCE, PEAK_TOLERANCE, STATIC_TOLERANCE, compare, within  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -224,17 +224,17 @@ def test_a_cpu_holds_only_the_written_part_of_its_reduce_buckets(stage, buckets)
     gradients write at most the model's size into each: a CPU commits only written pages,
     so its plan's total leaves the rest out (the allocator's count keeps it, `allocated`);
     a GPU's caching allocator holds all of it."""
-    from orchestrator.plan.planner import make_plan
+    from orchestrator.planning import plan_trial
 
-    cpu = make_plan(build_spec(["hardware=cpu", f"zero=stage{stage}"])).memory
+    cpu = plan_trial(build_spec(["hardware=cpu", f"zero=stage{stage}"])).memory
     n = count_parameters(build_spec(["hardware=cpu"]).cfg.model)
     assert cpu.untouched == 2 * (500_000_000 - n) * buckets  # bf16 elements past the model's n
     assert cpu.total < cpu.allocated <= cpu.total + cpu.untouched
     assert cpu.untouched_static == (cpu.untouched if stage == 3 else 0)  # ZeRO-3 keeps its bucket between steps
-    gpu = make_plan(build_spec([*GPU, "hardware.memory_gib=80", f"zero=stage{stage}"])).memory
+    gpu = plan_trial(build_spec([*GPU, "hardware.memory_gib=80", f"zero=stage{stage}"])).memory
     assert gpu.untouched == 0 and gpu.total == gpu.allocated
     # a bucket smaller than the model is written whole: nothing is left out
-    small = make_plan(build_spec(["hardware=cpu", f"zero=stage{stage}", "zero.reduce_bucket_size=1e4"])).memory
+    small = plan_trial(build_spec(["hardware=cpu", f"zero=stage{stage}", "zero.reduce_bucket_size=1e4"])).memory
     assert small.untouched == 0 and small.total == small.allocated
 
 
@@ -244,7 +244,7 @@ def test_a_cpu_holds_only_the_written_part_of_its_reduce_buckets(stage, buckets)
 def test_what_the_peak_is_made_of_adds_up_to_the_total(overrides):
     """The memory table's rows are each component's own figure, not all alive at once: the
     line under its total names what the peak holds, and that adds up to it."""
-    from orchestrator.plan.planner import make_plan
+    from orchestrator.planning import plan_trial
 
-    plan = make_plan(build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", *overrides]))
+    plan = plan_trial(build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", *overrides]))
     assert sum(v for _, v in plan.memory.at_peak()) == plan.memory.total

@@ -5,10 +5,10 @@ import sys
 import time
 
 t = time.time()
-from orchestrator.plan.planner import make_plan  # noqa: E402
+from orchestrator.planning import plan_trial  # noqa: E402
 from orchestrator.spec import build_spec  # noqa: E402
 
-plan = make_plan(build_spec(sys.argv[1:]))
+plan = plan_trial(build_spec(sys.argv[1:]))
 took = time.time() - t
 if "torch" not in sys.modules:
     print(f"INFO plan {took:.0f} s; every kernel was cached, torch never imported: nothing held")

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
-from orchestrator.launchers.binding import trial_binding
 from orchestrator.plan.memory import GIB, max_micro_batch, model_states, phases, sample_bytes, zero_layout
 
 if TYPE_CHECKING:
@@ -93,12 +92,8 @@ def little_headroom(spec: TrialSpec, plan: Plan) -> str | None:
     return None
 
 
-def numa_without_gpu(spec: TrialSpec, plan: Plan) -> str | None:
-    return "; ".join(trial_binding(spec).warnings) or None  # binding follows the GPU: said once, in binding.py
-
-
 RULES: tuple[Rule, ...] = (what_would_fit, vocab_multiple_of_64, head_size_power_of_two, swiglu_shape,
-                           micro_batch_not_maxed, little_headroom, numa_without_gpu)
+                           micro_batch_not_maxed, little_headroom)
 
 
 def warnings(spec: TrialSpec, plan: Plan) -> list[str]:

@@ -11,7 +11,8 @@ S x that factor / busbw(S), whatever algorithm NCCL chose at that size: the tabl
 
 One format for every source (a preset's table, `calibrate --links`, imported nccl-tests logs,
 `hardware.network=PATH`): a CSV of `collective,nodes,ranks_per_node,bytes,busbw_gbps`, lines
-starting with `#` saying where it comes from.
+starting with `#` saying where it comes from (parse and render here; its file is
+network_table.py's).
 
 How a table is read (`BusTable.busbw`):
 - between two measured sizes: log busbw linear in log size;
@@ -34,14 +35,10 @@ lacks, from the nearest it has. Every such reading says what it rests on.
 from __future__ import annotations
 
 import bisect
-import functools
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_text
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 COLUMNS = ("collective", "nodes", "ranks_per_node", "bytes", "busbw_gbps")
@@ -241,30 +238,3 @@ def render(table: BusTable) -> str:
                    for r in sorted(table.rows, key=lambda r: (COLLECTIVES.index(r.collective), r.nodes,
                                                                 r.ranks_per_node, r.bytes)))
     return head + ",".join(COLUMNS) + "\n" + body
-
-
-def write(path: Path, table: BusTable) -> None:
-    atomic_write_text(path, render(table))
-
-
-TABLE_LIMIT = 16 * 2**20  # bytes: a table of every collective, 64 node counts and 40 sizes is under 200 kB
-
-
-def load(path: Path | str) -> BusTable:
-    """The table in `path` (read as a trial's files are: a regular file, bounded), once per
-    file version: a sweep plans every point from the same table."""
-    path = Path(path)
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise ConfigError("hardware.network", str(path), f"a network table that exists ({exc.strerror})") from None
-    return _load(str(path), info.st_mtime_ns, info.st_size)
-
-
-@functools.lru_cache(maxsize=16)
-def _load(path: str, mtime_ns: int, size: int) -> BusTable:
-    try:
-        text = read_text(path, limit=TABLE_LIMIT)
-    except (OSError, ValueError) as exc:
-        raise ConfigError("hardware.network", path, f"a network table that can be read ({exc})") from None
-    return parse(text, path)

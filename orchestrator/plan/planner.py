@@ -1,80 +1,72 @@
 """The plan of a trial: the memory, FLOPs, communication and time models put together.
 
-`make_plan(spec)` is pure arithmetic on the TrialSpec (plus, on a CPU, one cached
-matmul measurement for the peak) and returns a Plan whose `as_dict()` has the keys of
-docs/architecture.md's `plan --json`. Every figure in it is a prediction; `assumptions` lists what
-it rests on (compute efficiency, peak, links) so the output can say so.
+`make_plan(spec, facts, measured)` is a pure function: of the TrialSpec, the facts of the
+machine it is planned for (plan/inputs.MachineFacts: the peak, the memory bandwidth, the
+host's memory, the network table) and what was timed for it (plan/inputs.Measurements:
+kernels, the engine's lines, this host's links), gathered before it by
+trial_measurements.py; planning.plan_trial decides when to measure. It returns a Plan
+whose `as_dict()` has the keys of docs/architecture.md's `plan --json`. Every figure in
+it is a prediction; `assumptions` lists what it rests on (compute efficiency, peak, links)
+so the output can say so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
+from typing import TYPE_CHECKING
 
-from orchestrator import engine_timing, hardware, kernel_timing
-from orchestrator.plan import advice, bus_table
+from orchestrator.errors import ConfigError
+from orchestrator.plan import advice
 from orchestrator.plan.collectives import Network, network, small_call_note
 from orchestrator.plan.comm import Schedule, StepTime, bytes_per_rank_per_step, step_time
-from orchestrator.config import KernelSource
-from orchestrator.errors import ConfigError, MeasurementFailed
-from orchestrator.kernel_cache import Cache
-from orchestrator.kernel_timing import KernelTimingError, Measured
-from orchestrator.links import MEASURED
-from orchestrator.local_links import LocalLinks, local_links
 from orchestrator.plan.compute import ComputeTime, Rates, estimated_kernels, micro_batch_time
 from orchestrator.plan.flops import flops
 from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.host_memory import HostMemory, host_memory, slurm_size_bytes
-from orchestrator.plan.memory import (CPU_PROCESS, GIB, activation_bytes, loss_backward_bytes,
+from orchestrator.plan.inputs import LocalLinks, MachineFacts, Measurements
+from orchestrator.plan.memory import (CPU_PROCESS, GIB, Memory, activation_bytes, loss_backward_bytes,
                                      max_micro_batch, model_states, offloaded_step_s, optimizer_traffic_bytes,
                                      peak_memory, recompute_bytes, runtime_bytes, sample_bytes, zero_layout)
 from orchestrator.plan.params import count_parameters, element_bytes, parameter_tensors
 from orchestrator.plan.prediction import Comm, Plan, Time
-from orchestrator.spec import TrialSpec
-from orchestrator.deepspeed_sections import optimizer_section, zero_section
+
+if TYPE_CHECKING:  # the trial, as a type: the plan reads its fields, it builds none
+    from orchestrator.spec import TrialSpec
 
 
-def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
-    """The plan of one trial. Measured kernels (hardware.kernels=measured) are timed here
-    where the trial runs here (cluster=local), or where `on_the_node` says this is the
-    SLURM allocation it was submitted to (launchers/slurm_task.py re-plans there)."""
+def make_plan(spec: TrialSpec, facts: MachineFacts, measured: Measurements | None = None) -> Plan:
+    """The plan of one trial on a machine of these `facts`, from what was `measured` for it
+    (None: nothing was; the time from the hardware preset's parameters)."""
     cfg, hw = spec.cfg, spec.cfg.hardware
+    measured = measured or Measurements()
     n = count_parameters(cfg.model)
     layout = zero_layout(spec)
     sharded = fsdp_layout(spec)  # FSDP2 planned as FSDP2; None for DeepSpeed and DDP
     states = fsdp_states(sharded) if sharded else model_states(cfg.model, layout)
     runtime = runtime_bytes(hw.device, spec.world_size)
-    capacity = capacity_bytes(spec)
+    capacity = capacity_bytes(spec, facts)
     micro, mode = spec.micro_batch_size, cfg.recompute.mode
-    memory = peak_memory(states, activation_bytes(cfg.model, micro, mode, spec.precision),
-                         recompute_bytes(cfg.model, micro, mode, spec.precision), loss_backward_bytes(cfg.model, micro),
-                         runtime, capacity)
+    memory = memory_of(spec, facts)
 
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
-    peak_tflops, peak_note = hardware.peak_tflops(hw, spec.precision, spec.threads_per_rank)
-    bandwidth, bandwidth_note = memory_bandwidth(spec)
-    # A trial that will be refused for its memory is not worth timing (a 175B model's kernels
-    # on a slow CPU take most of a minute): the refusal comes at once, its time from the preset.
-    refused = not memory.fits and not cfg.run.force and peak_tflops is not None
-    here = on_the_node or cfg.cluster.name == "local"
-    links, links_note = measured_links(spec, here=here, refused=refused)  # before the kernels: nothing beside them
-    net = network_of(spec, links)
-    measured, compute_source = measured_kernels(spec, here=here, refused=refused, peak_tflops=peak_tflops,
-                                                bandwidth_gbps=bandwidth)
-    if not measured and peak_tflops is None:
+    peak_tflops, peak_note = facts.peak_tflops, facts.peak_note
+    bandwidth, bandwidth_note = facts.bandwidth_gbps, facts.bandwidth_note
+    links, links_note = measured.links, measured.links_note
+    net = network_of(spec, facts, links)
+    timed, compute_source = measured.kernels, measured.compute_source or compute_assumption(hw)
+    if not timed and peak_tflops is None:
         raise ConfigError("hardware.peak_tflops." + spec.precision, None, f"the dense peak of this GPU: its kernels could "
                           f"not be timed ({compute_source}), and without them the plan estimates from the peak")
     # run.compile: the preset's estimate fuses as inductor does; timed kernels are eager (not compiled)
-    compiled = cfg.run.compile and not measured
-    kernels = measured.kernels if measured else estimated_kernels(cfg.model, micro, rates(spec, peak_tflops, bandwidth),
-                                                                  element_bytes(spec.precision), compiled=compiled)
-    engine = (measured.engine_forward_s, measured.engine_backward_s) if measured else (0.0, 0.0)
-    micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=measured is not None, engine=engine,
+    compiled = cfg.run.compile and not timed
+    kernels = timed.kernels if timed else estimated_kernels(cfg.model, micro, rates(spec, facts),
+                                                            element_bytes(spec.precision), compiled=compiled)
+    engine = (timed.engine_forward_s, timed.engine_backward_s) if timed else (0.0, 0.0)
+    micro_time = micro_batch_time(cfg.model, micro, mode, kernels, timed=timed is not None, engine=engine,
                                   compiled=compiled)
     t, t_one = (step_times(spec, sharded, grad_accum, micro_time, net) for grad_accum in (spec.grad_accum_steps, 1))
     offloaded = bool((sharded.offload if sharded else layout.offload_optimizer and cfg.zero.stage) and hw.device.is_gpu)
-    optimizer_s = measured.optimizer_s if measured and not offloaded else optimizer_step_s(spec, n, offloaded, bandwidth)
+    optimizer_s = timed.optimizer_s if timed and not offloaded else optimizer_step_s(spec, n, offloaded, bandwidth)
     step_s = t.step_s + optimizer_s
     denominator = step_s * spec.world_size * peak_tflops * 1e12 if peak_tflops else None  # None: MFU unknown
     max_micro = max_micro_batch(states, runtime, capacity, sample_bytes(cfg.model, mode, spec.precision))
@@ -93,28 +85,40 @@ def make_plan(spec: TrialSpec, on_the_node: bool = False) -> Plan:
                   mfu=f.model_per_token * spec.tokens_per_step / denominator if denominator else None,
                   hfu=f.per_step / denominator if denominator else None,
                   peak_tflops=peak_tflops, micro_batch=micro_time,
-                  optimizer_source=measured.optimizer if measured and not offloaded else
+                  optimizer_source=timed.optimizer if timed and not offloaded else
                   "offloaded: CPU Adam on the host" if offloaded else "memory-bound: AdamW's bytes at the bandwidth",
                   added_micro_batch_s=(t.step_s - t_one.step_s) / (spec.grad_accum_steps - 1)
                   if spec.grad_accum_steps > 1 else 0.0),
         max_micro_batch=max_micro,
         assumptions=assumptions(spec, peak_tflops, peak_note, bandwidth_note, offloaded, compute_source,
-                                f"network{links_note}: {network_note(spec.cfg.hardware, links)}"
+                                f"network{links_note}: {network_note(spec.cfg.hardware, facts, links)}"
                                 + (f"; {small}" if (small := small_call_note(net)) else "")),
         sources={"compute": compute_source, "peak": peak_note},
-        host_memory=host_memory_of(spec, n, memory.offloaded),
+        host_memory=host_memory_of(spec, facts, n, memory.offloaded),
     )
     if not plan.fits:
         plan = dataclasses.replace(plan, fitting_changes=advice.fitting_changes(spec, plan))
     plan.warnings.extend(advice.warnings(spec, plan))
-    if measured and measured.busy:
-        plan.warnings.append(measured.busy)
-    if measured and measured.discarded:
-        plan.warnings.append(measured.discarded)
+    if timed and timed.busy:
+        plan.warnings.append(timed.busy)
+    if timed and timed.discarded:
+        plan.warnings.append(timed.discarded)
     return plan
 
 
-def host_memory_of(spec: TrialSpec, parameters: int, offloaded: int) -> HostMemory | None:
+def memory_of(spec: TrialSpec, facts: MachineFacts) -> Memory:
+    """The trial's memory per rank at its peak, against the device's (needs nothing timed:
+    planning.plan_trial reads it to decide whether the trial is worth timing)."""
+    cfg, hw = spec.cfg, spec.cfg.hardware
+    sharded = fsdp_layout(spec)
+    states = fsdp_states(sharded) if sharded else model_states(cfg.model, zero_layout(spec))
+    micro, mode = spec.micro_batch_size, cfg.recompute.mode
+    return peak_memory(states, activation_bytes(cfg.model, micro, mode, spec.precision),
+                       recompute_bytes(cfg.model, micro, mode, spec.precision), loss_backward_bytes(cfg.model, micro),
+                       runtime_bytes(hw.device, spec.world_size), capacity_bytes(spec, facts))
+
+
+def host_memory_of(spec: TrialSpec, facts: MachineFacts, parameters: int, offloaded: int) -> HostMemory | None:
     """A GPU trial's host memory on one node, against what the node grants: cluster.mem_gb or
     --mem-per-gpu on SLURM (unchecked without either: the partition's default is not known
     here), this host's memory locally where it has a GPU (unchecked where it has none: the
@@ -123,8 +127,8 @@ def host_memory_of(spec: TrialSpec, parameters: int, offloaded: int) -> HostMemo
     if not cfg.hardware.device.is_gpu:
         return None
     c = cfg.cluster
-    if c.name == "local" and hardware.gpu_driver_present():
-        capacity, source = hardware.host_memory_bytes(), "this host's memory"
+    if c.name == "local" and facts.gpu_driver_present:
+        capacity, source = facts.host_memory_bytes, "this host's memory"
     elif c.name == "local":  # planned for GPUs this host lacks: their node's memory is not this one's
         capacity, source = None, "not checked: planned for a GPU this host lacks (its node's memory is not known here)"
     elif c.mem_gb is not None:
@@ -161,78 +165,6 @@ def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: f
     return optimizer_traffic_bytes(updated, spec.precision) / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
 
 
-def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False, peak_tflops: float | None = None,
-                     bandwidth_gbps: float | None = None) -> tuple[Measured | None, str]:
-    """The trial's kernels timed on this machine's device where hardware.kernels=measured
-    and the trial runs `here` (None otherwise, where the plan will refuse the trial for its
-    memory, or where timing failed), and where the compute times come from."""
-    hw = spec.cfg.hardware
-    if hw.kernels != KernelSource.measured:
-        return None, compute_assumption(hw)
-    if refused:
-        return None, f"{compute_assumption(hw)}; kernels not timed: the trial does not fit (run.force=true times them)"
-    if not here:  # a login node times nothing of a compute node's
-        return None, f"{compute_assumption(hw)}, until the kernels are timed on the allocated node before the ranks start"
-    device = hw.device.value
-    threads = spec.threads_per_rank if not hw.device.is_gpu else 1
-    shares = [p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)]
-    try:
-        if hw.device.is_gpu and hardware.local_gpu_name() is None:
-            raise KernelTimingError("no CUDA device on this machine")
-        args = (spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares, spec.cfg.recompute.mode)
-        peak = peak_tflops * 1e12 if peak_tflops else None  # what no timed GEMM can beat
-        limits = {"peak_flops": peak, "bandwidth": bandwidth_gbps * 1e9 if bandwidth_gbps else None}
-        with engine_timing.EngineTiming(engine_settings(spec), threads, sum(shares), device) as engine:
-            if hw.device.is_gpu:  # in a process of its own: the planner keeps no CUDA context for the ranks to meet
-                engine.imported()
-                m, discarded = kernel_timing.measure_apart(*args, **limits)
-            else:
-                m, discarded = (kernel_timing.measure(*args, before_timing=engine.imported, **limits),
-                                Cache.take_discarded())
-            m = dataclasses.replace(engine.apply(m, limits["bandwidth"]), discarded=discarded)
-    except KernelTimingError as exc:
-        return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
-    on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
-    if spec.cfg.cluster.name != "local":
-        on += f", on {socket.gethostname()} in SLURM job {os.environ.get('SLURM_JOB_ID', '?')} before the ranks started"
-    return m, f"compute: {m.source()}{on}"
-
-
-def measured_links(spec: TrialSpec, here: bool, refused: bool) -> tuple[LocalLinks | None, str]:
-    """This host's links where a CPU trial whose kernels are measured puts several ranks on
-    it and its preset's inside-node level is not a measured one (local_links.py); where
-    they cannot be measured, None and what the plan says instead."""
-    hw = spec.cfg.hardware
-    if (hw.device.is_gpu or hw.kernels != KernelSource.measured or not here or refused or spec.gpus_per_node < 2
-            or hw.network or hw.intra_node.name.startswith(MEASURED)):
-        return None, ""
-    try:
-        return local_links(spec.gpus_per_node), ""
-    except (MeasurementFailed, ConfigError, OSError) as exc:
-        return None, f" (this host's links could not be measured: {str(exc)[:200]})"
-
-
-def engine_settings(spec: TrialSpec) -> dict | None:
-    """What workload/step_timing.py needs to time the trial's engine as it runs: DeepSpeed
-    (also under accelerate) with its ZeRO section and optimizer, or FSDP2; None for DDP
-    (torch's AdamW alone is its step) and for offloaded optimizers (another device's step)."""
-    cfg = spec.cfg
-    if cfg.zero.offload_optimizer != "none" or cfg.zero.offload_param != "none":
-        return None
-    modules = [(p.module, p.numel) for p in parameter_tensors(cfg.model)]  # proportions: timed at a fixed size
-    common = {"precision": spec.precision, "grad_clip": cfg.run.grad_clip, "optimizer": optimizer_section(spec),
-              "modules": modules, "device": cfg.hardware.device.value}
-    if cfg.engine.name == "deepspeed" or (cfg.engine.name == "accelerate" and cfg.engine.backend == "deepspeed"):
-        # Bucket sizes left out: on one rank they change little, and a sweep of them would
-        # time the engine again at every size (the plan's buckets are in its communication).
-        # So is ZeRO-3's sub-group size: the stand-in is the model scaled down, its groups not.
-        zero = {k: v for k, v in zero_section(spec).items() if not k.endswith("bucket_size") and k != "sub_group_size"}
-        return {"engine": "deepspeed", "zero": zero, **common}
-    if cfg.engine.name == "fsdp":
-        return {"engine": "fsdp", **common}
-    return None
-
-
 def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, bandwidth_note: str, offloaded: bool,
                 compute_source: str, network: str) -> list[str]:
     """What the plan's figures rest on, said with their sources (the plan prints them)."""
@@ -251,7 +183,7 @@ def assumptions(spec: TrialSpec, peak_tflops: float | None, peak_note: str, band
     ]
 
 
-def network_note(hw, links: LocalLinks | None) -> str:
+def network_note(hw, facts: MachineFacts, links: LocalLinks | None) -> str:
     """What the plan's network rests on: this host's measured links, a measured table, or
     the preset's levels."""
     call = f"; the engine adds {hw.collective_overhead_us:g} us to each call (hardware.collective_overhead_us)"
@@ -259,9 +191,9 @@ def network_note(hw, links: LocalLinks | None) -> str:
         return (f"intra-node measured on this host ({links.source}): bus bandwidth by collective and message "
                 f"size, and where that has no curve {links.level.busbw / 1e9:.3g} GB/s busbw, "
                 f"{links.level.latency * 1e6:.3g} us a hop; {_level(hw.inter_node, 'inter-node')}{call}")
-    if not hw.network:
+    if facts.network_table is None:
         return f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}{call}"
-    source = bus_table.load(hw.network).source
+    source = facts.network_table.source
     return (f"bus bandwidth by collective, message size and node count as measured in {hw.network} "
             f"({source[:160] + '...' if len(source) > 160 else source}); where it has no curve, "
             f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}{call}")
@@ -271,13 +203,13 @@ def _level(link, where: str) -> str:
     return f"{where} {link.name + ' ' if link.name else ''}{link.busbw_gbps:g} GB/s busbw, {link.latency_us:g} us a hop"
 
 
-def network_of(spec: TrialSpec, links: LocalLinks | None = None) -> Network:
-    """The trial's ranks on its nodes, over the preset's (or the user's) two network levels,
-    or inside a node over this host's measured `links`."""
+def network_of(spec: TrialSpec, facts: MachineFacts, links: LocalLinks | None = None) -> Network:
+    """The trial's ranks on its nodes, over the network table of `facts` or the preset's (or
+    the user's) two network levels, or inside a node over this host's measured `links`."""
     hw = spec.cfg.hardware
     intra = (links.level.busbw / 1e9, links.level.latency * 1e6) if links else (hw.intra_node.busbw_gbps,
                                                                                hw.intra_node.latency_us)
-    table = links.table if links else bus_table.load(hw.network) if hw.network else None
+    table = links.table if links else facts.network_table
     return network(spec.world_size, spec.nodes, *intra, hw.inter_node.busbw_gbps, hw.inter_node.latency_us,
                    backend=hw.device.collective_backend, call_us=hw.collective_overhead_us, table=table)
 
@@ -312,16 +244,15 @@ def schedule_of(spec: TrialSpec) -> Schedule:
                     persistence_threshold=z.param_persistence_threshold)
 
 
-def rates(spec: TrialSpec, peak_tflops: float, bandwidth_gbps: float | None) -> Rates:
+def rates(spec: TrialSpec, facts: MachineFacts) -> Rates:
     """The hardware preset's step-time parameters, in the units plan/compute.py takes."""
-    hw = spec.cfg.hardware
+    hw, peak_tflops, bandwidth_gbps = spec.cfg.hardware, facts.peak_tflops or 0.0, facts.bandwidth_gbps
     memory = bandwidth_gbps * 1e9 * hw.memory_efficiency if bandwidth_gbps else float("inf")
     kn = kn_efficiency(hw)
-    threads = spec.threads_per_rank
-    if not hw.device.is_gpu and hw.gemm_kn_efficiency is not None and threads > 1:
+    if facts.peak_tflops_one_thread and peak_tflops:
         # That layout's kernel runs on one thread (1.0-1.35x on two here, bench/RESULTS.md):
         # its share is of one thread's peak, whatever the rank's.
-        kn *= hardware.peak_tflops(hw, spec.precision, 1)[0] / peak_tflops
+        kn *= facts.peak_tflops_one_thread / peak_tflops
     return Rates(peak_flops=peak_tflops * 1e12, compute_efficiency=hw.compute_efficiency,
                  kn_efficiency=kn, gemm_half_dim=hw.gemm_half_dim,
                  cache_bytes=hw.gemm_cache_mb * 1e6 if hw.gemm_cache_mb else float("inf"),
@@ -354,21 +285,10 @@ def compute_assumption(hw) -> str:
                and hw.host_op_us else ""))
 
 
-def capacity_bytes(spec: TrialSpec) -> int:
+def capacity_bytes(spec: TrialSpec, facts: MachineFacts) -> int:
     """Device memory per rank; on CPU the host's RAM shared by the ranks on this node."""
     hw = spec.cfg.hardware
     if hw.memory_gib is not None:
         total = int(hw.memory_gib * GIB)
         return total if hw.device.is_gpu else total // spec.gpus_per_node
-    return hardware.host_memory_bytes() // spec.gpus_per_node
-
-
-def memory_bandwidth(spec: TrialSpec) -> tuple[float | None, str]:
-    """(GB/s per rank, where the figure comes from); None where nothing gives it."""
-    hw = spec.cfg.hardware
-    if hw.memory_bandwidth_gbps:
-        return float(hw.memory_bandwidth_gbps), f"{hw.memory_bandwidth_gbps:g} GB/s ({hw.name}, published)"
-    if not hw.device.is_gpu:  # the ranks on a node share its memory bandwidth
-        node = hardware.measured_cpu_bandwidth_gbps(os.cpu_count() or 1)
-        return node / spec.gpus_per_node, f"{node:.3g} GB/s measured on this host, shared by {spec.gpus_per_node} rank(s)"
-    return None, "no memory bandwidth given (hardware.memory_bandwidth_gbps), so not counted"
+    return facts.host_memory_bytes // spec.gpus_per_node

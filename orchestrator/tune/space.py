@@ -31,7 +31,7 @@ from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.hydra_errors import config_error
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.params import count_parameters
-from orchestrator.plan.planner import make_plan
+from orchestrator.planning import plan_trial
 from orchestrator.plan.prediction import Plan
 from orchestrator.spec import TrialSpec, build_spec
 
@@ -162,7 +162,7 @@ def _plan_space(overrides: tuple[str, ...], runnable_check: Callable[[TrialSpec]
             candidates.append(Candidate(key, overrides_, "same in effect", f"runs as {effects[effect].label()} does "
                                         f"({', '.join(why for _, why in effect if why) or 'the same settings'})"))
             continue
-        candidates.append(planned(key, overrides_, spec, make_plan(spec)))
+        candidates.append(planned(key, overrides_, spec, plan_trial(spec)))
         effects[effect] = candidates[-1]
     space = Space(fixed, axes, candidates)
     if not space.fitting:  # the plan refuses them all (exit 3, as `plan` says), or none is valid (exit 2)

@@ -41,12 +41,12 @@ def deepspeed_estimate(n_params: int, largest_layer: int, stage: int, dp: int) -
 
 
 def compare(trial_dir: Path) -> dict:
-    from orchestrator.plan.planner import make_plan
+    from orchestrator.planning import plan_trial
     from orchestrator.spec import load_spec
 
     result = json.loads(TrialPaths(trial_dir).result.read_text())
     spec = load_spec(trial_dir)
-    plan = make_plan(spec)
+    plan = plan_trial(spec)
     cfg = spec.cfg
     measured = (result.get("metrics") or {}).get("memory", {})
     n, stage, dp = plan.parameters, cfg.zero.stage, spec.dp
