@@ -23,7 +23,7 @@ import time
 
 from orchestrator import cpu_allocator
 from orchestrator.kernel_cache import Cache
-from orchestrator.kernel_timing import SLOWEST_SHARE, KernelTimingError, device_name, software
+from orchestrator.kernel_timing import KernelTimingError, device_name, software
 from orchestrator.plan.inputs import MeasuredKernels
 from orchestrator.process import clear_stale_build_locks
 
@@ -108,17 +108,18 @@ def stand_in_sizes(device: str, elements: int) -> list[int]:
 # work (milliseconds); past this either way it is no engine's time.
 MAX_ENGINE_INTERCEPT_S = 10.0
 # What an engine's hook or step moves per element at the most (fp32 parameter, gradient and
-# moments read and written, a copy or two beside them): with the memory's bandwidth, a slope
-# 100x past this is no engine's either.
-ENGINE_BYTES_PER_ELEMENT = 64
+# moments read and written, a copy or two beside them), and the least share of the memory's
+# bandwidth it reaches: a step's per-tensor Python over a small stand-in is slow (FSDP2's on
+# a 2-core CPU: 1.1e-6 s an element, 0.6 % of that rate), a slope 10,000x past it is no engine's.
+ENGINE_BYTES_PER_ELEMENT, ENGINE_SLOWEST_SHARE = 64, 1e-4
 
 
 def plausible_line(intercept_s: float, slope_s: float, bandwidth: float | None = None) -> bool:
     """An engine's (intercept, seconds per element) as a device can take them: finite, the
     intercept within MAX_ENGINE_INTERCEPT_S either way (a fitted line may start below 0), the
-    slope >= 0 and no slower than 100x what ENGINE_BYTES_PER_ELEMENT take at `bandwidth`
-    (bytes/s; a millisecond an element where it is not known)."""
-    slowest = ENGINE_BYTES_PER_ELEMENT / (SLOWEST_SHARE * bandwidth) if bandwidth else 1e-3
+    slope >= 0 and no slower than ENGINE_BYTES_PER_ELEMENT at ENGINE_SLOWEST_SHARE of
+    `bandwidth` (bytes/s; a millisecond an element where it is not known)."""
+    slowest = ENGINE_BYTES_PER_ELEMENT / (ENGINE_SLOWEST_SHARE * bandwidth) if bandwidth else 1e-3
     return abs(intercept_s) <= MAX_ENGINE_INTERCEPT_S and 0.0 <= slope_s <= slowest
 
 
