@@ -23,7 +23,7 @@ from orchestrator.files import read_json, strict_json
 from orchestrator.process import freeze_at_exit
 from orchestrator.redact import redacted_output
 from orchestrator.spec import build_spec
-from orchestrator.report import collect, write_report
+from orchestrator.report import COLUMNS, collect, write_report
 from orchestrator.trial import collect_states, wait_for
 from orchestrator.trial_dir import TrialPaths, trials_below
 
@@ -105,7 +105,7 @@ def wait_command(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"orchestrator wait: {exc} after --timeout {args.timeout:g} s", file=sys.stderr)
         return 1
-    show_report(collect(directory)[0], out)
+    show_report(collect(directory)[0], COLUMNS, out)
     return commands.sweep_outcome(results, directory, out)
 
 
@@ -123,7 +123,7 @@ def report_command(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json(rows))
     else:
-        show_report(rows, console())
+        show_report(rows, COLUMNS, console())
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     return 0
 

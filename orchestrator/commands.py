@@ -49,7 +49,7 @@ from orchestrator.host_load import available_bytes
 from orchestrator.hydra_compat import hydra_arguments
 from orchestrator.hydra_errors import foreign_launcher
 from orchestrator.planning import plan_trial
-from orchestrator.report import collect
+from orchestrator.report import COLUMNS, collect
 from orchestrator.results import exit_code_of
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.sweep_batch import SweepBatch, TaskReturn
@@ -318,7 +318,7 @@ def _finish(base: Path, specs: list[TrialSpec], tuning: bool) -> int:
             out.print(f"follow with: orchestrator status {base}   |   orchestrator wait {base}")
             return 0
         wait_for(base, out)
-        show_report(collect(base)[0], out)
+        show_report(collect(base)[0], COLUMNS, out)
     if hint := sync_hint(dirs):
         out.print(f"[dim]{hint}[/dim]")
     if tuning:  # a failed candidate is part of a search: only no winner at all is a failure

@@ -16,7 +16,6 @@ from orchestrator.compose import swept_values
 from orchestrator.hardware import calibrated_name
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.prediction import HELD_OUT_ERROR, Plan, planned_for_timed_steps
-from orchestrator.report import COLUMNS
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths
 
@@ -297,9 +296,10 @@ def _print_below(lines: list[str], out: Console) -> None:
         out.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
-def show_report(rows: list[dict], out: Console) -> None:
-    """The report's table: swept values, then measured and predicted figures."""
-    fixed = {"trial", *COLUMNS}
+def show_report(rows: list[dict], columns: tuple[str, ...], out: Console) -> None:
+    """The report's table: swept values (a row's keys other than the report's `columns`),
+    then measured and predicted figures."""
+    fixed = {"trial", *columns}
     swept = [k for k in rows[0] if k not in fixed]
     calibrated = any(r.get("calibrated_step_s") is not None for r in rows)
     table = Table(title=f"{len(rows)} trials, best tokens/s/GPU first (predicted = the plan"

@@ -141,3 +141,80 @@ def test_the_plan_is_a_pure_function_its_package_imports_no_measurement_and_read
                              "print(' '.join(sorted(sys.modules)))"], capture_output=True, text=True, check=True).stdout.split()
     outside = [m for m in loaded if m.startswith("orchestrator") and m != "orchestrator" and not m.startswith(PLAN_MAY_IMPORT)]
     assert outside == [] and "torch" not in loaded and "numpy" not in loaded, outside
+
+
+# The layers, top to bottom (docs/architecture.md, "The layers"): a module may import its
+# own layer and those below it, never one above. A module belongs to the longest prefix
+# named; `orchestrator` alone is the package's root (core).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("entry points", ("orchestrator.cli", "orchestrator.commands", "orchestrator.__main__", "hydra_plugins")),
+    ("analysis", ("orchestrator.report", "orchestrator.plots", "orchestrator.calibrate", "orchestrator.tune")),
+    ("orchestration", ("orchestrator.trial", "orchestrator.sweep_batch", "orchestrator.planning", "orchestrator.display")),
+    ("launch", ("orchestrator.launchers",)),
+    ("the ranks", ("orchestrator.workload", "orchestrator.tracking")),
+    ("translate", ("orchestrator.translate",)),
+    ("measure", ("orchestrator.trial_measurements", "orchestrator.hardware", "orchestrator.kernel_timing",
+                 "orchestrator.kernel_cache", "orchestrator.kernels", "orchestrator.engine_timing", "orchestrator.links",
+                 "orchestrator.local_links", "orchestrator.nccl_tests", "orchestrator.host_load",
+                 "orchestrator.memory_cgroup", "orchestrator.cpu_allocator")),
+    ("model", ("orchestrator.workload.model", "orchestrator.workload.transformers_compat")),
+    ("a trial's result", ("orchestrator.results",)),
+    ("what a trial is", ("orchestrator.spec", "orchestrator.checks", "orchestrator.cluster_checks", "orchestrator.compose",
+                         "orchestrator.conf_tree", "orchestrator.hydra_registry", "orchestrator.hydra_errors",
+                         "orchestrator.hydra_compat", "orchestrator.token_file", "orchestrator.network_table",
+                         "orchestrator.deepspeed_sections")),
+    ("the plan", ("orchestrator.plan",)),
+    ("the schema", ("orchestrator.config",)),
+    ("a trial's files", ("orchestrator.trial_dir",)),
+    ("core", ("orchestrator", "orchestrator.errors", "orchestrator.redact", "orchestrator.files", "orchestrator.process",
+              "orchestrator.timing_stats")),
+)
+# The imports that still run the wrong way, each with where it goes: the set may only shrink
+# (an import fixed must leave it, one added fails the test).
+WRONG_WAY = {
+    ("orchestrator.launchers.slurm_task", "orchestrator.planning"):
+        "the node's side of a SLURM trial re-plans on its allocation: an entry point that launch starts",
+    ("orchestrator.spec", "orchestrator.hardware"):
+        "hardware=auto's GPU detection and the calibrated preset's reading: MachineFacts and a presets module",
+    **{("orchestrator.translate", f"orchestrator.launchers{m}"): "write_trial_files (launch.sh, the launch "
+       "command) is orchestration's: translate keeps the engines' files as data" for m in ("", ".binding", ".local", ".slurm")},
+}
+# The plan reads a TrialSpec's fields, and names its type: an `if TYPE_CHECKING:` import of it.
+TYPE_ONLY = {("orchestrator.plan", "orchestrator.spec")}
+
+
+def layer_of(module: str) -> int:
+    prefixes = [(len(p), i) for i, (_, names) in enumerate(LAYERS) for p in names
+                if module == p or module.startswith(p + ".")]
+    assert prefixes, f"{module} is in no layer: add it to LAYERS"
+    return max(prefixes)[1]
+
+
+def wrong_way(graph: dict[str, set[str]], typed: set[tuple[str, str]] = frozenset()) -> set[tuple[str, str]]:
+    """(importer, imported) of every import from a lower layer up; `typed`: the type-only ones."""
+    return {(m, d) for m, deps in graph.items() for d in deps if layer_of(d) < layer_of(m)
+            and not ((m, d) in typed and any(m.startswith(a) and d.startswith(b) for a, b in TYPE_ONLY))}
+
+
+def _typed_imports() -> set[tuple[str, str]]:
+    pairs = set()
+    for f in _sources():
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+                pairs |= {(_module(f), n.module) for n in ast.walk(node) if isinstance(n, ast.ImportFrom) and n.module}
+    return pairs
+
+
+def test_every_import_runs_down_the_layers_but_the_few_named():
+    found = wrong_way(_graph(), _typed_imports())
+    assert found - set(WRONG_WAY) == set(), "imports up the layers:\n" + "\n".join(f"{m} -> {d}" for m, d in sorted(found - set(WRONG_WAY)))
+    assert set(WRONG_WAY) - found == set(), f"fixed, so take them out of WRONG_WAY: {sorted(set(WRONG_WAY) - found)}"
+
+
+def test_the_layer_check_sees_an_import_up_the_layers_and_a_type_only_one_allowed():
+    graph = {"orchestrator.plan.memory": {"orchestrator.hardware", "orchestrator.spec", "orchestrator.config"}}
+    assert wrong_way(graph, {("orchestrator.plan.memory", "orchestrator.spec")}) == {
+        ("orchestrator.plan.memory", "orchestrator.hardware")}
+    assert wrong_way(graph) == {("orchestrator.plan.memory", "orchestrator.hardware"),
+                                ("orchestrator.plan.memory", "orchestrator.spec")}
