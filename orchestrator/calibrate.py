@@ -46,7 +46,8 @@ from orchestrator.conf_tree import user_conf_dir
 from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
 from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S
-from orchestrator.files import atomic_write_text, read_json, read_text
+from orchestrator.checks import number_from_text
+from orchestrator.files import atomic_write_text, read_json, read_text, real_number
 from orchestrator.hardware import PLAUSIBLE, calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.plan.prediction import planned_step_s, timed_batches
@@ -204,11 +205,11 @@ def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, 
 
 def plausible_step_s(step: object) -> float:
     """A measured step time in seconds: a finite number within STEP_RANGE_S, else ConfigError."""
-    ok = isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
-    if not ok or not STEP_RANGE_S[0] <= step <= STEP_RANGE_S[1]:  # type: ignore[operator]
+    number = real_number(step)
+    if number is None or not STEP_RANGE_S[0] <= number <= STEP_RANGE_S[1]:
         raise ConfigError("metrics.step_time_s", step, f"a measured step time from {STEP_RANGE_S[0]:g} to "
                           f"{STEP_RANGE_S[1]:g} seconds")
-    return float(step)  # type: ignore[arg-type]
+    return number
 
 
 def csv_trials(path: Path, max_rows: int = MAX_POINTS, warn: Callable[[str], None] = print) -> dict[str, list[Measured]]:
@@ -256,11 +257,8 @@ def _measured_step_s(row: dict, spec: TrialSpec, where: str) -> float:
         text = (row.get(column) or "").strip()
         if not text:
             continue
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value <= 0:
+        value = number_from_text(text)
+        if value is None or value <= 0:
             raise ConfigError(column, text, "a positive number", where=where)
         step = value if column == "step_time_s" else spec.tokens_per_step / (value * spec.world_size)
         try:
@@ -378,8 +376,7 @@ def calibrated_params(hardware_name: str) -> dict | None:
         level, _, field = name.rpartition(".")
         return (data.get(level) if isinstance(data.get(level), dict) else {}).get(field) if level else data.get(name)
 
-    return {k: float(value(k)) for k in FITTED + LINK_PARAMS
-            if isinstance(value(k), (int, float)) and not isinstance(value(k), bool)}
+    return {k: number for k in FITTED + LINK_PARAMS if (number := real_number(value(k))) is not None}
 
 
 def calibrated_step_s(trial_dir: Path, params: dict, batches: tuple[int, ...] = ()) -> float | None:

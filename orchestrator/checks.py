@@ -97,6 +97,16 @@ def _raw(cfg: DictConfig, key: str) -> Any:
         return "?"
 
 
+def number_from_text(text: str) -> float | None:
+    """A flag's or a CSV cell's text as a finite number, else None (the caller names the field
+    and what it allows)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
 def check_choice(value: Any, field: str, allowed: tuple) -> Any:
     if value not in allowed:
         raise ConfigError(field, value, f"one of {one_of(allowed)}{did_you_mean(value, allowed)}")

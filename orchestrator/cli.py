@@ -9,7 +9,6 @@ Exit codes: 0 ok; 1 a trial ran and failed; 2 invalid config; 3 the plan refuses
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
 from orchestrator.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, MeasurementFailed, PlanRefused, did_you_mean, one_of
+from orchestrator.checks import number_from_text
 from orchestrator.files import read_json, strict_json
 from orchestrator.process import freeze_at_exit
 from orchestrator.redact import redacted_output
@@ -249,11 +249,8 @@ def _parser() -> argparse.ArgumentParser:
 def _seconds(flag: str):
     """An argparse type: a finite number of seconds >= 0, else exit 2 naming the flag."""
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value >= 0):
+        value = number_from_text(text)
+        if value is None or value < 0:
             raise argparse.ArgumentTypeError(f"{text} is not allowed: seconds >= 0, e.g. {flag} 600 (0: look "
                                              "once; leave it out to wait as long as it takes)")
         return value

@@ -361,6 +361,7 @@ FailMode = _choices("FailMode", ["raise", "exit", "oom", "grow"])
 # GPT-3's (Brown et al., 2020, Appendix B).
 ADAMW_BETAS = (0.9, 0.95)
 ADAMW_EPS = 1e-8
+GIB = 2**30  # bytes per GiB, for every module that counts memory
 
 
 @dataclass

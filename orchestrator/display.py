@@ -35,10 +35,12 @@ def percent(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.1%}"
 
 
-def human_bytes(x: float) -> str:
+def human_bytes(x: float, digits: str = ",.2f") -> str:
+    """Bytes in the largest binary unit they reach, formatted with `digits` (a size of a
+    table's range: "g", 16 MiB)."""
     for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(x) >= size:
-            return f"{x / size:,.2f} {unit}"
+            return f"{x / size:{digits}} {unit}"
     return f"{x:,.0f} B"
 
 
@@ -386,13 +388,7 @@ def show_bus_table(table, out: Console) -> None:
     for name in ("collective", "nodes", "ranks per node", "sizes", "busbw smallest", "busbw largest", "busbw max"):
         t.add_column(name, justify="left" if name == "collective" else "right")
     for (op, nodes, rpn), curve in sorted(table.curves.items()):
-        t.add_row(op, str(nodes), str(rpn), f"{_size(curve[0][0])}-{_size(curve[-1][0])} ({len(curve)})",
+        t.add_row(op, str(nodes), str(rpn), f"{human_bytes(curve[0][0], 'g')}-{human_bytes(curve[-1][0], 'g')} ({len(curve)})",
                   f"{curve[0][1] / 1e9:.4g}", f"{curve[-1][1] / 1e9:.4g}", f"{max(b for _, b in curve) / 1e9:.4g}")
     out.print(t)
 
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"

@@ -153,6 +153,14 @@ def _check_expanded_size(root: yaml.Node) -> None:
         todo += [(c, False) for c in children if id(c) not in sizes]
 
 
+def real_number(value: object) -> float | None:
+    """`value` as a float where it is a finite number (a bool is not one), else None: what a
+    reader of a record written by hand or by another version may trust as a figure."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def finite(data: Any) -> Any:
     if isinstance(data, float):
         return data if math.isfinite(data) else None

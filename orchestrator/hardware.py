@@ -20,8 +20,9 @@ from pathlib import Path
 import yaml
 
 from orchestrator.conf_tree import current_source
+from orchestrator.config import GIB
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_json, read_yaml, xdg_dir
+from orchestrator.files import atomic_write_text, read_json, read_yaml, real_number, xdg_dir
 from orchestrator.plan.bus_table import MAX_BUSBW_GBPS
 
 # Substrings of torch.cuda.get_device_name() -> preset. Checked in order (H100 PCIe
@@ -120,7 +121,7 @@ def local_gpu_memory_gib() -> float:
     """The first CUDA device's memory in GiB."""
     import torch
 
-    return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return torch.cuda.get_device_properties(0).total_memory / GIB
 
 
 # The device files a GPU driver makes: NVIDIA's (/dev/nvidia0, nvidiactl, MIG's caps), AMD
@@ -211,6 +212,8 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
     def matmul_tflops() -> float:
         import torch
 
+        from orchestrator.workload.model import torch_dtype
+
         # The best rate over sizes: where a dtype has no fast kernel (bf16 on a CPU without
         # AVX512-BF16 runs at 1-3 GFLOPS) small matmuls are the fastest, and a model of
         # small layers reaches more than a 512-matmul does.
@@ -219,7 +222,7 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
         # 512), and a peak taken from the slow layout gave the default trial an MFU above 1.
         # A long k reaches more than a square of the same rows (17 against 12 GFLOPS on one
         # thread of the CI machine): the peak is the best of both.
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+        dtype = torch_dtype(precision)
         best = 0.0
         for n, k in ((64, 64), (128, 128), (256, 256), (512, 512), (256, 2048), (512, 2048)):
             a, w = torch.randn(n, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
@@ -276,8 +279,8 @@ def _measured_once(key: str, threads: int, measure, plausible: tuple[float, floa
     known = read_json(cache) or {}
     value = known.get(key)
     if value is not None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and plausible[0] <= value <= plausible[1]:
-            return float(value)
+        if (number := real_number(value)) is not None and plausible[0] <= number <= plausible[1]:
+            return number
         print(f"warning: {cache} held {str(value)[:40]!r} for {key.split('|')[-2:]}, outside "
               f"{plausible[0]:g}-{plausible[1]:g}: measured again", file=sys.stderr)
     import torch

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.files import atomic_write_text, read_json
+from orchestrator.files import atomic_write_text, read_json, real_number
 from orchestrator.hardware import cache_dir, torch_version
 
 TOO_LARGE = "too large to time whole"  # a cache entry's fourth field: one call took more than kernel_timing.PROBE_S
@@ -88,7 +88,7 @@ class Cache:
         if entry is None:
             return None
         whole = (isinstance(entry, list) and len(entry) == 3
-                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in entry[:2]))
+                 and all(real_number(x) is not None for x in entry[:2]))
         if whole and plausible(float(entry[0]), float(entry[1])):
             return entry
         cls.discarded.append(f"{key.rsplit('|', 1)[-1]}: {str(entry)[:80]}")

@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 from orchestrator.config import ModelConfig
 from orchestrator.plan.compute import layer_gemms
 from orchestrator.plan.params import element_bytes
+from orchestrator.workload.model import torch_dtype
 
 MIN_ROWS = 256  # never timed on fewer rows: below this a kernel's time is not linear in them
 GEMM_MIN_ROWS = 32  # a GEMM's: its time per row holds from a few dozen rows
@@ -67,12 +68,6 @@ def import_libraries(arch: str) -> None:
         importlib.import_module(module)
 
 
-def _dtype(precision: str):
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-
-
 def _grads(outputs, inputs, grads):
     import torch
 
@@ -92,7 +87,7 @@ def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, de
         import torch
         from transformers.pytorch_utils import Conv1D
 
-        dtype = _dtype(precision)
+        dtype = torch_dtype(precision)
         module = (Conv1D(cols, depth) if conv1d else torch.nn.Linear(depth, cols, bias=bias)).to(device=device, dtype=dtype)
         x = torch.randn(r, depth, device=device, dtype=dtype, requires_grad=True)
         dy = torch.randn(r, cols, device=device, dtype=dtype)
@@ -120,7 +115,7 @@ def attention(model: ModelConfig, micro: int, precision: str, device: str) -> Ke
         import torch
         import torch.nn.functional as F
 
-        dtype = _dtype(precision)
+        dtype = torch_dtype(precision)
         mask = torch.full((s, s), torch.finfo(dtype).min, device=device, dtype=dtype).triu(1)
 
         def core(q, k, v):
@@ -149,7 +144,7 @@ def memory_bound(model: ModelConfig, tokens: int, precision: str, device: str) -
         from transformers.activations import ACT2FN
         from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-        dtype = _dtype(precision)
+        dtype = torch_dtype(precision)
         norm = LlamaRMSNorm if llama else torch.nn.LayerNorm
         norms = [norm(h).to(device=device, dtype=dtype) for _ in range(2)]
         act = ACT2FN["silu" if llama else GPT2_ACTIVATION]
@@ -181,7 +176,7 @@ def loss(vocab: int, tokens: int, precision: str, device: str) -> Kernel:
         import torch
         import torch.nn.functional as F
 
-        dtype = _dtype(precision)
+        dtype = torch_dtype(precision)
         logits = torch.randn(r, vocab, device=device, dtype=dtype, requires_grad=True)
         labels = torch.randint(0, vocab, (r,), device=device)
         forward = lambda: F.cross_entropy(logits.float(), labels)  # noqa: E731
@@ -203,7 +198,7 @@ def block(model: ModelConfig, micro: int, recompute: str, precision: str, device
 
         from orchestrator.workload.model import apply_recompute, build_model
 
-        dtype = _dtype(precision)
+        dtype = torch_dtype(precision)
         lm = build_model(one_layer, device=device).to(dtype=dtype)
         apply_recompute(lm, recompute)
         lm.train()
@@ -239,7 +234,7 @@ def ends(model: ModelConfig, micro: int, precision: str, device: str) -> Kernel:
 
         from orchestrator.workload.model import build_model
 
-        lm = build_model(no_layers, device=device).to(dtype=_dtype(precision))
+        lm = build_model(no_layers, device=device).to(dtype=torch_dtype(precision))
         lm.loss_type = "ForCausalLM"  # what transformers picks anyway, said so it does not warn in the plan's output
         lm.train()
         ids = torch.randint(0, model.vocab, (r, model.seq_len), device=device)

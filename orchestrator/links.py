@@ -35,6 +35,7 @@ from orchestrator.host_load import available_bytes
 from orchestrator import network_table
 from orchestrator.plan.bus_table import BusRow, BusTable
 from orchestrator.plan.collectives import Level, Network, bus_factor, ring_steps, ring_time
+from orchestrator.plan.memory import GIB
 from orchestrator.process import run_group
 from orchestrator.spec import build_spec
 
@@ -125,7 +126,7 @@ def check_arguments(nodes_text: str, ranks_per_node: int, max_mb: float, reps: i
     need = ranks_per_node * 2 * max_mb * 2**20
     if device == "cpu" and nodes[0] == 1 and partition is None and free is not None and need > free:
         fits = max(1, int(free / (ranks_per_node * 2 * 2**20)))
-        raise ConfigError("--max-mb", max_mb, f"buffers that fit this host's free memory ({free / 2**30:.1f} GiB for "
+        raise ConfigError("--max-mb", max_mb, f"buffers that fit this host's free memory ({free / GIB:.1f} GiB for "
                           f"{ranks_per_node} rank(s), two buffers each); the nearest valid value is {fits}")
     return nodes
 

@@ -15,13 +15,12 @@ import io
 import json
 import sys
 import functools
-import math
 from pathlib import Path
 
 from orchestrator.calibrate import calibrated_params, calibrated_step_s
 from orchestrator.compose import swept_values
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_json, read_text
+from orchestrator.files import atomic_write_text, read_json, read_text, real_number
 from orchestrator.plan.prediction import planned_for_timed_steps, timed_batches
 from orchestrator.plots import report_plots
 from orchestrator.spec import REPEAT
@@ -159,8 +158,8 @@ def _interval(s: Spread | None) -> str:
 
 
 def _share(value) -> str:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
-    return f"{value:.0%}" if ok else ""
+    share = real_number(value)
+    return f"{share:.0%}" if share is not None and 0 <= share <= 1 else ""
 
 
 def _stderr(line: str) -> None:
@@ -182,8 +181,8 @@ def _obj(value) -> dict:
 def _num(value) -> float | None:
     """A measured or predicted figure: a finite number above 0, else nothing (a string, a
     list, a zero or negative step a hand-edited result holds: none of them ranks a trial)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    return value if ok else None
+    number = real_number(value)
+    return number if number is not None and number > 0 else None
 
 
 def _row(result: dict, trial_dir: Path, base: Path, swept: dict, fitted) -> dict:

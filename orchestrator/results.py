@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 
 from orchestrator.config import OBJECTIVES
-from orchestrator.files import atomic_write_json, read_json
+from orchestrator.files import atomic_write_json, read_json, real_number
 from orchestrator.redact import redact
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths, disk_full, release
@@ -69,7 +69,7 @@ def objective_value(result: dict, objective: str) -> float | None:
     node: object = result
     for key in OBJECTIVES[objective][0]:
         node = node.get(key) if isinstance(node, dict) else None
-    return node if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+    return real_number(node)
 
 
 def now() -> str:

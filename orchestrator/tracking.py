@@ -26,7 +26,7 @@ import json
 import uuid
 from pathlib import Path
 
-from orchestrator.files import atomic_write_json, read_json
+from orchestrator.files import atomic_write_json, read_json, real_number
 from orchestrator.hydra_registry import fit_name
 from orchestrator.redact import redact
 from orchestrator.spec import REPEAT, TrialSpec
@@ -121,7 +121,7 @@ class Tracker:
             return
         self.run.summary.update(summary(metrics, plan, status))
         load = read_json(TrialPaths(self.trial_dir).node_load) or {}  # written by the launcher before the ranks
-        if isinstance(share := load.get("busy_share"), (int, float)) and not isinstance(share, bool):
+        if (share := real_number(load.get("busy_share"))) is not None:
             self.run.summary["perf/host_busy_share"] = share  # a steady load slows every step alike: no scatter shows it
         self.run.finish(exit_code=0 if status == "ok" else 1)
         self.run = None

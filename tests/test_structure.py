@@ -218,3 +218,36 @@ def test_the_layer_check_sees_an_import_up_the_layers_and_a_type_only_one_allowe
         ("orchestrator.plan.memory", "orchestrator.hardware")}
     assert wrong_way(graph) == {("orchestrator.plan.memory", "orchestrator.hardware"),
                                 ("orchestrator.plan.memory", "orchestrator.spec")}
+
+
+def test_a_precisions_torch_dtype_is_decided_in_one_place():
+    """bf16 / fp16 / fp32 -> torch dtype was four dicts (the ranks, FSDP2, the engine's timing,
+    the CPU's peak): workload/model.torch_dtype is the one."""
+    owners = []
+    for f in _sources():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("bfloat16", "float16") and \
+                    getattr(node.value, "id", "") == "torch":
+                owners.append(f"{f.relative_to(ROOT)}:{node.lineno}")
+    assert {o.split(":")[0] for o in owners} == {"orchestrator/workload/model.py"}, owners
+
+
+def test_bytes_per_gib_are_config_gib_alone():
+    """2**30 was written beside the GIB that owns it (config.GIB); a unit table of sizes (K, M, G, T) is no second owner."""
+    written = [f"{f.relative_to(ROOT)}:{node.lineno}" for f in _sources() for node in ast.walk(ast.parse(f.read_text()))
+               if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and getattr(node.left, "value", None) == 2
+               and getattr(node.right, "value", None) == 30]
+    assert [w.split(":")[0] for w in written] == ["orchestrator/config.py", "orchestrator/plan/host_memory.py"], written
+
+
+def test_a_figure_read_from_a_record_is_checked_by_files_real_number_alone():
+    """"A finite number, not a bool" was written out in seven readers (report, calibrate, tune,
+    results, tracking, the caches): files.real_number is the one. hardware's preset check keeps
+    infinity apart, to say the nearest valid value of it."""
+    found = []
+    for f in _sources():
+        text = f.read_text()
+        for n, line in enumerate(text.splitlines(), 1):
+            if "(int, float)) and not isinstance(" in line:
+                found.append(f"{f.relative_to(ROOT)}")
+    assert sorted(found) == ["orchestrator/files.py", "orchestrator/hardware.py"], found

@@ -34,13 +34,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from orchestrator.config import DeviceType, ModelConfig
+from orchestrator.config import GIB, DeviceType, ModelConfig
 from orchestrator.plan.params import element_bytes, module_sizes, parameter_tensors, persistent
 
 if TYPE_CHECKING:
     from orchestrator.spec import TrialSpec
 
-GIB = 2**30
 # What a CUDA rank holds besides tensors: the CUDA context and preloaded kernels
 # (~0.55 GB on H100: Bekman, Machine Learning Engineering Open Book) and NCCL's buffers once a collective
 # ran (~1.5 GB there). On CPU: the Python process with torch and DeepSpeed imported.

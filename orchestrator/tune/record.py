@@ -13,13 +13,13 @@ report also renders tune.md and tune.png again from tune.json.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.files import atomic_write_json, atomic_write_text, read_json
+from orchestrator.checks import number_from_text
+from orchestrator.files import atomic_write_json, atomic_write_text, read_json, real_number
 from orchestrator.host_load import BUSY_SHARE
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact, redact_text
@@ -57,8 +57,8 @@ def resume(base: Path, search: Search) -> int:
 
 def _seconds(value: object) -> float | None:
     """value as a finite number >= 0, or None."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    return float(value) if ok else None  # type: ignore[arg-type]
+    number = real_number(value)
+    return number if number is not None and number >= 0 else None
 
 
 def _count(value: object) -> int | None:
@@ -75,11 +75,8 @@ def tune_budget(flags: dict) -> dict[str, float | int]:
             raise ConfigError("--trials", flags["--trials"], "a whole number of trials >= 1, e.g. --trials 8")
         budget["budget_trials"] = int(text)
     if "--minutes" in flags:
-        try:
-            minutes = float(flags["--minutes"])
-        except ValueError:
-            minutes = math.nan
-        if not (math.isfinite(minutes) and minutes > 0):
+        minutes = number_from_text(flags["--minutes"])
+        if minutes is None or minutes <= 0:
             raise ConfigError("--minutes", flags["--minutes"], "minutes > 0, e.g. --minutes 30 (leave it out for no limit)")
         budget["budget_min"] = minutes
     return budget
@@ -161,7 +158,7 @@ def busy_hosts(search: Search) -> str:
     for _, o in search.measured_ok():
         load = (read_json(TrialPaths(Path(o.trial_dir)).result) or {}).get("host_load")
         shares.append(load.get("busy_share") if isinstance(load, dict) else None)
-    numbers = [s for s in shares if isinstance(s, (int, float)) and not isinstance(s, bool)]
+    numbers = [n for n in map(real_number, shares) if n is not None]
     if not numbers or len(numbers) < len(shares) or min(numbers) < BUSY_SHARE:
         return ""
     return (f"every candidate that ran started on a busy host ({min(numbers):.0%}-{max(numbers):.0%} of its cores "

@@ -23,7 +23,7 @@ from orchestrator.translate.fsdp import fsdp_settings
 from orchestrator.workload.accumulation import MicroBatches
 from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt
 from orchestrator.workload.device import Device
-from orchestrator.workload.fsdp import DTYPES
+from orchestrator.workload.model import torch_dtype
 from orchestrator.workload.model import apply_recompute, build_model
 from orchestrator.workload.model import import_libraries as import_model_libraries
 from orchestrator.trial_dir import TrialPaths
@@ -179,7 +179,7 @@ def fsdp_plugin(spec: TrialSpec):
 
     s = fsdp_settings(spec)
     return FullyShardedDataParallelPlugin(mixed_precision_policy=MixedPrecisionPolicy(
-        param_dtype=DTYPES[s["param_dtype"]], reduce_dtype=DTYPES[s["reduce_dtype"]]))
+        param_dtype=torch_dtype(s["param_dtype"]), reduce_dtype=torch_dtype(s["reduce_dtype"])))
 
 
 def built_partitioned(model) -> bool:

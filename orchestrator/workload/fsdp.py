@@ -33,9 +33,8 @@ from orchestrator.translate.accelerate import LAYER_CLASS
 from orchestrator.translate.fsdp import fsdp_settings
 from orchestrator.workload.accumulation import MicroBatches
 from orchestrator.workload.device import Device
-from orchestrator.workload.model import apply_recompute, build_model
+from orchestrator.workload.model import apply_recompute, build_model, torch_dtype
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class FSDP2Engine:
@@ -51,8 +50,8 @@ class FSDP2Engine:
         model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed)
         apply_recompute(model, spec.cfg.recompute.mode)
         shard = dict(mesh=mesh, reshard_after_forward=self.settings["reshard_after_forward"],
-                     mp_policy=MixedPrecisionPolicy(param_dtype=DTYPES[self.settings["param_dtype"]],
-                                                    reduce_dtype=DTYPES[self.settings["reduce_dtype"]]),
+                     mp_policy=MixedPrecisionPolicy(param_dtype=torch_dtype(self.settings["param_dtype"]),
+                                                    reduce_dtype=torch_dtype(self.settings["reduce_dtype"])),
                      offload_policy=CPUOffloadPolicy() if self.settings["cpu_offload"] else OffloadPolicy())
         blocks = [m for m in model.modules() if type(m).__name__ == LAYER_CLASS[spec.cfg.model.arch]]
         for block in blocks:

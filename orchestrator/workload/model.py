@@ -30,6 +30,14 @@ def hf_config(m: ModelConfig):
                        tie_word_embeddings=m.tie_embeddings, attn_implementation=m.attention, use_cache=False)
 
 
+def torch_dtype(precision: str):
+    """torch's dtype of a precision's name (bf16, fp16, fp32), decided here for the ranks and
+    for everything that times what they run."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+
+
 def import_libraries(arch: str) -> None:
     """Import what `build_model` imports for `arch` (transformers' model module, its
     initialisation and DeepSpeed integration), building nothing."""

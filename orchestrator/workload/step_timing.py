@@ -33,12 +33,12 @@ import torch.distributed as dist
 
 from orchestrator.engine_timing import DEFAULT_SIZES, GO, READY, WHEN_TOLD
 from orchestrator.process import collector_paused, freeze_at_exit
+from orchestrator.workload.model import torch_dtype
 
 REPS = 8  # steps timed at most; the first two are warm-up (allocation, the optimizer's state)
 # A large stand-in stops at MIN_REPS (three kept) once its steps have taken BUDGET_S: on a
 # 2-core CPU a step of 32M elements takes 0.45 s, and eight of them were half a plan's time.
 MIN_REPS, BUDGET_S = 5, 1.0
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def group_of(device: str) -> tuple[str, str]:
@@ -128,7 +128,7 @@ def median_times(forward, backward, step, device: str = "cpu") -> tuple[float, f
 def plain(settings: dict) -> tuple[float, float]:
     """The stand-in's forward and backward without an engine."""
     device = settings["device"]
-    model = StandIn(settings["modules"], DTYPES[settings["precision"]]).to(device)
+    model = StandIn(settings["modules"], torch_dtype(settings["precision"])).to(device)
     x = torch.ones((), device=device)
     fwd, bwd, _ = median_times(lambda: model(x), lambda out: out.backward(), lambda: model.zero_grad(set_to_none=True),
                                device)
@@ -175,7 +175,7 @@ def fsdp_step(settings: dict) -> tuple[float, float, float, str]:
     device = settings["device"]
     model = StandIn(settings["modules"], torch.float32).to(device)
     shard = {"mesh": init_device_mesh(group_of(device)[1], (1,)),
-             "mp_policy": MixedPrecisionPolicy(param_dtype=DTYPES[settings["precision"]])}
+             "mp_policy": MixedPrecisionPolicy(param_dtype=torch_dtype(settings["precision"]))}
     for block in model.layer_blocks:  # as workload/fsdp.py: every transformer block, then the root
         fully_shard(block, **shard)
     fully_shard(model, **shard, reshard_after_forward=False)
