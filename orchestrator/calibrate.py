@@ -47,10 +47,11 @@ from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
 from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S
 from orchestrator.checks import number_from_text
-from orchestrator.files import atomic_write_text, read_json, read_text, real_number
+from orchestrator.files import atomic_write_text, read_text, real_number
 from orchestrator.hardware import PLAUSIBLE, calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.plan.prediction import planned_step_s, timed_batches
+from orchestrator.results import read_result
 from orchestrator.spec import TrialSpec, build_spec, load_spec
 from orchestrator.trial_measurements import machine_facts
 from orchestrator.trial_dir import TrialPaths, check_path, trials_below, writable_dir
@@ -183,11 +184,12 @@ def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, 
     to `warn`; the fit goes on with the rest."""
     found: dict[str, list[Measured]] = {}
     for trial_dir in (t for d in dirs for t in trials_below(d)):
-        path = TrialPaths(trial_dir).result
-        result = read_json(path)
+        try:
+            result = read_result(trial_dir)
+        except (OSError, ValueError, RecursionError) as exc:
+            warn(f"warning: skipped {TrialPaths(trial_dir).result}: {type(exc).__name__}: {exc}")
+            continue
         if result is None:
-            if path.exists() or path.is_symlink():
-                warn(f"warning: skipped {path}: not a readable result")
             continue
         if result.get("status") != "ok":
             continue

@@ -50,7 +50,7 @@ from orchestrator.hydra_compat import hydra_arguments
 from orchestrator.hydra_errors import foreign_launcher
 from orchestrator.planning import plan_trial
 from orchestrator.report import COLUMNS, collect
-from orchestrator.results import exit_code_of
+from orchestrator.results import exit_code_of, result_or_none
 from orchestrator.spec import TrialSpec, build_spec
 from orchestrator.sweep_batch import SweepBatch, TaskReturn
 from orchestrator.tracking import sync_hint
@@ -323,7 +323,7 @@ def _finish(base: Path, specs: list[TrialSpec], tuning: bool) -> int:
         out.print(f"[dim]{hint}[/dim]")
     if tuning:  # a failed candidate is part of a search: only no winner at all is a failure
         return 0 if (read_json(SweepPaths(base).tune_json) or {}).get("winner") else 1
-    return sweep_outcome([r for r in (read_json(TrialPaths(d).result) for d in dirs) if r], base, out)
+    return sweep_outcome([r for r in map(result_or_none, dirs) if r], base, out)
 
 
 def tune(overrides: list[str], argv: list[str], flags: dict) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import csv
 import io
-import json
 import sys
 import functools
 from pathlib import Path
@@ -20,9 +19,10 @@ from pathlib import Path
 from orchestrator.calibrate import calibrated_params, calibrated_step_s
 from orchestrator.compose import swept_values
 from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_json, read_text, real_number
+from orchestrator.files import atomic_write_text, read_json, real_number
 from orchestrator.plan.prediction import planned_for_timed_steps, timed_batches
 from orchestrator.plots import report_plots
+from orchestrator.results import read_result
 from orchestrator.spec import REPEAT
 from orchestrator.timing_stats import Spread, beyond_noise, spread, sure
 from orchestrator.trial_dir import SweepPaths, TrialPaths, trials_below
@@ -40,14 +40,12 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
     warn = warn or _stderr
     paths, results = [], []
     for path in (TrialPaths(d).result for d in trials_below(directory)):
-        if not (path.exists() or path.is_symlink()):
-            continue
         try:
-            result = json.loads(read_text(path))
-            if not isinstance(result, dict) or not isinstance(result.get("status"), str):
-                raise ValueError("not a result (no status)")
+            result = read_result(path.parent)
         except (OSError, ValueError, RecursionError) as exc:
             warn(f"warning: skipped {path}: {type(exc).__name__}: {exc}")
+            continue
+        if result is None:
             continue
         paths.append(path)
         results.append(result)

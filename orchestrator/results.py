@@ -10,13 +10,14 @@ how it ended.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import shutil
 from enum import Enum
 from pathlib import Path
 
 from orchestrator.config import OBJECTIVES
-from orchestrator.files import atomic_write_json, read_json, real_number
+from orchestrator.files import atomic_write_json, read_json, read_text, real_number
 from orchestrator.redact import redact
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths, disk_full, release
@@ -40,6 +41,29 @@ class Status(str, Enum):
 
 EXIT_CODES = {Status.OK: 0, Status.FAILED: 1, Status.OOM: 1, Status.TIMEOUT: 1, Status.PREEMPTED: 1,
               Status.REFUSED: 3, Status.INTERRUPTED: 130}
+
+
+def read_result(trial_dir: Path) -> dict | None:
+    """A trial's result.json as every reader takes it: read as a file of record is
+    (files.read_text: a regular file, bounded), a JSON object with a string status. None
+    where there is none yet; OSError or ValueError, saying why, where the file there is not
+    one (the reader names it and goes on; nothing is written)."""
+    path = TrialPaths(trial_dir).result
+    if not (path.exists() or path.is_symlink()):
+        return None
+    result = json.loads(read_text(path))
+    if not isinstance(result, dict) or not isinstance(result.get("status"), str):
+        raise ValueError("not a result (no status)")
+    return result
+
+
+def result_or_none(trial_dir: Path) -> dict | None:
+    """read_result, with a file that is not a result read as none (where the reader has
+    nothing to say of it)."""
+    try:
+        return read_result(trial_dir)
+    except (OSError, ValueError, RecursionError):
+        return None
 
 
 def exit_code_of(result: dict) -> int:

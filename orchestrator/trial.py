@@ -28,7 +28,7 @@ from orchestrator.planning import plan_trial
 from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.plan.prediction import Plan, planned_steps_s
 from orchestrator.files import atomic_write_json, read_json, read_text
-from orchestrator.results import Status, error_record, now, outcome_status, write_result
+from orchestrator.results import Status, error_record, now, outcome_status, read_result, write_result
 from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.trial_dir import TrialPaths, claimant_gone, reserve, trials_below
 from orchestrator.translate import TrialFiles, write_trial_files
@@ -214,10 +214,7 @@ def collect_state(trial_dir: Path, known: dict[str, tuple[str, str]] | None = No
     paths = TrialPaths(trial_dir)
     path = paths.result
     try:
-        if path.exists() or path.is_symlink():
-            result = json.loads(read_text(path))
-            if not isinstance(result, dict) or not isinstance(result.get("status"), str):
-                raise ValueError("not a result (no status)")
+        if (result := read_result(trial_dir)) is not None:
             return result["status"], result
         path = paths.slurm_job
         if not (path.is_file() or path.is_symlink()):

@@ -251,3 +251,32 @@ def test_a_figure_read_from_a_record_is_checked_by_files_real_number_alone():
             if "(int, float)) and not isinstance(" in line:
                 found.append(f"{f.relative_to(ROOT)}")
     assert sorted(found) == ["orchestrator/files.py", "orchestrator/hardware.py"], found
+
+
+def _reads_of_result_json(tree: ast.AST) -> list[int]:
+    """Lines where a file is read from a `.result` path (TrialPaths.result), directly or through
+    a name that last held one."""
+    lines = []
+    for func in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        held = sorted((n.lineno, t.id, isinstance(n.value, ast.Attribute) and n.value.attr == "result")
+                      for n in ast.walk(func) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name))
+        for call in (n for n in ast.walk(func) if isinstance(n, ast.Call) and n.args):
+            if getattr(call.func, "id", getattr(call.func, "attr", "")) not in ("read_json", "read_text", "open"):
+                continue
+            arg = call.args[0]
+            if isinstance(arg, ast.Attribute) and arg.attr == "result":
+                lines.append(call.lineno)
+            elif isinstance(arg, ast.Name):
+                last = [is_result for line, name, is_result in held if name == arg.id and line <= call.lineno]
+                if last and last[-1]:
+                    lines.append(call.lineno)
+    return lines
+
+
+def test_result_json_is_read_through_results_read_result_alone():
+    """result.json was read in five places (report, calibrate, tune, the sweep's outcome, a
+    trial's state), each with its own idea of a readable one: results.read_result is the one."""
+    readers = {f"{f.relative_to(ROOT)}:{line}" for f in _sources() for line in _reads_of_result_json(ast.parse(f.read_text()))}
+    assert {r.split(":")[0] for r in readers} == {"orchestrator/results.py"}, readers
+    old = "def r(d):\n    path = TrialPaths(d).result\n    return json.loads(read_text(path))\n"
+    assert _reads_of_result_json(ast.parse(old)) == [3]

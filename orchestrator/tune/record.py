@@ -20,6 +20,7 @@ from rich.table import Table
 
 from orchestrator.checks import number_from_text
 from orchestrator.files import atomic_write_json, atomic_write_text, read_json, real_number
+from orchestrator.results import result_or_none
 from orchestrator.host_load import BUSY_SHARE
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact, redact_text
@@ -44,8 +45,8 @@ def resume(base: Path, search: Search) -> int:
     for trial_dir in trials_below(base):
         if (number := job_number(trial_dir)) is not None:
             numbers.append(number)
-        result = read_json(TrialPaths(trial_dir).result)
-        if not isinstance(result, dict) or not isinstance(result.get("overrides"), list):
+        result = result_or_none(trial_dir)
+        if result is None or not isinstance(result.get("overrides"), list):
             continue
         candidate = by_overrides.get(tuple(str(o) for o in result["overrides"]))
         if candidate is not None and result.get("status") != "interrupted":
@@ -129,7 +130,7 @@ def take(base: Path, search: Search, batch: list, returns: list, out: Console) -
     if any(d is not None and not TrialPaths(d).result.is_file() for d in dirs):
         wait_for(base, out)  # submitted to SLURM: a round needs its measurements
     for candidate, trial_dir, ret in zip(batch, dirs, returns):
-        result = read_json(TrialPaths(trial_dir).result) if trial_dir else None
+        result = result_or_none(trial_dir) if trial_dir else None
         if result is None:  # Hydra could not even compose it
             search.record(candidate, CandidateRun("failed", str(trial_dir or ""), search.rounds, error=str(ret.return_value)))
         else:
@@ -156,7 +157,7 @@ def busy_hosts(search: Search) -> str:
     what that was: then the winner may be the one that drew a quiet moment. '' otherwise."""
     shares = []
     for _, o in search.measured_ok():
-        load = (read_json(TrialPaths(Path(o.trial_dir)).result) or {}).get("host_load")
+        load = (result_or_none(Path(o.trial_dir)) or {}).get("host_load")
         shares.append(load.get("busy_share") if isinstance(load, dict) else None)
     numbers = [n for n in map(real_number, shares) if n is not None]
     if not numbers or len(numbers) < len(shares) or min(numbers) < BUSY_SHARE:
