@@ -54,6 +54,8 @@ def test_the_default_trial_succeeds_and_is_measured(default_trial):
     load = r["host_load"]
     assert 0 <= load["busy_share"] <= 1 and load["cores"] >= 1 and "warning" in load
     assert "measured" in m["peak_source"]  # a CPU: MFU against a measured matmul peak, never a guess
+    # and the plan's own peak: the run's MFU and the plan's divide by one figure
+    assert m["peak_tflops"] == r["plan"]["time"]["peak_tflops"] and m["peak_source"] == r["plan"]["sources"]["peak"]
     assert m["tuning"]["gc_enabled"] is True  # off while the rank imported and built its engine, on for the steps
     assert m["tuning"]["gc_frozen_objects"] > 0  # what the imports made, frozen before the first tensor (train.py)
     mem = m["memory"]

@@ -3,8 +3,8 @@
 Throughput and MFU are over the timed steps only (after run.warmup_steps): the median
 step and the median step's throughput, with their spread and the median's 95 % interval
 (orchestrator/timing_stats.py), and a verdict where the steps scatter past what a quiet
-machine shows. MFU and HFU divide by the peak `hardware.peak_tflops` gives (a preset's
-published figure, or on a CPU this machine's measured matmul rate), never a guessed one.
+machine shows. MFU and HFU divide by the peak the trial's plan divided by (plan.json: a
+preset's published figure, or on a CPU this machine's measured matmul rate), never a guessed one.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import importlib.metadata as md
 import os
 import platform
 
-import torch
 
-from orchestrator import hardware
+from orchestrator.files import read_json, real_number
 from orchestrator.plan.flops import flops_per_token
 from orchestrator.spec import TrialSpec
 from orchestrator.timing_stats import spread
@@ -26,13 +25,26 @@ from orchestrator.workload.device import Device
 LIVE_PEAK_SOURCE = "static census + the CPU allocator's most bytes held during step 2 (torch.profiler memory events)"
 
 
+def planned_peak(trial_dir) -> tuple[float | None, str]:
+    """The peak the trial's plan divided by (plan.json, written before the ranks start; on
+    SLURM by the node's own plan): the run's MFU against the same figure as the plan's, and
+    nothing timed again in rank 0 after the steps."""
+    plan = read_json(TrialPaths(trial_dir).plan) or {}
+    time, sources = plan.get("time"), plan.get("sources")
+    peak = real_number(time.get("peak_tflops")) if isinstance(time, dict) else None
+    source = sources.get("peak") if isinstance(sources, dict) and isinstance(sources.get("peak"), str) else None
+    if peak is None or peak <= 0:
+        return None, source or f"no peak in {TrialPaths(trial_dir).plan.name}, so MFU is unknown"
+    return peak, source or "the plan's"
+
+
 def summarize(spec: TrialSpec, history: list[dict], world: int, device: Device, trial_dir, memory: dict) -> dict:
     """The measured figures of result.json, over the timed steps."""
     run = spec.cfg.run
     timed = [h for h in history if h["timed"]]
     tokens = sum(h["global_batch_size"] for h in timed) * spec.cfg.model.seq_len
     model_flops, hardware_flops, _ = flops_per_token(spec.cfg.model, spec.cfg.recompute.mode)
-    peak_tflops, peak_source = hardware.peak_tflops(spec.cfg.hardware, spec.precision, torch.get_num_threads())
+    peak_tflops, peak_source = planned_peak(trial_dir)
     step = spread([h["step_time_s"] for h in timed]) if timed else None
     # A warm-up schedule changes the batch from step to step: each step's own throughput.
     throughput = spread([h["tokens_per_sec_per_gpu"] for h in timed]) if timed else None
