@@ -172,6 +172,22 @@ class Backend(StrEnum):
     fsdp = "fsdp"
 
 
+class Sharding(StrEnum):
+    """What shards and steps the model as it runs, whichever engine drives it (runs_as)."""
+    zero = "zero"  # DeepSpeed's ZeRO: engine=deepspeed, or accelerate's DeepSpeed
+    fsdp2 = "fsdp2"  # FSDP2's fully_shard: engine=fsdp, or accelerate's FSDP at zero.stage 2-3
+    ddp = "ddp"  # accelerate's FSDP backend at zero.stage 0: DDP, nothing sharded
+
+
+def runs_as(backend: str, stage: int) -> Sharding:
+    """What a trial's model runs under, from engine.backend and zero.stage (engine=fsdp is
+    always the fsdp backend, engine=deepspeed the deepspeed one): decided here, for the plan,
+    its tables and plots, the engine's timing and the ranks."""
+    if backend == Backend.deepspeed:
+        return Sharding.zero
+    return Sharding.fsdp2 if stage in (2, 3) else Sharding.ddp
+
+
 @dataclass
 class EngineConfig:
     name: EngineName = EngineName.deepspeed

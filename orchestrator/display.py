@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.compose import swept_values
+from orchestrator.config import Sharding, runs_as
 from orchestrator.hardware import calibrated_name
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.prediction import HELD_OUT_ERROR, Plan, planned_for_timed_steps
@@ -74,7 +75,7 @@ def show_plan(spec: TrialSpec, plan: Plan, out: Console) -> None:
     mem.add_column("GiB", justify="right")
     mem.add_column("note")
     z = spec.cfg.zero
-    fsdp = spec.cfg.engine.backend == "fsdp" and z.stage in (2, 3)
+    fsdp = runs_as(spec.cfg.engine.backend, z.stage) == Sharding.fsdp2
     sharding = (f"FSDP2 fp32 shards, computing in {spec.precision}, " + ("resharded after forward" if z.stage == 3
                 else "kept from forward to backward")) if fsdp else f"ZeRO stage {z.stage}, {spec.precision}"
     rows = [("parameters", m.params, sharding),

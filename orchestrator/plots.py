@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.config import Sharding, runs_as
 from orchestrator.trial_dir import SweepPaths
 
 
@@ -59,7 +60,8 @@ def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> l
 def uses_reduce_buckets(config: dict) -> bool:
     """FSDP2 reduce-scatters per block, whatever zero.reduce_bucket_size says: not a bucket point."""
     engine = config.get("engine") or {}
-    return not (engine.get("name") == "fsdp" or (engine.get("backend") == "fsdp" and config["zero"]["stage"] in (2, 3)))
+    backend = "fsdp" if engine.get("name") == "fsdp" else engine.get("backend", "deepspeed")
+    return runs_as(backend, config["zero"]["stage"]) != Sharding.fsdp2
 
 
 def series(result: dict, label: str, x_key: str) -> str:

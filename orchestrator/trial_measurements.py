@@ -14,7 +14,7 @@ import os
 import socket
 
 from orchestrator import engine_timing, hardware, kernel_timing, network_table
-from orchestrator.config import KernelSource
+from orchestrator.config import KernelSource, Sharding, runs_as
 from orchestrator.deepspeed_sections import optimizer_section, zero_section
 from orchestrator.errors import ConfigError, MeasurementFailed
 from orchestrator.kernel_cache import Cache
@@ -122,7 +122,7 @@ def engine_settings(spec: TrialSpec) -> dict | None:
     modules = [(p.module, p.numel) for p in parameter_tensors(cfg.model)]  # proportions: timed at a fixed size
     common = {"precision": spec.precision, "grad_clip": cfg.run.grad_clip, "optimizer": optimizer_section(spec),
               "modules": modules, "device": cfg.hardware.device.value}
-    if cfg.engine.name == "deepspeed" or (cfg.engine.name == "accelerate" and cfg.engine.backend == "deepspeed"):
+    if runs_as(cfg.engine.backend, cfg.zero.stage) == Sharding.zero:  # engine=deepspeed, or accelerate's DeepSpeed
         # Bucket sizes left out: on one rank they change little, and a sweep of them would
         # time the engine again at every size (the plan's buckets are in its communication).
         # So is ZeRO-3's sub-group size: the stand-in is the model scaled down, its groups not.

@@ -174,3 +174,17 @@ def test_fsdp2_trains_here_with_sharded_parameters(fsdp2_trial):
     losses = r["metrics"]["losses"]
     assert all(isinstance(x, float) for x in losses) and losses[-1] < losses[0] + 0.5
     assert "FSDP2" in (tmp_path / "EXPLAIN.md").read_text() and not (tmp_path / "ds_config.json").exists()
+
+
+def test_what_runs_the_model_is_decided_once_from_the_backend_and_stage():
+    """engine.backend and zero.stage say what shards the model, whichever engine drives it;
+    the plan, its tables and plots, the engine's timing ask config.runs_as."""
+    from orchestrator.config import Sharding, runs_as
+
+    assert [runs_as("deepspeed", s) for s in range(4)] == [Sharding.zero] * 4
+    assert [runs_as("fsdp", s) for s in (0, 2, 3)] == [Sharding.ddp, Sharding.fsdp2, Sharding.fsdp2]
+    for overrides, sharding in ((["engine=fsdp", "zero=stage2"], Sharding.fsdp2),
+                                (["engine=accelerate", "engine.backend=fsdp", "zero=stage0"], Sharding.ddp),
+                                (["engine=accelerate", "zero=stage3"], Sharding.zero)):
+        spec = build_spec([*GPU, *overrides])
+        assert runs_as(spec.cfg.engine.backend, spec.cfg.zero.stage) == sharding, overrides

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from orchestrator.config import Sharding, runs_as
 from orchestrator.errors import ConfigError
 from orchestrator.plan import advice
 from orchestrator.plan.collectives import Network, network, small_call_note
@@ -138,7 +139,7 @@ def host_memory_of(spec: TrialSpec, facts: MachineFacts, parameters: int, offloa
         source = f"cluster.mem_per_gpu={c.mem_per_gpu} x {spec.gpus_per_node} GPUs"
     else:
         capacity, source = None, "not checked: cluster.mem_gb unset, the partition's default is not known here"
-    partitioned = cfg.zero.stage == 3 and cfg.engine.backend == "deepspeed"  # zero.Init (zero3_init_flag)
+    partitioned = cfg.zero.stage == 3 and runs_as(cfg.engine.backend, 3) == Sharding.zero  # zero.Init (zero3_init_flag)
     return host_memory(parameters, partitioned, spec.dp, offloaded, CPU_PROCESS, spec.gpus_per_node, capacity, source)
 
 
@@ -218,7 +219,7 @@ def fsdp_layout(spec: TrialSpec) -> FsdpLayout | None:
     """FSDP2's layout where the trial shards with it (engine=fsdp, or accelerate's FSDP at
     zero.stage 2 or 3: the two routes describe the same sharding), else None."""
     z = spec.cfg.zero
-    if spec.cfg.engine.backend != "fsdp" or z.stage not in (2, 3):
+    if runs_as(spec.cfg.engine.backend, z.stage) != Sharding.fsdp2:
         return None
     return layout_of(parameter_tensors(spec.cfg.model), spec.dp, element_bytes(spec.precision),
                      element_bytes(wire_dtype(spec)), reshard=z.stage == 3, grad_accum=spec.grad_accum_steps,
@@ -240,7 +241,7 @@ def schedule_of(spec: TrialSpec) -> Schedule:
                     param_bytes=element_bytes(spec.precision), wire_bytes=element_bytes(wire_dtype(spec)),
                     reduce_bucket=z.reduce_bucket_size, allgather_bucket=z.allgather_bucket_size,
                     prefetch_bucket=z.prefetch_bucket_size, overlap_comm=z.overlap_comm,
-                    ddp=engine.name == "accelerate" and engine.backend == "fsdp" and z.stage == 0,
+                    ddp=runs_as(engine.backend, z.stage) == Sharding.ddp,
                     persistence_threshold=z.param_persistence_threshold)
 
 
