@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
+from orchestrator.hydra_registry import override_key
 from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S, compose_trial, expand_sweep, fixed_part
 from orchestrator.conf_tree import CONFIG_NAME, Source, current_source, use_source
 from orchestrator.config import OBJECTIVES
@@ -166,7 +167,7 @@ def _unused_task(cfg: DictConfig) -> None:
 def specs_from(overrides: list[str], multirun: bool, max_points: int = MAX_POINTS) -> list[TrialSpec]:
     """Every trial the command line asks for, composed and validated (ConfigError if not).
     A sweep says how many points it has first, and how far its validation is as it goes."""
-    sweep_files = [o for o in overrides if o.lstrip("+").partition("=")[0] == "sweep"]
+    sweep_files = [o for o in overrides if override_key(o) == "sweep"]
     if sweep_files and not multirun:  # its axes would be silently ignored
         raise ConfigError("+sweep", sweep_files[0].partition("=")[2], "a sweep file runs with -m: add -m")
     points = expand_sweep(overrides) if multirun else [overrides]
@@ -295,16 +296,16 @@ def run(overrides: list[str], multirun: bool, argv: list[str], flags: dict) -> i
 
 def sweep_label(overrides: list[str]) -> str:
     """A sweep's name: +sweep=NAME's NAME, else the keys the command line sweeps."""
-    named = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == "sweep"]
+    named = [o.partition("=")[2] for o in overrides if override_key(o) == "sweep"]
     fixed = set(fixed_part(overrides))
-    swept = [o.partition("=")[0].lstrip("+~") for o in overrides if o not in fixed and not o.startswith("hydra")]
+    swept = [override_key(o) for o in overrides if o not in fixed and not o.startswith("hydra")]
     return named[0] if named else ",".join(swept) or "sweep"
 
 
 def dirname_excluded(overrides: list[str]) -> list[str]:
     """Keys left out of a sweep point's directory name: setup lines (they may hold secrets)
     and every override that is the same at every point."""
-    fixed = [o.partition("=")[0].lstrip("+~") for o in fixed_part(overrides) if not o.startswith("hydra")]
+    fixed = [override_key(o) for o in fixed_part(overrides) if not o.startswith("hydra")]
     return list(dict.fromkeys(["cluster.setup", *fixed]))
 
 

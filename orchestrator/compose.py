@@ -229,7 +229,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     # A sweep file (+sweep=NAME) declares its axes in hydra.sweeper.params. An axis the
     # command line also names is taken from the command line alone (Hydra would sweep
     # the product of both and then let the last win, running duplicate points).
-    named = {o.partition("=")[0].lstrip("+~") for o in overrides}
+    named = {hydra_registry.override_key(o) for o in overrides}
     from_file = [f"{k}={v}" for k, v in compose_trial(fixed).sweep_params.items() if k not in named]
     with _session(current_source()):  # glob() lists a group's presets through the config loader
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())

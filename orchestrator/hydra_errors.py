@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator import config
 from orchestrator.conf_tree import presets
 from orchestrator.errors import ConfigError, did_you_mean, one_of
+from orchestrator.hydra_registry import override_key
 
 
 def config_error(exc: Exception, overrides: list[str]) -> ConfigError:
@@ -76,9 +77,8 @@ def _full_key(cause: BaseException) -> str | None:
 
 def _value_of(key: str, overrides: list[str]) -> str:
     for o in overrides:
-        k, _, v = o.lstrip("+~").partition("=")
-        if k == key:
-            return v
+        if override_key(o) == key:
+            return o.partition("=")[2]
     return "?"
 
 

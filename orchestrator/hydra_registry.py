@@ -52,6 +52,12 @@ def register() -> None:
     store.store(group="hydra/sweeper", name="orchestrator_tune", node=TuneConfig, provider="orchestrator")
 
 
+def override_key(override: str) -> str:
+    """The config key an override sets, its prefix left out (Hydra's grammar: `+key=v` adds,
+    `++key=v` forces, `~key` deletes): decided here for every reader of an override."""
+    return override.partition("=")[0].lstrip("+~")
+
+
 def whole_numbers(text: str) -> str:
     """`10000.0` as `10000`, wherever a value in `text` is a whole number written as a float
     (Hydra writes a swept 1e4 so): in a point's name, W&B and the report."""

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import hardware
+from orchestrator.hydra_registry import override_key
 from orchestrator.cluster_checks import check_cluster, placement
 from orchestrator.compose import Composed, compose_trial, composing
 from orchestrator.conf_tree import presets, user_conf_dir
@@ -90,8 +91,8 @@ class TrialSpec:
 def build_spec(overrides: list[str] | tuple[str, ...] = ()) -> TrialSpec:
     """Compose, resolve hardware=auto, validate and derive; ConfigError on bad input."""
     for o in overrides:  # a calibrated preset is checked before Hydra reads it: its error names the file
-        key, _, value = o.partition("=")
-        if key.lstrip("+") == "hardware" and value.endswith(hardware.CALIBRATED):
+        value = o.partition("=")[2]
+        if override_key(o) == "hardware" and value.endswith(hardware.CALIBRATED):
             hardware.calibrated_preset(value, user_conf_dir())
     with composing(list(overrides)) as composed:
         if composed.cfg.hardware.name != "auto":
@@ -219,7 +220,7 @@ def _check_zero_only_knobs(cfg: TrialConfig, overrides: tuple[str, ...]) -> None
     if cfg.engine.backend != "fsdp" or cfg.zero.stage == 0:  # stage 0 is DDP, whose bucket reduce_bucket_size sets
         return
     for o in overrides:
-        key = o.lstrip("+~").partition("=")[0]
+        key = override_key(o)
         if key.startswith("zero.") and key.split(".", 1)[1] in ZERO_ONLY:
             raise ConfigError(key, o.partition("=")[2], f"unset with FSDP (engine.backend=fsdp): {key} is DeepSpeed "
                               "ZeRO's; FSDP2 moves one block's parameters and gradients at a time")
@@ -400,13 +401,13 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
     preset = "cpu" if gpu is None else hardware.preset_for_gpu(gpu)
     # A GPU without a preset is planned from its timed kernels and its own memory size;
     # with no published peak its MFU is unknown (conf/hardware/gpu.yaml).
-    given = {o.split("=", 1)[0].lstrip("+~") for o in composed.overrides}
+    given = {override_key(o) for o in composed.overrides}
     unknown = [] if preset or "hardware.memory_gib" in given else [
         f"hardware.memory_gib={hardware.local_gpu_memory_gib():.2f}"]
     preset = preset or "gpu"
     if hardware.calibrated_preset(preset, user_conf_dir()) is not None:  # written by `orchestrator calibrate`
         preset = hardware.calibrated_name(preset)
-    kept = [o for o in composed.overrides if o.split("=", 1)[0].lstrip("+~") != "hardware"]
+    kept = [o for o in composed.overrides if override_key(o) != "hardware"]
     # On the machine the trial runs on, its kernels are timed here (kernel_timing.py);
     # a calibrated preset is the user's choice of fitted values, and keeps them.
     timed = [] if preset.endswith(hardware.CALIBRATED) or "hardware.kernels" in given else ["hardware.kernels=measured"]

@@ -280,3 +280,14 @@ def test_result_json_is_read_through_results_read_result_alone():
     assert {r.split(":")[0] for r in readers} == {"orchestrator/results.py"}, readers
     old = "def r(d):\n    path = TrialPaths(d).result\n    return json.loads(read_text(path))\n"
     assert _reads_of_result_json(ast.parse(old)) == [3]
+
+
+def test_an_overrides_key_is_read_by_hydra_registry_override_key_alone():
+    """`+key=v`, `++key=v`, `~key`: the prefix was stripped by hand in ten places."""
+    from orchestrator.hydra_registry import override_key
+
+    assert [override_key(o) for o in ("+data.x=1", "++zero.stage=2", "~model.vocab", "parallel.dp=2,4")] == [
+        "data.x", "zero.stage", "model.vocab", "parallel.dp"]
+    by_hand = [f"{f.relative_to(ROOT)}:{n}" for f in _sources() for n, line in enumerate(f.read_text().splitlines(), 1)
+               if 'lstrip("+' in line]
+    assert [w.split(":")[0] for w in by_hand] == ["orchestrator/hydra_registry.py"], by_hand
