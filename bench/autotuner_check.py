@@ -46,14 +46,24 @@ def ds_config(results: Path) -> dict:
         "gradient_clipping": 1.0,
         "bf16": {"enabled": True},
         "zero_optimization": {"stage": [0, 1, 2, 3]},
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                  "weight_decay": 0.1, "torch_adam": True}},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "torch_adam": True},
+        },
         "steps_per_print": 10**9,
-        "autotuning": {"enabled": True, "fast": True, "metric": "throughput",
-                       "min_train_micro_batch_size_per_gpu": 1, "max_train_micro_batch_size_per_gpu": 4,
-                       "num_tuning_micro_batch_sizes": 3, "start_profile_step": 2, "end_profile_step": 4,
-                       "results_dir": str(results / "results"), "exps_dir": str(results / "exps"),
-                       "overwrite": True},
+        "autotuning": {
+            "enabled": True,
+            "fast": True,
+            "metric": "throughput",
+            "min_train_micro_batch_size_per_gpu": 1,
+            "max_train_micro_batch_size_per_gpu": 4,
+            "num_tuning_micro_batch_sizes": 3,
+            "start_profile_step": 2,
+            "end_profile_step": 4,
+            "results_dir": str(results / "results"),
+            "exps_dir": str(results / "exps"),
+            "overwrite": True,
+        },
     }
 
 
@@ -79,8 +89,9 @@ def train() -> None:
     generator = torch.Generator().manual_seed(engine.global_rank)
     for _ in range(50):  # the autotuner's engine exits after end_profile_step
         for _ in range(engine.gradient_accumulation_steps()):
-            x = torch.randint(0, model_cfg.vocab, (engine.train_micro_batch_size_per_gpu(), model_cfg.seq_len),
-                              generator=generator)
+            x = torch.randint(
+                0, model_cfg.vocab, (engine.train_micro_batch_size_per_gpu(), model_cfg.seq_len), generator=generator
+            )
             engine.backward(engine(input_ids=x, labels=x).loss)
             engine.step()
 
@@ -104,40 +115,85 @@ def main() -> None:
     (out / "bin" / "pdsh").write_text(PDSH)
     (out / "bin" / "pdsh").chmod(0o755)
     (out / "ds_config.json").write_text(json.dumps(ds_config(out), indent=1))
-    env = {**os.environ, "LOCAL_SIZE": "2", "PATH": f"{out / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {
+        **os.environ,
+        "LOCAL_SIZE": "2",
+        "PATH": f"{out / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
     start = time.perf_counter()
     with open(out / "autotuner.log", "w") as log:
-        done = subprocess.run(["deepspeed", "--autotuning", "tune", "--num_gpus", "2", str(Path(__file__).resolve()),
-                               "--deepspeed_config", str(out / "ds_config.json")],
-                              cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT)
+        done = subprocess.run(
+            [
+                "deepspeed",
+                "--autotuning",
+                "tune",
+                "--num_gpus",
+                "2",
+                str(Path(__file__).resolve()),
+                "--deepspeed_config",
+                str(out / "ds_config.json"),
+            ],
+            cwd=out,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     seconds = time.perf_counter() - start
     print(f"deepspeed --autotuning tune: exit {done.returncode} in {seconds:.0f} s (log: {out / 'autotuner.log'})")
     ran = experiments(out / "results")
     for name, cfg, throughput in ran:
         tokens = throughput * SHAPE["seq_len"] / 2
-        print(f"  {name:<28} stage {cfg.get('zero_optimization', {}).get('stage')} "
-              f"micro {cfg.get('train_micro_batch_size_per_gpu')}: {throughput:.2f} samples/s = {tokens:,.0f} tokens/s/GPU")
+        print(
+            f"  {name:<28} stage {cfg.get('zero_optimization', {}).get('stage')} "
+            f"micro {cfg.get('train_micro_batch_size_per_gpu')}: {throughput:.2f} samples/s = {tokens:,.0f} "
+            ""
+            "tokens/s/GPU"
+        )
     optimal = out / "results" / "ds_config_optimal.json"
     if not optimal.is_file():
         print("no pick: the autotuner wrote no ds_config_optimal.json")
         return
     pick = json.loads(optimal.read_text())
-    stage, micro, batch = (pick["zero_optimization"]["stage"], pick["train_micro_batch_size_per_gpu"],
-                           pick["train_batch_size"])
+    stage, micro, batch = (
+        pick["zero_optimization"]["stage"],
+        pick["train_micro_batch_size_per_gpu"],
+        pick["train_batch_size"],
+    )
     print(f"its pick: ZeRO {stage}, micro batch {micro}, global batch {batch} ({len(ran)} experiments)")
     shape = [f"model.{k}={v}" for k, v in SHAPE.items() if k != "seq_len"]
     trial = out / f"pick-z{stage}-micro{micro}-batch{batch}"
     if not (trial / "result.json").is_file():
-        subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), "--overwrite", *shape,
-                        "logger.mode=disabled", "run.steps=5", "run.warmup_steps=2", "parallel.dp=2",
-                        f"zero=stage{stage}", f"batch.micro_batch_size={micro}", f"batch.global_batch_size={batch}",
-                        "recompute=none",
-                        "zero.reduce_bucket_size=1e6", "zero.allgather_bucket_size=1e6",
-                        "zero.prefetch_bucket_size=1e6"], check=False, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator",
+                "run",
+                "--out",
+                str(trial),
+                "--overwrite",
+                *shape,
+                "logger.mode=disabled",
+                "run.steps=5",
+                "run.warmup_steps=2",
+                "parallel.dp=2",
+                f"zero=stage{stage}",
+                f"batch.micro_batch_size={micro}",
+                f"batch.global_batch_size={batch}",
+                "recompute=none",
+                "zero.reduce_bucket_size=1e6",
+                "zero.allgather_bucket_size=1e6",
+                "zero.prefetch_bucket_size=1e6",
+            ],
+            check=False,
+            capture_output=True,
+        )
     metrics = json.loads((trial / "result.json").read_text()).get("metrics", {})
-    print(f"its pick measured by `orchestrator run`: {metrics.get('tokens_per_sec_per_gpu', float('nan')):,.0f} "
-          "tokens/s/GPU")
+    print(
+        f"its pick measured by `orchestrator run`: {metrics.get('tokens_per_sec_per_gpu', float('nan')):,.0f} "
+        "tokens/s/GPU"
+    )
 
 
 if __name__ == "__main__":

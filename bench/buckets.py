@@ -19,8 +19,8 @@ from pathlib import Path
 
 from published import ultrascale_overrides
 
-from orchestrator.planning import plan_trial
 from orchestrator.plan.prediction import HELD_OUT_ERROR
+from orchestrator.planning import plan_trial
 from orchestrator.plots import BucketPoint, bucket_plot
 from orchestrator.spec import build_spec
 
@@ -35,9 +35,20 @@ def trial(model: str, hardware: str, nodes: int, bucket: int) -> list[str]:
     if model == "1B":
         base = list(ultrascale_overrides(dp, 0, 1, hardware))
     else:
-        base = ["model=llama3-8b", "model.seq_len=4096", "model.max_positions=4096", f"hardware={hardware}",
-                "cluster=slurm", "cluster.gpus_per_node=8", "engine=deepspeed", "zero=stage1", "recompute=full",
-                f"parallel.dp={dp}", "batch.micro_batch_size=1", "logger.mode=disabled"]
+        base = [
+            "model=llama3-8b",
+            "model.seq_len=4096",
+            "model.max_positions=4096",
+            f"hardware={hardware}",
+            "cluster=slurm",
+            "cluster.gpus_per_node=8",
+            "engine=deepspeed",
+            "zero=stage1",
+            "recompute=full",
+            f"parallel.dp={dp}",
+            "batch.micro_batch_size=1",
+            "logger.mode=disabled",
+        ]
     return [*base, f"batch.global_batch_size={dp}", f"zero.reduce_bucket_size={bucket}"]
 
 
@@ -51,15 +62,21 @@ def smallest_as_good(line: list[float]) -> int:
 
 
 def table() -> str:
-    lines = ["| preset | model | nodes | " + " | ".join(f"{b / 1e6:g}M" for b in BUCKETS)
-             + f" | smallest within {HELD_OUT_ERROR:.0%} of the best |",
-             "|---|---|---:|" + "---:|" * (len(BUCKETS) + 1)]
+    lines = [
+        "| preset | model | nodes | "
+        + " | ".join(f"{b / 1e6:g}M" for b in BUCKETS)
+        + f" | smallest within {HELD_OUT_ERROR:.0%} of the best |",
+        "|---|---|---:|" + "---:|" * (len(BUCKETS) + 1),
+    ]
     for hardware in PRESETS:
         for model in ("1B", "8B"):
             for nodes in NODES:
                 line = steps(model, hardware, nodes)
-                lines.append(f"| {hardware} | {model} | {nodes} | " + " | ".join(f"{s:.4f}" for s in line)
-                             + f" | {smallest_as_good(line) / 1e6:g}M |")
+                lines.append(
+                    f"| {hardware} | {model} | {nodes} | "
+                    + " | ".join(f"{s:.4f}" for s in line)
+                    + f" | {smallest_as_good(line) / 1e6:g}M |"
+                )
     return "\n".join(lines) + "\n"
 
 

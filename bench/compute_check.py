@@ -24,19 +24,44 @@ import sys
 from pathlib import Path
 
 COMMON = ["logger.mode=disabled", "run.steps=10", "run.warmup_steps=3"]
-SMALL = ["model.hidden=256", "model.heads=4", "model.kv_heads=4", "model.ffn_hidden=1024", "model.n_layers=4",
-         "model.seq_len=256", "model.max_positions=256", "model.vocab=8192", "batch.micro_batch_size=2"]
+SMALL = [
+    "model.hidden=256",
+    "model.heads=4",
+    "model.kv_heads=4",
+    "model.ffn_hidden=1024",
+    "model.n_layers=4",
+    "model.seq_len=256",
+    "model.max_positions=256",
+    "model.vocab=8192",
+    "batch.micro_batch_size=2",
+]
 TRIALS = {
     "default": [],
     "gpt2-h256-dp1": ["model=tiny", *SMALL, "parallel.dp=1"],
     "gpt2-h256-dp2": ["model=tiny", *SMALL, "parallel.dp=2"],
     "llama-h256-dp1": ["model=tiny", "model.arch=llama", *SMALL, "parallel.dp=1"],
     "llama-h256-dp2": ["model=tiny", "model.arch=llama", *SMALL, "parallel.dp=2"],
-    "gpt2-h512-dp1": ["model=tiny", *SMALL, "model.hidden=512", "model.heads=8", "model.kv_heads=8",
-                      "model.ffn_hidden=2048", "parallel.dp=1"],
-    "llama-h1024-dp1": ["model=tiny", "model.arch=llama", *SMALL, "model.hidden=1024", "model.heads=16",
-                        "model.kv_heads=16", "model.ffn_hidden=2816", "model.n_layers=2",
-                        "batch.micro_batch_size=1", "parallel.dp=1"],
+    "gpt2-h512-dp1": [
+        "model=tiny",
+        *SMALL,
+        "model.hidden=512",
+        "model.heads=8",
+        "model.kv_heads=8",
+        "model.ffn_hidden=2048",
+        "parallel.dp=1",
+    ],
+    "llama-h1024-dp1": [
+        "model=tiny",
+        "model.arch=llama",
+        *SMALL,
+        "model.hidden=1024",
+        "model.heads=16",
+        "model.kv_heads=16",
+        "model.ffn_hidden=2816",
+        "model.n_layers=2",
+        "batch.micro_batch_size=1",
+        "parallel.dp=1",
+    ],
     "llama-h256-fsdp2-dp2": ["model=tiny", "model.arch=llama", *SMALL, "engine=fsdp", "zero=stage3", "parallel.dp=2"],
     "gpt2-h256-zero3-dp2": ["model=tiny", *SMALL, "zero=stage3", "parallel.dp=2"],
 }
@@ -52,9 +77,23 @@ TOLERANCE = 0.20
 def run(out: Path, name: str, overrides: list[str], env: dict, hardware: str) -> dict | None:
     trial = out / name
     if not (trial / "result.json").is_file():
-        proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(trial), f"hardware={hardware}",
-                               *COMMON, *overrides],
-                              capture_output=True, text=True, env=env, timeout=1800)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator",
+                "run",
+                "--out",
+                str(trial),
+                f"hardware={hardware}",
+                *COMMON,
+                *overrides,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
         if proc.returncode:
             print(f"{name}: exit {proc.returncode}: {proc.stderr.strip()[-600:]}", file=sys.stderr)
     try:
@@ -97,14 +136,21 @@ def main() -> None:
         predicted = results[0]["plan"]["time"]["step_s"]
         ratio = predicted / measured
         within += abs(ratio - 1) <= TOLERANCE
-        summary[name] = {"measured_steps_s": steps, "plan_time": results[0]["plan"]["time"],
-                         "plan_sources": results[0]["plan"].get("sources"), "device": results[0]["metrics"].get("device"),
-                         "peak_bytes": [r["metrics"].get("memory", {}).get("peak") for r in results],
-                         "plan_total_bytes": results[0]["plan"]["memory"]["total"]}
+        summary[name] = {
+            "measured_steps_s": steps,
+            "plan_time": results[0]["plan"]["time"],
+            "plan_sources": results[0]["plan"].get("sources"),
+            "device": results[0]["metrics"].get("device"),
+            "peak_bytes": [r["metrics"].get("memory", {}).get("peak") for r in results],
+            "plan_total_bytes": results[0]["plan"]["memory"]["total"],
+        }
         if args.summary:  # after each trial: a run cut short keeps what it measured
             args.summary.write_text(json.dumps(summary, indent=1))
-        print(f"| {name} | {measured:.4f} ({', '.join(f'{s:.4f}' for s in steps)}) | {predicted:.4f} | {ratio:.2f} | "
-              f"{'ok' if abs(ratio - 1) <= TOLERANCE else 'MISS'} |", flush=True)
+        print(
+            f"| {name} | {measured:.4f} ({', '.join(f'{s:.4f}' for s in steps)}) | {predicted:.4f} | {ratio:.2f} | "
+            f"{'ok' if abs(ratio - 1) <= TOLERANCE else 'MISS'} |",
+            flush=True,
+        )
     print(f"\nwithin +-{TOLERANCE:.0%}: {within} of {len(names)}")
 
 

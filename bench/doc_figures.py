@@ -56,17 +56,23 @@ def ratio_text(p: Planned) -> str:
 def summary_table() -> str:
     """Each set: rows within 20 %, its floor, the ratios' range."""
     held = floors()
-    lines = ["| published set | rows | within 20 % | floor | pred / measured | median |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| published set | rows | within 20 % | floor | pred / measured | median |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, data in SETS.items():
         s = summary(list(planned(name)))
-        lines.append(f"| {data.title} (`{name}`) | {s['rows']} | **{s['within']}** | {held[name]} | "
-                     f"{s['low']:.2f}-{s['high']:.2f} | {s['median']:.2f} |")
+        lines.append(
+            f"| {data.title} (`{name}`) | {s['rows']} | **{s['within']}** | {held[name]} | "
+            f"{s['low']:.2f}-{s['high']:.2f} | {s['median']:.2f} |"
+        )
     rows, _ = held_out()
     s = summary(list(rows))
-    lines.append(f"| Ultra-Scale 1B, calibrated on dp 8-32, dp 64-256 held out (`ultrascale-1b-calibrated`) | "
-                 f"{s['rows']} | **{s['within']}** | {held['ultrascale-1b-calibrated']} | "
-                 f"{s['low']:.2f}-{s['high']:.2f} | {s['median']:.2f} |")
+    lines.append(
+        f"| Ultra-Scale 1B, calibrated on dp 8-32, dp 64-256 held out (`ultrascale-1b-calibrated`) | "
+        f"{s['rows']} | **{s['within']}** | {held['ultrascale-1b-calibrated']} | "
+        f"{s['low']:.2f}-{s['high']:.2f} | {s['median']:.2f} |"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -75,8 +81,10 @@ def ultrascale_rows() -> str:
     names = ("ultrascale-1b", "ultrascale-1b-p5", "ultrascale-1b-sxm")
     columns = [{p.row.key: p for p in planned(n)} for n in names]
     calibrated = {p.row.key: p for p in held_out()[0]}
-    lines = ["| dp | ZeRO | micro | measured tok/s/GPU | its cluster's network | h100-p5 | h100-sxm | calibrated |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| dp | ZeRO | micro | measured tok/s/GPU | its cluster's network | h100-p5 | h100-sxm | calibrated |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for key, p in columns[0].items():
         cells = [ratio_text(c[key]) for c in columns] + [ratio_text(calibrated[key]) if key in calibrated else "fit"]
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {p.row.measured:,.0f} | " + " | ".join(cells) + " |")
@@ -106,11 +114,15 @@ def llm_foundry_by_gpu() -> str:
 
 def fms_rows() -> str:
     eager, compiled = planned("fms-fsdp-eager"), planned("fms-fsdp-compile")
-    lines = ["| run | eager: measured tok/s/GPU | planned | pred / meas | compiled: measured | planned | pred / meas |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | eager: measured tok/s/GPU | planned | pred / meas | compiled: measured | planned | pred / meas |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for e, c in zip(eager, compiled):
-        lines.append(f"| {e.row.label} | {e.row.measured:,.0f} | {e.predicted:,.0f} | {ratio_text(e)} | "
-                     f"{c.row.measured:,.0f} | {c.predicted:,.0f} | {ratio_text(c)} |")
+        lines.append(
+            f"| {e.row.label} | {e.row.measured:,.0f} | {e.predicted:,.0f} | {ratio_text(e)} | "
+            f"{c.row.measured:,.0f} | {c.predicted:,.0f} | {ratio_text(c)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -151,8 +163,11 @@ def main() -> None:
         text = path.read_text()
         new = rewrite(text)
         if new != text:
-            stale += [f"{path.relative_to(ROOT)}: {name}" for (name, body), (_, now) in
-                      zip(blocks_in(text), blocks_in(new)) if body != now]
+            stale += [
+                f"{path.relative_to(ROOT)}: {name}"
+                for (name, body), (_, now) in zip(blocks_in(text), blocks_in(new))
+                if body != now
+            ]
             if not args.check:
                 path.write_text(new)
     print("\n".join(stale) or "every block is current")

@@ -27,9 +27,21 @@ from orchestrator.plan.planner import rates
 from orchestrator.spec import build_spec
 
 # (m, n, k): tokens x out x in of the trials' products, then the lm_head dX at growing k.
-SHAPES = [(256, 768, 256), (256, 256, 256), (256, 1024, 256), (256, 256, 1024), (256, 256, 8192),
-          (128, 64, 192), (128, 192, 64), (128, 64, 8192), (128, 64, 32768), (128, 64, 128256),
-          (256, 256, 32768), (128, 8192, 64), (128, 128256, 64)]
+SHAPES = [
+    (256, 768, 256),
+    (256, 256, 256),
+    (256, 1024, 256),
+    (256, 256, 1024),
+    (256, 256, 8192),
+    (128, 64, 192),
+    (128, 192, 64),
+    (128, 64, 8192),
+    (128, 64, 32768),
+    (128, 64, 128256),
+    (256, 256, 32768),
+    (128, 8192, 64),
+    (128, 128256, 64),
+]
 
 
 def seconds(op, budget_s: float = 0.3) -> float:
@@ -48,6 +60,7 @@ def fit_cache_mb(rows: list[tuple[int, int, int, bool, float]], r) -> float:
     """The hardware.gemm_cache_mb that best explains the measured rates (m, n, k, kn, GFLOPS)
     by its shape alone: squared log error with each layout's level free (its efficiency
     is the trials' to fit), over products with k >= 128 (a shorter k is the saturation's)."""
+
     def error(cache_mb: float) -> float:
         rates_with = dataclasses.replace(r, cache_bytes=cache_mb * 1e6)
         residual = {False: [], True: []}
@@ -66,24 +79,35 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = build_spec([f"hardware={args.hardware}", "parallel.dp=1"])
-    facts = MachineFacts(measured_cpu_peak_tflops("bf16", 1), "measured", measured_cpu_bandwidth_gbps(1), "measured",
-                         host_memory_bytes=0, gpu_driver_present=False)
+    facts = MachineFacts(
+        measured_cpu_peak_tflops("bf16", 1),
+        "measured",
+        measured_cpu_bandwidth_gbps(1),
+        "measured",
+        host_memory_bytes=0,
+        gpu_driver_present=False,
+    )
     r = rates(spec, facts)
     print(f"bf16, 1 thread; peak {r.peak_flops / 1e9:.1f} GFLOPS (measured), preset {args.hardware}")
-    print(f"{'m x n x k':>18} {'A MB':>6} {'B MB':>6} | {'W[n,k] meas.':>12} {'plan':>6} | {'W[k,n] meas.':>12} {'plan':>6}")
+    print(
+        f"{'m x n x k':>18} {'A MB':>6} {'B MB':>6} | {'W[n,k] meas.':>12} {'plan':>6} | {'W[k,n] meas.':>12} "
+        f"{'plan':>6}"
+    )
     rows = []
     for m, n, k in SHAPES:
         x = torch.randn(m, k, dtype=torch.bfloat16)
         w_nk, w_kn = torch.randn(n, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
         flops = 2.0 * m * n * k
         line = f"{f'{m}x{n}x{k}':>18} {m * k * 2 / 1e6:6.2f} {k * n * 2 / 1e6:6.2f}"
-        for op, kn in ((lambda: x @ w_nk.t(), False), (lambda: x @ w_kn, True)):
+        for op, kn in ((lambda x=x, w=w_nk: x @ w.t(), False), (lambda x=x, w=w_kn: x @ w, True)):
             measured = flops / seconds(op) / 1e9
             rows.append((m, n, k, kn, measured))
             line += f" | {measured:12.2f} {flops / gemm_time(m, n, k, r, 2, kn=kn) / 1e9:6.2f}"
         print(line)
-    print(f"hardware.gemm_cache_mb that fits these shapes best: {fit_cache_mb(rows, r):.3g} "
-          f"(the preset's: {r.cache_bytes / 1e6:.3g})")
+    print(
+        f"hardware.gemm_cache_mb that fits these shapes best: {fit_cache_mb(rows, r):.3g} "
+        f"(the preset's: {r.cache_bytes / 1e6:.3g})"
+    )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,16 @@ def _is_view_of(t: torch.Tensor, args) -> bool:
 
 def block_census(arch: str, hidden: int, ffn: int, kv_heads: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     """{kind: bytes per token} and {kind: kernels} of one block's forward and backward."""
-    overrides = [f"model.hidden={hidden}", "model.heads=4", f"model.ffn_hidden={ffn}", "model.n_layers=1",
-                 "model.vocab=256", f"model.seq_len={SEQ}", f"model.max_positions={SEQ}", "model.attention=sdpa"]
+    overrides = [
+        f"model.hidden={hidden}",
+        "model.heads=4",
+        f"model.ffn_hidden={ffn}",
+        "model.n_layers=1",
+        "model.vocab=256",
+        f"model.seq_len={SEQ}",
+        f"model.max_positions={SEQ}",
+        "model.attention=sdpa",
+    ]
     overrides += ["model=llama3-8b", f"model.kv_heads={kv_heads}"] if arch == "llama" else ["model.kv_heads=null"]
     model = build_model(build_spec(overrides).cfg.model).to(dtype)
     x = torch.randn(MICRO, SEQ, hidden, dtype=dtype, requires_grad=True)
@@ -82,6 +90,7 @@ def block_census(arch: str, hidden: int, ffn: int, kv_heads: int, dtype: torch.d
 
         def run():
             return block(x)
+
     with _Census() as census:
         out = run()
         torch.autograd.backward(out[0] if isinstance(out, tuple) else out, grad)
@@ -101,11 +110,48 @@ def eager_io(arch: str, dtype: torch.dtype = torch.bfloat16) -> tuple[float, flo
 
 
 # Ops a profile shows that move no data (views, metadata, allocation): not kernels.
-NO_KERNEL = {"aten::" + n for n in (
-    "as_strided", "transpose", "view", "_unsafe_view", "expand", "resolve_conj", "empty", "empty_like", "empty_strided",
-    "detach", "detach_", "t", "alias", "slice", "select", "unsqueeze", "squeeze", "permute", "reshape", "split",
-    "chunk", "unbind", "split_with_sizes", "lift_fresh", "_reshape_alias", "contiguous", "narrow", "flatten",
-    "unflatten", "view_as", "expand_as", "to", "type_as", "ones_like", "zeros_like", "new_empty", "new_empty_strided")}
+NO_KERNEL = {
+    "aten::" + n
+    for n in (
+        "as_strided",
+        "transpose",
+        "view",
+        "_unsafe_view",
+        "expand",
+        "resolve_conj",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "detach",
+        "detach_",
+        "t",
+        "alias",
+        "slice",
+        "select",
+        "unsqueeze",
+        "squeeze",
+        "permute",
+        "reshape",
+        "split",
+        "chunk",
+        "unbind",
+        "split_with_sizes",
+        "lift_fresh",
+        "_reshape_alias",
+        "contiguous",
+        "narrow",
+        "flatten",
+        "unflatten",
+        "view_as",
+        "expand_as",
+        "to",
+        "type_as",
+        "ones_like",
+        "zeros_like",
+        "new_empty",
+        "new_empty_strided",
+    )
+}
 
 
 def profiled_kernels(step) -> int:
@@ -120,8 +166,11 @@ def profiled_kernels(step) -> int:
     for e in prof.events():
         if "cpp_fused" in e.name:
             count += 1
-        elif e.name.startswith("aten::") and e.name not in NO_KERNEL and not any(
-                c.name.startswith("aten::") and c.name not in NO_KERNEL for c in e.cpu_children):
+        elif (
+            e.name.startswith("aten::")
+            and e.name not in NO_KERNEL
+            and not any(c.name.startswith("aten::") and c.name not in NO_KERNEL for c in e.cpu_children)
+        ):
             count += 1
     return count
 
@@ -132,21 +181,34 @@ def compiled_share(arch: str) -> tuple[int, int]:
 
     inductor_config.cpp.enable_kernel_profile = True  # each generated kernel a profiler event of its own
     hidden, ffn, kv_heads = SHAPES[0]
-    overrides = [f"model.hidden={hidden}", "model.heads=4", f"model.ffn_hidden={ffn}", "model.n_layers=1",
-                 "model.vocab=256", f"model.seq_len={SEQ}", f"model.max_positions={SEQ}", "model.attention=sdpa"]
+    overrides = [
+        f"model.hidden={hidden}",
+        "model.heads=4",
+        f"model.ffn_hidden={ffn}",
+        "model.n_layers=1",
+        "model.vocab=256",
+        f"model.seq_len={SEQ}",
+        f"model.max_positions={SEQ}",
+        "model.attention=sdpa",
+    ]
     overrides += ["model=llama3-8b", f"model.kv_heads={kv_heads}"] if arch == "llama" else ["model.kv_heads=null"]
     model = build_model(build_spec(overrides).cfg.model).to(torch.bfloat16)
     x = torch.randn(MICRO, SEQ, hidden, dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn(MICRO, SEQ, hidden, dtype=torch.bfloat16)
     block = model.model.layers[0] if arch == "llama" else model.transformer.h[0]
-    kwargs = ({"position_embeddings": model.model.rotary_emb(x, torch.arange(SEQ)[None]), "attention_mask": None}
-              if arch == "llama" else {})
+    kwargs = (
+        {"position_embeddings": model.model.rotary_emb(x, torch.arange(SEQ)[None]), "attention_mask": None}
+        if arch == "llama"
+        else {}
+    )
 
     def step_of(module):
         def step():
             out = module(x, **kwargs)
             torch.autograd.backward(out[0] if isinstance(out, tuple) else out, grad)
+
         return step
+
     return profiled_kernels(step_of(block)), profiled_kernels(step_of(torch.compile(block)))
 
 
@@ -160,8 +222,10 @@ def main() -> None:
     for arch in ("gpt2", "llama"):
         for dtype in (torch.bfloat16, torch.float32):
             census = block_census(arch, *SHAPES[0][:2], SHAPES[0][2], dtype)
-            print(f"{arch} {str(dtype).split('.')[-1]}: bytes per token = a h + b ffn + c kv: {eager_io(arch, dtype)}; "
-                  f"kernels (forward + backward) {census['kernels']}")
+            print(
+                f"{arch} {str(dtype).split('.')[-1]}: bytes per token = a h + b ffn + c kv: {eager_io(arch, dtype)}; "
+                f"kernels (forward + backward) {census['kernels']}"
+            )
 
 
 if __name__ == "__main__":

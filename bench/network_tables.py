@@ -51,8 +51,12 @@ def p5_table(shared: Path) -> BusTable:
     hyperpod = rows_of(shared / "p5-hyperpod-all-reduce.csv")
     smol = rows_of(shared / "p5-smol-playbook-nccl-tests.csv")
     hyperpod_nodes = sorted({int(r["Nodes"]) for r in hyperpod})
-    rows = [BusRow("all_reduce", int(r["Nodes"]), GPUS_PER_NODE, int(float(r["size_MB"]) * 2**20),
-                   float(r["out_busbw_GBps"])) for r in hyperpod]
+    rows = [
+        BusRow(
+            "all_reduce", int(r["Nodes"]), GPUS_PER_NODE, int(float(r["size_MB"]) * 2**20), float(r["out_busbw_GBps"])
+        )
+        for r in hyperpod
+    ]
     for r in smol:
         nodes, size = int(r["nodes"]), int(r["message_bytes"])
         if r["op"] == "all_reduce" and (nodes == 1 or (nodes in hyperpod_nodes and size < HYPERPOD_FROM)):
@@ -60,10 +64,12 @@ def p5_table(shared: Path) -> BusTable:
             ranks = nodes * GPUS_PER_NODE
             busbw = size * 2 * (ranks - 1) / ranks / (float(r["time_us"]) * 1e-6) / 1e9
             rows.append(BusRow("all_reduce", nodes, GPUS_PER_NODE, size, busbw))
-    source = ("nccl-tests all_reduce_perf on AWS p5.48xlarge (8x H100, 32x EFA per node), out-of-place busbw: "
-              "32 MiB-8 GiB on 2-32 nodes from SageMaker HyperPod (github.com/crazyguitar/aws-gpu-communication-"
-              "benchmark, NCCL 2.28.7); below 32 MiB on 2-16 nodes and all sizes on 1 node from The Smol Training "
-              "Playbook (Hugging Face, 2025). Built by bench/network_tables.py.")
+    source = (
+        "nccl-tests all_reduce_perf on AWS p5.48xlarge (8x H100, 32x EFA per node), out-of-place busbw: "
+        "32 MiB-8 GiB on 2-32 nodes from SageMaker HyperPod (github.com/crazyguitar/aws-gpu-communication-"
+        "benchmark, NCCL 2.28.7); below 32 MiB on 2-16 nodes and all sizes on 1 node from The Smol Training "
+        "Playbook (Hugging Face, 2025). Built by bench/network_tables.py."
+    )
     return BusTable(sorted(rows, key=lambda r: (r.nodes, r.bytes)), source)
 
 
@@ -74,12 +80,16 @@ def cluster_table(shared: Path, p5: BusTable) -> BusTable:
     for r in measured:
         nodes = int(r["nodes"])
         shape = p5.curves[("all_reduce", max(n for n in p5_nodes if n <= nodes), GPUS_PER_NODE)]
-        rows += [BusRow(r["op"], nodes, GPUS_PER_NODE, size, busbw / 1e9)
-                 for size, busbw in with_bandwidth(shape, REFERENCE, float(r["center_GBps"]) * 1e9)]
-    source = ("The Ultra-Scale Playbook's cluster as it measured itself (8x H100 per node, AWS EFA): its median "
-              "all-reduce, all-gather and reduce-scatter at 256 MB on 1-64 nodes, each a bandwidth term under the "
-              "latency term of the p5 nccl-tests all-reduce curve of the same node count (64 nodes: 32's). Built by "
-              "bench/network_tables.py.")
+        rows += [
+            BusRow(r["op"], nodes, GPUS_PER_NODE, size, busbw / 1e9)
+            for size, busbw in with_bandwidth(shape, REFERENCE, float(r["center_GBps"]) * 1e9)
+        ]
+    source = (
+        "The Ultra-Scale Playbook's cluster as it measured itself (8x H100 per node, AWS EFA): its median "
+        "all-reduce, all-gather and reduce-scatter at 256 MB on 1-64 nodes, each a bandwidth term under the "
+        "latency term of the p5 nccl-tests all-reduce curve of the same node count (64 nodes: 32's). Built by "
+        "bench/network_tables.py."
+    )
     return BusTable(rows, source)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 from orchestrator.plan.prediction import planned_for_timed_steps
 from orchestrator.trial_dir import TrialPaths
 
@@ -35,8 +36,11 @@ def deepspeed_estimate(n_params: int, largest_layer: int, stage: int, dp: int) -
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     if stage == 3:
-        return int(estimate_zero3_model_states_mem_needs(n_params, largest_layer, dp, 1, cpu_offload=False,
-                                                         cpu_offload_params=False)[1])
+        return int(
+            estimate_zero3_model_states_mem_needs(
+                n_params, largest_layer, dp, 1, cpu_offload=False, cpu_offload_params=False
+            )[1]
+        )
     return int(estimate_zero2_model_states_mem_needs(n_params, dp if stage else 1, 1, cpu_offload=False)[1])
 
 
@@ -57,24 +61,36 @@ def compare(trial_dir: Path) -> dict:
     on_gpu = "CUDA" in str(measured.get("peak_source"))
     # the plan's step for the steps the trial timed, each at its global batch (a warm-up's are shorter)
     step_s = planned_for_timed_steps(plan.as_dict(), (result.get("metrics") or {}).get("history"))["step_s"]
-    predicted = {"static": plan.memory.static, "activations": plan.memory.activations, "step_s": step_s,
-                 # the allocator's count: it includes the never-written part of a CPU's buckets
-                 "peak": plan.memory.allocated - plan.memory.runtime, "mfu": plan.time.mfu}
-    got = {"static": measured.get("static_bytes"), "activations": measured.get("activation_bytes"),
-           "step_s": (result.get("metrics") or {}).get("step_time_s"),
-           "peak": measured.get("peak_bytes") if on_gpu else measured.get("live_peak_bytes"),
-           "mfu": (result.get("metrics") or {}).get("mfu")}
+    predicted = {
+        "static": plan.memory.static,
+        "activations": plan.memory.activations,
+        "step_s": step_s,
+        # the allocator's count: it includes the never-written part of a CPU's buckets
+        "peak": plan.memory.allocated - plan.memory.runtime,
+        "mfu": plan.time.mfu,
+    }
+    got = {
+        "static": measured.get("static_bytes"),
+        "activations": measured.get("activation_bytes"),
+        "step_s": (result.get("metrics") or {}).get("step_time_s"),
+        "peak": measured.get("peak_bytes") if on_gpu else measured.get("live_peak_bytes"),
+        "mfu": (result.get("metrics") or {}).get("mfu"),
+    }
     ds = deepspeed_estimate(n, largest, stage, dp)
     textbook = 16 * n // (dp if stage else 1)
     return {
         "trial": f"{'fsdp2 ' if cfg.engine.name == 'fsdp' else ''}{cfg.model.arch} h{cfg.model.hidden} "
-                 f"L{cfg.model.n_layers} V{cfg.model.vocab} z{stage} "
-                 f"{cfg.recompute.mode} dp{dp}",
-        "status": result["status"], "on_gpu": on_gpu,
-        "predicted": predicted, "measured": got,
+        f"L{cfg.model.n_layers} V{cfg.model.vocab} z{stage} "
+        f"{cfg.recompute.mode} dp{dp}",
+        "status": result["status"],
+        "on_gpu": on_gpu,
+        "predicted": predicted,
+        "measured": got,
         "ratio": {k: ratio(predicted[k], got[k]) for k in predicted},
-        "deepspeed_estimate": ds, "deepspeed_ratio": ratio(ds, got["static"]),
-        "textbook_16n": textbook, "textbook_ratio": ratio(textbook, got["static"]),
+        "deepspeed_estimate": ds,
+        "deepspeed_ratio": ratio(ds, got["static"]),
+        "textbook_16n": textbook,
+        "textbook_ratio": ratio(textbook, got["static"]),
     }
 
 

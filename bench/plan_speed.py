@@ -21,16 +21,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.kernel_cache import Cache
-
 from orchestrator.compose import expand_sweep
+from orchestrator.kernel_cache import Cache
 from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
-
-CPU_SWEEP = ["model=tiny,gpt2-125m", "hardware=cpu", "cluster=slurm", "zero=stage0,stage1,stage2,stage3",
-             "parallel.dp=1,2,4,8,16,32,64,128,256", "zero.reduce_bucket_size=1e7,5e7,1e8,2e8,5e8",
-             "batch.micro_batch_size=1,2,4"]
+CPU_SWEEP = [
+    "model=tiny,gpt2-125m",
+    "hardware=cpu",
+    "cluster=slurm",
+    "zero=stage0,stage1,stage2,stage3",
+    "parallel.dp=1,2,4,8,16,32,64,128,256",
+    "zero.reduce_bucket_size=1e7,5e7,1e8,2e8,5e8",
+    "batch.micro_batch_size=1,2,4",
+]
 
 
 def cpu_sweep(points: int) -> None:
@@ -45,14 +49,19 @@ def cpu_sweep(points: int) -> None:
             # plan takes the preset's values: the node is not this machine)
             plans = [plan_trial(build_spec(o), on_the_node=True) for o in overrides]
             kernels = sum(1 for _ in Cache.known())
-            print(f"this CPU, measured kernels, {state} cache: {len(plans)} points in "
-                  f"{time.perf_counter() - start:6.2f} s ({kernels} kernels timed and cached)")
+            print(
+                f"this CPU, measured kernels, {state} cache: {len(plans)} points in "
+                f"{time.perf_counter() - start:6.2f} s ({kernels} kernels timed and cached)"
+            )
 
 
 # Shapes no test or benchmark plans (so no cache holds them), the default trial's engine.
-NEW_SHAPES = [["model.hidden=72", "model.ffn_hidden=288"], ["model.hidden=88", "model.ffn_hidden=352"],
-              ["model.hidden=120", "model.ffn_hidden=480"], ["model.arch=llama", "model.hidden=96", "model.kv_heads=2",
-                                                            "model.ffn_hidden=256"]]
+NEW_SHAPES = [
+    ["model.hidden=72", "model.ffn_hidden=288"],
+    ["model.hidden=88", "model.ffn_hidden=352"],
+    ["model.hidden=120", "model.ffn_hidden=480"],
+    ["model.arch=llama", "model.hidden=96", "model.kv_heads=2", "model.ffn_hidden=256"],
+]
 
 
 def new_shapes() -> None:
@@ -71,19 +80,33 @@ def new_shapes() -> None:
             if extensions.exists():
                 (Path(cache) / "torch_extensions").symlink_to(extensions)
             start = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", *shape], capture_output=True,
-                                  text=True, env={**os.environ, "XDG_CACHE_HOME": cache}, cwd=cache)
+            proc = subprocess.run(
+                [sys.executable, "-m", "orchestrator", "plan", *shape],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "XDG_CACHE_HOME": cache},
+                cwd=cache,
+            )
             times.append(time.perf_counter() - start)
             busy = "  (said busy: not cached)" if "was busy" in proc.stdout + proc.stderr else ""
             print(f"new shape {' '.join(shape)}: {times[-1]:5.1f} s, exit {proc.returncode}{busy}")
-    print(f"a new shape's plan: median {statistics.median(times):.1f} s, {min(times):.1f}-{max(times):.1f} s "
-          f"(target 10 s)")
+    print(
+        f"a new shape's plan: median {statistics.median(times):.1f} s, {min(times):.1f}-{max(times):.1f} s "
+        f"(target 10 s)"
+    )
 
 
 def main(points: int = 1000) -> None:
     dps = ",".join(str(2**i) for i in range(2, 11))  # 4 .. 1024
-    sweep = ["model=gpt2-1.3b,llama3-8b", "hardware=h100-sxm", "cluster=slurm", "zero=stage0,stage1,stage2,stage3",
-             f"parallel.dp={dps}", "zero.reduce_bucket_size=1e7,5e7,1e8,2e8,5e8", "batch.micro_batch_size=1,2,4"]
+    sweep = [
+        "model=gpt2-1.3b,llama3-8b",
+        "hardware=h100-sxm",
+        "cluster=slurm",
+        "zero=stage0,stage1,stage2,stage3",
+        f"parallel.dp={dps}",
+        "zero.reduce_bucket_size=1e7,5e7,1e8,2e8,5e8",
+        "batch.micro_batch_size=1,2,4",
+    ]
     start = time.perf_counter()
     overrides = expand_sweep(sweep)[:points]
     expanded = time.perf_counter()
@@ -100,11 +123,14 @@ def main(points: int = 1000) -> None:
     # The same sweep as a user types it: the Hydra app's parser, pre-flight and print.
     # (It is 1,080 points: 2 models x 4 stages x 9 dp x 5 buckets x 3 micro batches.)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", "-m", "--json", *sweep], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "plan", "-m", "--json", *sweep], capture_output=True, text=True
+    )
     wall = time.perf_counter() - start
-    print(f"`orchestrator plan -m --json` of all {expanded_all(sweep)} points, the whole command: {wall:6.2f} s "
-          f"(exit {proc.returncode}: 0 all fit, 3 some do not)")
+    print(
+        f"`orchestrator plan -m --json` of all {expanded_all(sweep)} points, the whole command: {wall:6.2f} s "
+        f"(exit {proc.returncode}: 0 all fit, 3 some do not)"
+    )
     cpu_sweep(points)
     new_shapes()
 

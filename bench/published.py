@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.calibrate import Measured, current_params, determined, fit_in_stages, fitted_names, with_params
-from orchestrator.planning import plan_trial
 from orchestrator.plan.prediction import Plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -103,21 +103,43 @@ MPT_GPUS = {"h100-80gb": "h100-sxm", "a100-80gb": "a100-80gb"}
 
 def mpt_overrides(row: dict, engine: str = "fsdp") -> tuple[str, ...]:
     s, gpus, micro = int(row["seq_len"]), int(row["n_gpus"]), int(row["micro_batch"])
-    return ("model=gpt2-125m", f"model.hidden={row['d_model']}", f"model.heads={row['n_heads']}",
-            f"model.n_layers={row['n_layers']}", "model.kv_heads=null", "model.ffn_hidden=null",
-            f"model.vocab={row['vocab']}", f"model.seq_len={s}", f"model.max_positions={s}",
-            "model.tie_embeddings=true", "model.attention=sdpa", f"hardware={MPT_GPUS[row['gpu']]}", "cluster=slurm",
-            "cluster.gpus_per_node=8", "zero=stage3", f"parallel.dp={gpus}", f"batch.micro_batch_size={micro}",
-            f"batch.global_batch_size={micro * int(row['grad_accum']) * gpus}",
-            f"recompute={'full' if row['activation_checkpointing'] == 'True' else 'none'}", "run.bf16=true",
-            "logger.mode=disabled", f"engine={engine}")
+    return (
+        "model=gpt2-125m",
+        f"model.hidden={row['d_model']}",
+        f"model.heads={row['n_heads']}",
+        f"model.n_layers={row['n_layers']}",
+        "model.kv_heads=null",
+        "model.ffn_hidden=null",
+        f"model.vocab={row['vocab']}",
+        f"model.seq_len={s}",
+        f"model.max_positions={s}",
+        "model.tie_embeddings=true",
+        "model.attention=sdpa",
+        f"hardware={MPT_GPUS[row['gpu']]}",
+        "cluster=slurm",
+        "cluster.gpus_per_node=8",
+        "zero=stage3",
+        f"parallel.dp={gpus}",
+        f"batch.micro_batch_size={micro}",
+        f"batch.global_batch_size={micro * int(row['grad_accum']) * gpus}",
+        f"recompute={'full' if row['activation_checkpointing'] == 'True' else 'none'}",
+        "run.bf16=true",
+        "logger.mode=disabled",
+        f"engine={engine}",
+    )
 
 
 def llm_foundry() -> list[Row]:
-    return [Row(f"{r['gpu']} {r['model']} seq {r['seq_len']} x{r['n_gpus']} mb {r['micro_batch']}"
-                f"{' ckpt' if r['activation_checkpointing'] == 'True' else ''}", mpt_overrides(r),
-                float(r["published_tokens_per_sec_per_gpu"]), (r["gpu"],))
-            for r in read_csv(DATA / "llm-foundry.csv")]
+    return [
+        Row(
+            f"{r['gpu']} {r['model']} seq {r['seq_len']} x{r['n_gpus']} mb {r['micro_batch']}"
+            f"{' ckpt' if r['activation_checkpointing'] == 'True' else ''}",
+            mpt_overrides(r),
+            float(r["published_tokens_per_sec_per_gpu"]),
+            (r["gpu"],),
+        )
+        for r in read_csv(DATA / "llm-foundry.csv")
+    ]
 
 
 # The Ultra-Scale Playbook's 1B rows, as those runs ran: gradients reduced in fp32, 25 MB
@@ -127,18 +149,42 @@ def llm_foundry() -> list[Row]:
 # nanotron's Llama runs fused kernels for its norms and rotary (its decoder layer's
 # TritonRMSNorm, flash-attn's rotary), not transformers' eager chains: its memory-bound
 # traffic is a fused kernel's, which the plan has as run.compile=true (its one fused mode).
-ULTRASCALE_MODEL = ("model=llama3-8b", "model.n_layers=16", "model.hidden=2048", "model.heads=32",
-                    "model.kv_heads=32", "model.ffn_hidden=8192", "model.vocab=131072", "model.tie_embeddings=true",
-                    "model.seq_len=4096", "model.max_positions=4096")
-ULTRASCALE_RUNS = ("cluster=slurm", "cluster.gpus_per_node=8", "batch.global_batch_size=256", "recompute=none",
-                   "logger.mode=disabled", "zero.reduce_bucket_size=6250000", "zero.allgather_bucket_size=12500000",
-                   "zero.communication_dtype=fp32", "run.compile=true")
+ULTRASCALE_MODEL = (
+    "model=llama3-8b",
+    "model.n_layers=16",
+    "model.hidden=2048",
+    "model.heads=32",
+    "model.kv_heads=32",
+    "model.ffn_hidden=8192",
+    "model.vocab=131072",
+    "model.tie_embeddings=true",
+    "model.seq_len=4096",
+    "model.max_positions=4096",
+)
+ULTRASCALE_RUNS = (
+    "cluster=slurm",
+    "cluster.gpus_per_node=8",
+    "batch.global_batch_size=256",
+    "recompute=none",
+    "logger.mode=disabled",
+    "zero.reduce_bucket_size=6250000",
+    "zero.allgather_bucket_size=12500000",
+    "zero.communication_dtype=fp32",
+    "run.compile=true",
+)
 
 
 def ultrascale_overrides(dp: int, stage: int, micro: int, hardware: str) -> tuple[str, ...]:
     engine = ("engine=accelerate", "engine.backend=fsdp") if stage == 0 else ("engine=deepspeed",)
-    return (*ULTRASCALE_MODEL, *ULTRASCALE_RUNS, *engine, f"hardware={hardware}", f"zero=stage{stage}",
-            f"parallel.dp={dp}", f"batch.micro_batch_size={micro}")
+    return (
+        *ULTRASCALE_MODEL,
+        *ULTRASCALE_RUNS,
+        *engine,
+        f"hardware={hardware}",
+        f"zero=stage{stage}",
+        f"parallel.dp={dp}",
+        f"batch.micro_batch_size={micro}",
+    )
 
 
 def ultrascale(hardware: str = "h100-p5", network: Path | None = CLUSTER, measured_only: bool = True) -> list[Row]:
@@ -148,8 +194,14 @@ def ultrascale(hardware: str = "h100-p5", network: Path | None = CLUSTER, measur
         if measured_only and not r["tokens_per_sec_per_gpu"]:
             continue
         key = (int(r["dp"]), int(r["zero_stage"]), int(r["micro_batch"]))
-        rows.append(Row(f"dp {key[0]} ZeRO-{key[1]} micro {key[2]}", (*ultrascale_overrides(*key, hardware), *extra),
-                        float(r["tokens_per_sec_per_gpu"]) if r["tokens_per_sec_per_gpu"] else None, key))
+        rows.append(
+            Row(
+                f"dp {key[0]} ZeRO-{key[1]} micro {key[2]}",
+                (*ultrascale_overrides(*key, hardware), *extra),
+                float(r["tokens_per_sec_per_gpu"]) if r["tokens_per_sec_per_gpu"] else None,
+                key,
+            )
+        )
     return rows
 
 
@@ -215,15 +267,30 @@ def fsdp_overrides(row: dict) -> tuple[str, ...] | None:
     recompute = "none" if ac.startswith("none") or not ac else "full" if ac.startswith("full") else "selective"
     gbits = stated_gbits_per_node(row.get("inter_node", ""))
     kv = row.get("n_kv_heads") or row["n_heads"]
-    return ("model=llama3-8b", f"model.n_layers={row['n_layers']}", f"model.hidden={row['hidden']}",
-            f"model.heads={row['n_heads']}", f"model.kv_heads={kv}", f"model.ffn_hidden={row['ffn_hidden']}",
-            f"model.vocab={row['vocab']}", f"model.seq_len={row['seq_len']}", f"model.max_positions={row['seq_len']}",
-            "model.tie_embeddings=false", f"hardware={hardware}",
-            *((f"hardware.inter_node.busbw_gbps={0.9 * gbits / 8:g}",) if gbits else ()), "cluster=slurm",
-            f"cluster.gpus_per_node={row.get('gpus_per_node') or 8}", *fsdp_engine(row["dp_mode"]),
-            f"parallel.dp={gpus}", f"batch.micro_batch_size={micro}", f"batch.global_batch_size={micro * accum * gpus}",
-            f"recompute={recompute}", "run.bf16=true",
-            f"run.compile={str(row['torch_compile'].lower().startswith('y')).lower()}", "logger.mode=disabled")
+    return (
+        "model=llama3-8b",
+        f"model.n_layers={row['n_layers']}",
+        f"model.hidden={row['hidden']}",
+        f"model.heads={row['n_heads']}",
+        f"model.kv_heads={kv}",
+        f"model.ffn_hidden={row['ffn_hidden']}",
+        f"model.vocab={row['vocab']}",
+        f"model.seq_len={row['seq_len']}",
+        f"model.max_positions={row['seq_len']}",
+        "model.tie_embeddings=false",
+        f"hardware={hardware}",
+        *((f"hardware.inter_node.busbw_gbps={0.9 * gbits / 8:g}",) if gbits else ()),
+        "cluster=slurm",
+        f"cluster.gpus_per_node={row.get('gpus_per_node') or 8}",
+        *fsdp_engine(row["dp_mode"]),
+        f"parallel.dp={gpus}",
+        f"batch.micro_batch_size={micro}",
+        f"batch.global_batch_size={micro * accum * gpus}",
+        f"recompute={recompute}",
+        "run.bf16=true",
+        f"run.compile={str(row['torch_compile'].lower().startswith('y')).lower()}",
+        "logger.mode=disabled",
+    )
 
 
 def fsdp_runs(path: Path, compiled: bool | None = None) -> list[Row]:
@@ -233,8 +300,14 @@ def fsdp_runs(path: Path, compiled: bool | None = None) -> list[Row]:
         overrides = fsdp_overrides(r)
         if overrides is None or (compiled is not None and r["torch_compile"].lower().startswith("y") != compiled):
             continue
-        rows.append(Row(r.get("run_id") or f"{r['model']} {r['gpu']} x{r['gpu_count']}", overrides,
-                        float(r["tokens_per_sec_per_gpu"]), (r["model"], r["gpu"], int(r["gpu_count"]))))
+        rows.append(
+            Row(
+                r.get("run_id") or f"{r['model']} {r['gpu']} x{r['gpu_count']}",
+                overrides,
+                float(r["tokens_per_sec_per_gpu"]),
+                (r["model"], r["gpu"], int(r["gpu_count"])),
+            )
+        )
     return rows
 
 
@@ -246,19 +319,30 @@ def gpu_scaling(planned: list[Planned], low: int = 8, high: int = 128) -> list[t
     """(model and GPU, measured, predicted) tokens/s/GPU at `high` GPUs over `low`, where a
     table holds one model on one GPU at both (the same everything else is the table's care)."""
     by = {p.row.key: p for p in planned}
-    return [(f"{model} {gpu}", by[(model, gpu, high)].row.measured / by[(model, gpu, low)].row.measured,
-             by[(model, gpu, high)].predicted / by[(model, gpu, low)].predicted)
-            for (model, gpu, gpus) in by if gpus == low and (model, gpu, high) in by]
+    return [
+        (
+            f"{model} {gpu}",
+            by[(model, gpu, high)].row.measured / by[(model, gpu, low)].row.measured,
+            by[(model, gpu, high)].predicted / by[(model, gpu, low)].predicted,
+        )
+        for (model, gpu, gpus) in by
+        if gpus == low and (model, gpu, high) in by
+    ]
 
 
-SETS = {s.name: s for s in (
-    DataSet("llm-foundry", "llm-foundry's MPT tables (H100 and A100, FSDP)", llm_foundry),
-    DataSet("ultrascale-1b", "Ultra-Scale 1B DP rows, their cluster's network", ultrascale),
-    DataSet("ultrascale-1b-p5", "Ultra-Scale 1B DP rows, h100-p5 as shipped", lambda: ultrascale(network=None)),
-    DataSet("ultrascale-1b-sxm", "Ultra-Scale 1B DP rows, h100-sxm as shipped", lambda: ultrascale("h100-sxm", None)),
-    DataSet("fms-fsdp-eager", "IBM fms-fsdp, bf16 eager", fms_fsdp),
-    DataSet("fms-fsdp-compile", "IBM fms-fsdp, torch.compile", lambda: fms_fsdp(compiled=True)),
-)}
+SETS = {
+    s.name: s
+    for s in (
+        DataSet("llm-foundry", "llm-foundry's MPT tables (H100 and A100, FSDP)", llm_foundry),
+        DataSet("ultrascale-1b", "Ultra-Scale 1B DP rows, their cluster's network", ultrascale),
+        DataSet("ultrascale-1b-p5", "Ultra-Scale 1B DP rows, h100-p5 as shipped", lambda: ultrascale(network=None)),
+        DataSet(
+            "ultrascale-1b-sxm", "Ultra-Scale 1B DP rows, h100-sxm as shipped", lambda: ultrascale("h100-sxm", None)
+        ),
+        DataSet("fms-fsdp-eager", "IBM fms-fsdp, bf16 eager", fms_fsdp),
+        DataSet("fms-fsdp-compile", "IBM fms-fsdp, torch.compile", lambda: fms_fsdp(compiled=True)),
+    )
+}
 
 
 def floors() -> dict[str, int]:
@@ -277,23 +361,29 @@ def main() -> None:
         within, n = share_within(planned)
         print(f"{args.fsdp_csv.name}: {within} of {n} bf16 rows within 20 % ({within / max(n, 1):.0%}; target 80 %)")
         for label, measured, predicted in gpu_scaling(planned):
-            print(f"  {label}: 128 / 8 GPUs measured {measured:.2f}, planned {predicted:.2f} "
-                  f"({predicted / measured:.2f})")
+            print(
+                f"  {label}: 128 / 8 GPUs measured {measured:.2f}, planned {predicted:.2f} ({predicted / measured:.2f})"
+            )
         return
     held = floors()
     for data in SETS.values():
         planned = plan_rows(data.rows())
         s = summary(planned)
-        print(f"{data.name:20} {s['within']:3} of {s['rows']:3} within 20 % (floor {held.get(data.name, '-')}); "
-              f"pred/meas {s['low']:.2f}-{s['high']:.2f}, median {s['median']:.2f}")
+        print(
+            f"{data.name:20} {s['within']:3} of {s['rows']:3} within 20 % (floor {held.get(data.name, '-')}); "
+            f"pred/meas {s['low']:.2f}-{s['high']:.2f}, median {s['median']:.2f}"
+        )
         for p in planned if args.rows else ():
-            print(f"    {p.row.label:45} {p.row.measured or 0:>10,.0f} {p.predicted:>10,.0f} "
-                  + (f"{p.ratio:.2f}" if p.ratio else "-"))
+            print(
+                f"    {p.row.label:45} {p.row.measured or 0:>10,.0f} {p.predicted:>10,.0f} "
+                + (f"{p.ratio:.2f}" if p.ratio else "-")
+            )
     held_out, params = calibrated_held_out()
     within, n = share_within(held_out)
-    print(f"{'ultrascale calibrated':20} {within:3} of {n:3} held-out rows within 20 % (floor "
-          f"{held.get('ultrascale-1b-calibrated', '-')}); fitted "
-          + ", ".join(f"{k}={v:.3g}" for k, v in params.items()))
+    print(
+        f"{'ultrascale calibrated':20} {within:3} of {n:3} held-out rows within 20 % (floor "
+        f"{held.get('ultrascale-1b-calibrated', '-')}); fitted " + ", ".join(f"{k}={v:.3g}" for k, v in params.items())
+    )
 
 
 if __name__ == "__main__":

@@ -30,9 +30,11 @@ def pieces(overrides: list[str]) -> dict:
     spec = build_spec(["hardware=cpu", *overrides])
     m, micro = spec.cfg.model, spec.micro_batch_size
     tokens = micro * m.seq_len
-    return {"lm_head GEMM": kernels.gemm(tokens, m.vocab, m.hidden, False, False, spec.precision, "cpu"),
-            "loss": kernels.loss(m.vocab, tokens, spec.precision, "cpu"),
-            "block": kernels.block(m, micro, spec.cfg.recompute.mode, spec.precision, "cpu")}
+    return {
+        "lm_head GEMM": kernels.gemm(tokens, m.vocab, m.hidden, False, False, spec.precision, "cpu"),
+        "loss": kernels.loss(m.vocab, tokens, spec.precision, "cpu"),
+        "block": kernels.block(m, micro, spec.cfg.recompute.mode, spec.precision, "cpu"),
+    }
 
 
 def worker(overrides: list[str], name: str, threads: int, calls: int, barrier, out) -> None:
@@ -74,8 +76,11 @@ def main() -> None:
     for name in pieces(args.overrides):
         alone = timed(args.overrides, name, 1, threads, args.calls)[0]
         together = timed(args.overrides, name, args.ranks, threads, args.calls)
-        print(f"{name:>13}: alone {alone:.4g} s a call; in step "
-              + ", ".join(f"{t:.4g}" for t in together) + f" s; in step / alone {max(together) / alone:.2f}")
+        print(
+            f"{name:>13}: alone {alone:.4g} s a call; in step "
+            + ", ".join(f"{t:.4g}" for t in together)
+            + f" s; in step / alone {max(together) / alone:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ that read a sweep (`status`, `wait`, `report`, `calibrate`) pointed at the sweep
 The README's placeholders are filled with what exists here: `multirun/DATE/TIME` is the
 sweep just run, `past_runs.csv` that sweep's report.csv (a column per swept key and the
 measured figures, which is what `--csv` reads), and the nccl-tests logs
-`all_reduce_perf-2n.log all_reduce_perf-8n.log` are written in nccl-tests' own format from a published p5 curve (no GPU here to
-run nccl-tests on). A line that needs what this machine lacks (a SLURM cluster with a
-`gpu` partition and H100s) is named with what it needs, not run. A trial whose plan says
-it takes longer than `--deadline` runs until then (its cost line printed and its first
+`all_reduce_perf-2n.log all_reduce_perf-8n.log` are written in nccl-tests' own format from a
+published p5 curve (no GPU here to run nccl-tests on). A line that needs what this machine lacks (a
+SLURM cluster with a `gpu` partition and H100s) is named with what it needs, not run. A trial whose
+plan says it takes longer than `--deadline` runs until then (its cost line printed and its first
 rank started are checked) and is stopped; the table says so.
 
 Prints one row per line: exit code, seconds, and what the README says it does, checked.
@@ -74,8 +74,9 @@ def nccl_logs(out: Path) -> None:
     """all_reduce_perf-2n.log and -8n.log: all_reduce_perf on 2 and 8 p5 nodes, 8 GPUs each (the
     shape of AWS's published p5 curves; 8 nodes at 0.8 of the 2-node bus bandwidth)."""
     for nodes, scale in ((2, 1.0), (8, 0.8)):
-        (out / f"all_reduce_perf-{nodes}n.log").write_text(log("all_reduce", nodes, 8, curve(*(scale * b for b in
-                                                                                  (18, 55, 140, 280, 370, 420)))))
+        (out / f"all_reduce_perf-{nodes}n.log").write_text(
+            log("all_reduce", nodes, 8, curve(*(scale * b for b in (18, 55, 140, 280, 370, 420))))
+        )
 
 
 def past_runs_csv(out: Path) -> None:
@@ -95,8 +96,9 @@ def run_line(line: str, out: Path, deadline: float) -> tuple[int | str, float, s
     """Run one line in `out`; stop it at `deadline` seconds (a trial planned to take longer)."""
     argv = [str(Path(sys.executable).parent / "orchestrator"), *shlex.split(line)[1:]]
     start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         stdout, _ = proc.communicate(timeout=deadline)
         return proc.returncode, time.monotonic() - start, stdout
@@ -133,8 +135,12 @@ def check(line: str, code, stdout: str, out: Path, sweep: Path | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--deadline", type=float, default=600.0,
-                    help="seconds the README's one-trial `run` may take before it is stopped")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=600.0,
+        help="seconds the README's one-trial `run` may take before it is stopped",
+    )
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True)

@@ -17,7 +17,8 @@ It prints four tables, nothing of the network fitted on these rows:
 (4) `orchestrator calibrate --csv` on the dp 8-32 rows on the runs' own network (1), then the
     dp 64-256 rows planned with the calibrated preset: the held-out check of calibration.
 Rows without a measurement are the runs that crashed or ran out of memory; the tables say
-which of them the plan refuses. The bucket-size question is bench/buckets.py's. `--csv` checks another set of rows (a held-out one) the same way.
+which of them the plan refuses. The bucket-size question is bench/buckets.py's. `--csv` checks
+another set of rows (a held-out one) the same way.
 """
 
 from __future__ import annotations
@@ -49,8 +50,14 @@ def plan_row(row: dict, hardware: str = "h100-sxm", extra: tuple[str, ...] = ())
     return plan_trial(build_spec(overrides(row, hardware) + list(extra)))
 
 
-def table(title: str, rows: list[dict], hardware: str = "h100-sxm", extra: tuple[str, ...] = (),
-          fitted_on: int = 0, tolerance: float = TOLERANCE) -> dict:
+def table(
+    title: str,
+    rows: list[dict],
+    hardware: str = "h100-sxm",
+    extra: tuple[str, ...] = (),
+    fitted_on: int = 0,
+    tolerance: float = TOLERANCE,
+) -> dict:
     """Plan every row; pred/meas per measured row. fitted_on: rows of dp up to this were the
     fit's (shown, not counted)."""
     print(f"\n{title}\n\n| dp | ZeRO | micro | measured tok/s/GPU | predicted | pred/meas | exposed comm s | |")
@@ -65,11 +72,14 @@ def table(title: str, rows: list[dict], hardware: str = "h100-sxm", extra: tuple
             note = "fit" if int(row["dp"]) <= fitted_on else "ok" if abs(ratio - 1) <= tolerance else "MISS"
             shown = f"{float(measured):,.0f} | {predicted:,.0f} | {ratio:.2f}"
         else:
-            note = "crashed or OOM in the runs; plan: " + ("fits" if plan.fits else
-                                                            f"refuses ({plan.memory.total / 2**30:.1f} GiB)")
+            note = "crashed or OOM in the runs; plan: " + (
+                "fits" if plan.fits else f"refuses ({plan.memory.total / 2**30:.1f} GiB)"
+            )
             shown = f"- | {predicted:,.0f} | -"
-        print(f"| {row['dp']} | {row['zero_stage']} | {row['micro_batch']} | {shown} | "
-              f"{plan.time.exposed_comm_s:.3f} | {note} |")
+        print(
+            f"| {row['dp']} | {row['zero_stage']} | {row['micro_batch']} | {shown} | "
+            f"{plan.time.exposed_comm_s:.3f} | {note} |"
+        )
     checked = [r for (dp, *_), r in ratios.items() if dp > fitted_on]
     within = sum(abs(r - 1) <= tolerance for r in checked)
     print(f"\nwithin +-{tolerance:.0%}: {within} of {len(checked)} measured rows" + (" held out" if fitted_on else ""))
@@ -80,8 +90,11 @@ def table(title: str, rows: list[dict], hardware: str = "h100-sxm", extra: tuple
 def scaling(rows: list[dict], ratios: dict) -> None:
     """dp 256 against dp 8 (micro batch 1), measured and predicted, per ZeRO stage."""
     for stage in (0, 1):
-        measured = {int(r["dp"]): float(r["tokens_per_sec_per_gpu"]) for r in rows
-                    if int(r["zero_stage"]) == stage and r["micro_batch"] == "1" and r["tokens_per_sec_per_gpu"]}
+        measured = {
+            int(r["dp"]): float(r["tokens_per_sec_per_gpu"])
+            for r in rows
+            if int(r["zero_stage"]) == stage and r["micro_batch"] == "1" and r["tokens_per_sec_per_gpu"]
+        }
         if 8 in measured and 256 in measured:
             m = measured[256] / measured[8]
             p = m * ratios[(256, stage, 1)] / ratios[(8, stage, 1)]
@@ -100,16 +113,27 @@ def held_out(rows: list[dict]) -> None:
             writer.writeheader()
             writer.writerows({**as_row(r), "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"]} for r in train)
         env = {**os.environ, "ORCHESTRATOR_USER_CONF": str(Path(tmp) / "conf")}
-        proc = subprocess.run([sys.executable, "-m", "orchestrator", "calibrate", "--csv", str(path)], env=env,
-                              capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "calibrate", "--csv", str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if proc.returncode:
             raise SystemExit(proc.stderr)
-        fitted = proc.stdout[proc.stdout.index("fitted:"):proc.stdout.index("wrote")]
+        fitted = proc.stdout[proc.stdout.index("fitted:") : proc.stdout.index("wrote")]
         print("\n" + " ".join(fitted.split()))
         os.environ["ORCHESTRATOR_USER_CONF"] = env["ORCHESTRATOR_USER_CONF"]
         use_source(Source())  # the user's presets, the calibrated one among them
-        table("(4) calibrated on the 6 measured dp 8-32 rows (fit), on the runs' own network; the dp 64-256 rows "
-              "held out", rows, hardware="h100-p5-calibrated", extra=ON_ITS_NETWORK, fitted_on=32)
+        table(
+            "(4) calibrated on the 6 measured dp 8-32 rows (fit), on the runs' own network; the dp 64-256 rows "
+            "held out",
+            rows,
+            hardware="h100-p5-calibrated",
+            extra=ON_ITS_NETWORK,
+            fitted_on=32,
+        )
 
 
 def main() -> None:
@@ -117,10 +141,17 @@ def main() -> None:
     parser.add_argument("--csv", type=Path, default=CSV)
     args = parser.parse_args()
     rows = list(csv.DictReader(args.csv.open()))
-    table("(1) h100-p5 with the runs' cluster as it measured itself (bench/data/network/ultrascale-cluster.csv)",
-          rows, hardware="h100-p5", extra=ON_ITS_NETWORK)
-    table("(2) h100-p5 as shipped: p5's published nccl-tests (conf/hardware/h100-p5.network.csv)", rows,
-          hardware="h100-p5")
+    table(
+        "(1) h100-p5 with the runs' cluster as it measured itself (bench/data/network/ultrascale-cluster.csv)",
+        rows,
+        hardware="h100-p5",
+        extra=ON_ITS_NETWORK,
+    )
+    table(
+        "(2) h100-p5 as shipped: p5's published nccl-tests (conf/hardware/h100-p5.network.csv)",
+        rows,
+        hardware="h100-p5",
+    )
     table("(3) h100-sxm as shipped: InfiniBand NDR levels, no table", rows)
     held_out(rows)
 

@@ -20,10 +20,22 @@ import sys
 import time
 from pathlib import Path
 
-SHAPE = ["model.n_layers=4", "model.hidden=256", "model.heads=4", "model.kv_heads=4", "model.ffn_hidden=1024",
-         "model.vocab=8192", "logger.mode=disabled", "run.steps=5", "run.warmup_steps=2", "parallel.dp=2",
-         "zero.reduce_bucket_size=1e6", "zero.allgather_bucket_size=1e6", "zero.prefetch_bucket_size=1e6",
-         "zero.offload_optimizer=none"]
+SHAPE = [
+    "model.n_layers=4",
+    "model.hidden=256",
+    "model.heads=4",
+    "model.kv_heads=4",
+    "model.ffn_hidden=1024",
+    "model.vocab=8192",
+    "logger.mode=disabled",
+    "run.steps=5",
+    "run.warmup_steps=2",
+    "parallel.dp=2",
+    "zero.reduce_bucket_size=1e6",
+    "zero.allgather_bucket_size=1e6",
+    "zero.prefetch_bucket_size=1e6",
+    "zero.offload_optimizer=none",
+]
 AXES = ["zero=stage0,stage1,stage2,stage3", "batch.micro_batch_size=1,2,4", "recompute=none,full"]
 
 
@@ -39,8 +51,10 @@ def measured(directory: Path) -> dict[str, float]:
         r = json.loads(result.read_text())
         if r["status"] == "ok":
             choice = r["choices"]
-            found[f"zero={choice['zero']} micro={r['config']['batch']['micro_batch_size']} "
-                  f"recompute={choice['recompute']}"] = r["metrics"]["tokens_per_sec_per_gpu"]
+            found[
+                f"zero={choice['zero']} micro={r['config']['batch']['micro_batch_size']} "
+                f"recompute={choice['recompute']}"
+            ] = r["metrics"]["tokens_per_sec_per_gpu"]
     return found
 
 
@@ -59,17 +73,23 @@ def main() -> None:
     best = max(everything, key=everything.get)
     state = json.loads((tune / "tune.json").read_text())
     pick = state["winner"]["overrides"]
-    key = (f"zero={next(o for o in pick if o.startswith('zero=')).split('=')[1]} "
-           f"micro={next(o for o in pick if o.startswith('batch.micro')).split('=')[1]} "
-           f"recompute={next(o for o in pick if o.startswith('recompute=')).split('=')[1]}")
-    print(f"exhaustive: {len(everything)} of 24 points ok in {exhaustive_s:.0f} s; best {best}: "
-          f"{everything[best]:,.0f} tokens/s/GPU")
+    key = (
+        f"zero={next(o for o in pick if o.startswith('zero=')).split('=')[1]} "
+        f"micro={next(o for o in pick if o.startswith('batch.micro')).split('=')[1]} "
+        f"recompute={next(o for o in pick if o.startswith('recompute=')).split('=')[1]}"
+    )
+    print(
+        f"exhaustive: {len(everything)} of 24 points ok in {exhaustive_s:.0f} s; best {best}: "
+        f"{everything[best]:,.0f} tokens/s/GPU"
+    )
     for name, value in sorted(everything.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<40} {value:>8,.0f}")
     print(f"tune: {state['ran']} points run ({state['ran'] / 24:.0%}) in {tune_s:.0f} s; stopped: {state['stopped']}")
-    print(f"tune's pick {key}: {state['winner']['measured_tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU as tune "
-          f"measured it, {everything.get(key, float('nan')):,.0f} in the exhaustive sweep = "
-          f"{everything.get(key, float('nan')) / everything[best]:.1%} of the best (target >= 90 %)")
+    print(
+        f"tune's pick {key}: {state['winner']['measured_tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU as tune "
+        f"measured it, {everything.get(key, float('nan')):,.0f} in the exhaustive sweep = "
+        f"{everything.get(key, float('nan')) / everything[best]:.1%} of the best (target >= 90 %)"
+    )
 
 
 if __name__ == "__main__":

@@ -34,30 +34,36 @@ import fcntl
 import io
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
-
 from omegaconf import OmegaConf
 
+from orchestrator.checks import number_from_text
+from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S, plain_dict
 from orchestrator.conf_tree import user_conf_dir
 from orchestrator.config import KernelSource
 from orchestrator.errors import ConfigError
-from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S
-from orchestrator.checks import number_from_text
 from orchestrator.files import atomic_write_text, read_text, real_number
 from orchestrator.hardware import PLAUSIBLE, calibrated_name, calibrated_preset
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.plan.prediction import planned_step_s, timed_batches
 from orchestrator.results import read_result
 from orchestrator.spec import TrialSpec, build_spec, load_spec
-from orchestrator.trial_measurements import machine_facts
 from orchestrator.trial_dir import TrialPaths, check_path, trials_below, writable_dir
+from orchestrator.trial_measurements import machine_facts
 
-FITTED = ("compute_efficiency", "gemm_kn_efficiency", "gemm_half_dim", "attention_efficiency",
-          "attention_backward_efficiency", "memory_efficiency", "op_overhead_us")
+FITTED = (
+    "compute_efficiency",
+    "gemm_kn_efficiency",
+    "gemm_half_dim",
+    "attention_efficiency",
+    "attention_backward_efficiency",
+    "memory_efficiency",
+    "op_overhead_us",
+)
 # A fit stays within what the config accepts (hardware.PLAUSIBLE): a calibrated preset is
 # always one the plan takes.
 LINK_PARAMS = ("intra_node.busbw_gbps", "inter_node.busbw_gbps", "inter_node.latency_us", "collective_overhead_us")
@@ -101,13 +107,18 @@ def with_params(spec: TrialSpec, params: dict) -> TrialSpec:
             levels.setdefault(level, {})[field] = value
     # A calibration fits the preset's parameters: its plans (and the preset it writes)
     # estimate the kernels from them rather than time them.
-    hw = dataclasses.replace(hw, **flat, **{lv: dataclasses.replace(getattr(hw, lv), **f) for lv, f in levels.items()},
-                             kernels=KernelSource.preset)
+    hw = dataclasses.replace(
+        hw,
+        **flat,
+        **{lv: dataclasses.replace(getattr(hw, lv), **f) for lv, f in levels.items()},
+        kernels=KernelSource.preset,
+    )
     return dataclasses.replace(spec, cfg=dataclasses.replace(spec.cfg, hardware=hw))
 
 
 def current_params(hw, names: tuple[str, ...] = FITTED) -> dict[str, float]:
     """A preset's parameters as the fit starts from them (a null k x n rate: every other GEMM's)."""
+
     def value(name: str) -> float:
         if name == "gemm_kn_efficiency":
             return float(kn_efficiency(hw))
@@ -123,8 +134,12 @@ def fitted_names(trials: list[Measured]) -> tuple[str, ...]:
     ranks = any(t.spec.world_size > 1 for t in trials)
     nodes = any(t.spec.nodes > 1 for t in trials)
     shared_nodes = any(t.spec.world_size > t.spec.nodes for t in trials)  # ranks that talk inside a node
-    links = {"intra_node.busbw_gbps": shared_nodes, "inter_node.busbw_gbps": nodes, "inter_node.latency_us": nodes,
-             "collective_overhead_us": ranks}
+    links = {
+        "intra_node.busbw_gbps": shared_nodes,
+        "inter_node.busbw_gbps": nodes,
+        "inter_node.latency_us": nodes,
+        "collective_overhead_us": ranks,
+    }
     return FITTED + tuple(name for name in LINK_PARAMS if links[name])
 
 
@@ -133,13 +148,22 @@ def predicted_step_s(spec: TrialSpec, params: dict, timed_batches: tuple[int, ..
     they are given (a warm-up's), as the trial's measured median was taken over them."""
     fitted = with_params(spec, params)
     plan = make_plan(fitted, machine_facts(fitted))  # planned as it ran: nothing timed again
-    return planned_step_s({"batch": plan.batch, "time": {"step_s": plan.time.step_s,
-                                                         "added_micro_batch_s": plan.time.added_micro_batch_s}},
-                          timed_batches)
+    return planned_step_s(
+        {
+            "batch": plan.batch,
+            "time": {"step_s": plan.time.step_s, "added_micro_batch_s": plan.time.added_micro_batch_s},
+        },
+        timed_batches,
+    )
 
 
-def fit(cost: Callable[[dict], float], start: dict, bounds: dict = BOUNDS, names: tuple[str, ...] = FITTED,
-        max_evals: int = 2000) -> dict:
+def fit(
+    cost: Callable[[dict], float],
+    start: dict,
+    bounds: dict = BOUNDS,
+    names: tuple[str, ...] = FITTED,
+    max_evals: int = 2000,
+) -> dict:
     """Minimise cost(params) over `names`: each parameter in turn multiplied or divided by a
     step that starts at 2 and shrinks (as its square root) when no move helps; at most
     `max_evals` evaluations of the cost."""
@@ -193,12 +217,16 @@ def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, 
             continue
         if result.get("status") != "ok":
             continue
-        metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
+        metrics = m if isinstance(m := result.get("metrics"), dict) else {}
         try:
             spec = load_spec(trial_dir)
             # measured first: a trial refused here must not leave its hardware an empty list
-            trial = Measured(str(trial_dir), spec, plausible_step_s(metrics.get("step_time_s")),
-                             tuple(timed_batches(metrics.get("history"))))
+            trial = Measured(
+                str(trial_dir),
+                spec,
+                plausible_step_s(metrics.get("step_time_s")),
+                tuple(timed_batches(metrics.get("history"))),
+            )
             found.setdefault(spec.cfg.hardware.name, []).append(trial)
         except ConfigError as exc:
             warn(f"warning: skipped {trial_dir}: {exc}")
@@ -209,12 +237,15 @@ def plausible_step_s(step: object) -> float:
     """A measured step time in seconds: a finite number within STEP_RANGE_S, else ConfigError."""
     number = real_number(step)
     if number is None or not STEP_RANGE_S[0] <= number <= STEP_RANGE_S[1]:
-        raise ConfigError("metrics.step_time_s", step, f"a measured step time from {STEP_RANGE_S[0]:g} to "
-                          f"{STEP_RANGE_S[1]:g} seconds")
+        raise ConfigError(
+            "metrics.step_time_s", step, f"a measured step time from {STEP_RANGE_S[0]:g} to {STEP_RANGE_S[1]:g} seconds"
+        )
     return number
 
 
-def csv_trials(path: Path, max_rows: int = MAX_POINTS, warn: Callable[[str], None] = print) -> dict[str, list[Measured]]:
+def csv_trials(
+    path: Path, max_rows: int = MAX_POINTS, warn: Callable[[str], None] = print
+) -> dict[str, list[Measured]]:
     """The rows of a CSV of measured runs, each composed and validated as a trial, by hardware
     name. Read as trial files are (files.read_text: a regular file, no link followed, bounded:
     a FIFO or /dev/zero is refused, not waited on), a byte-order mark ignored; at most
@@ -223,23 +254,34 @@ def csv_trials(path: Path, max_rows: int = MAX_POINTS, warn: Callable[[str], Non
         text = read_text(path).removeprefix("\ufeff")  # Excel's UTF-8 CSVs start with one
         rows = list(csv.DictReader(io.StringIO(text, newline="")))
     except (OSError, csv.Error, UnicodeDecodeError) as exc:
-        raise ConfigError("--csv", str(path), f"a readable CSV file ({getattr(exc, 'strerror', None) or exc})") from None
+        raise ConfigError(
+            "--csv", str(path), f"a readable CSV file ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
     header = next(csv.reader(io.StringIO(text, newline="")), [])
     if twice := sorted({c for c in header if header.count(c) > 1}):  # DictReader would keep the last silently
-        raise ConfigError("--csv", str(path), f"a header that names each column once; {', '.join(twice)} "
-                          "is there more than once")
+        raise ConfigError(
+            "--csv", str(path), f"a header that names each column once; {', '.join(twice)} is there more than once"
+        )
     if not rows or not any(c in rows[0] for c in MEASURED_COLUMNS):
-        raise ConfigError("--csv", str(path), f"a header of override keys and one of {', '.join(MEASURED_COLUMNS)}, "
-                          "and a row per run")
+        raise ConfigError(
+            "--csv", str(path), f"a header of override keys and one of {', '.join(MEASURED_COLUMNS)}, and a row per run"
+        )
     if len(rows) > max_rows:
-        raise ConfigError("--csv", f"{path} ({len(rows):,} rows)", f"at most --max-rows={max_rows:,} rows (each is "
-                          f"validated and planned at every step of the fit); --max-rows {len(rows)} if all are meant")
+        raise ConfigError(
+            "--csv",
+            f"{path} ({len(rows):,} rows)",
+            f"at most --max-rows={max_rows:,} rows (each is "
+            f"validated and planned at every step of the fit); --max-rows {len(rows)} if all are meant",
+        )
     found: dict[str, list[Measured]] = {}
     started = said = time.monotonic()
     for number, row in enumerate(rows, start=2):  # row 1 is the header
         where = f"{path.name} row {number}"
-        overrides = [f"{key}={value}" for key, value in row.items()
-                     if key not in MEASURED_COLUMNS and key and value not in (None, "")]
+        overrides = [
+            f"{key}={value}"
+            for key, value in row.items()
+            if key not in MEASURED_COLUMNS and key and value not in (None, "")
+        ]
         try:
             spec = build_spec(overrides)
         except ConfigError as exc:
@@ -248,8 +290,10 @@ def csv_trials(path: Path, max_rows: int = MAX_POINTS, warn: Callable[[str], Non
         found.setdefault(spec.cfg.hardware.name, []).append(Measured(where, spec, step))
         if time.monotonic() - said >= PROGRESS_EVERY_S:
             said, done = time.monotonic(), number - 1
-            warn(f"  validated {done:,} of {len(rows):,} rows of {path.name} "
-                 f"({(len(rows) - done) * (said - started) / done:,.0f} s to go)")
+            warn(
+                f"  validated {done:,} of {len(rows):,} rows of {path.name} "
+                f"({(len(rows) - done) * (said - started) / done:,.0f} s to go)"
+            )
     return found
 
 
@@ -270,8 +314,9 @@ def _measured_step_s(row: dict, spec: TrialSpec, where: str) -> float:
     raise ConfigError(" or ".join(MEASURED_COLUMNS), "(empty)", "a measurement in every row", where=where)
 
 
-def calibrate(dirs: list[Path], csv_path: Path | None = None, warn: Callable[[str], None] = print,
-              max_rows: int = MAX_POINTS) -> list[Calibration]:
+def calibrate(
+    dirs: list[Path], csv_path: Path | None = None, warn: Callable[[str], None] = print, max_rows: int = MAX_POINTS
+) -> list[Calibration]:
     for d in dirs:
         check_path(d, "DIR")
         if not d.is_dir():
@@ -280,8 +325,11 @@ def calibrate(dirs: list[Path], csv_path: Path | None = None, warn: Callable[[st
     for name, rows in (csv_trials(csv_path, max_rows, warn) if csv_path else {}).items():
         found.setdefault(name, []).extend(rows)
     if not found:
-        raise ConfigError("DIR", " ".join(map(str, dirs)), "no ok trial with a measured step time below it; "
-                          "run some first (orchestrator run ... --out DIR)")
+        raise ConfigError(
+            "DIR",
+            " ".join(map(str, dirs)),
+            "no ok trial with a measured step time below it; run some first (orchestrator run ... --out DIR)",
+        )
     preset_dir = writable_preset_dir()  # before the fit, not after it
     out = []
     for name, trials in sorted(found.items()):
@@ -299,8 +347,17 @@ def calibrate_one(name: str, trials: list[Measured]) -> Calibration:
     ratio = lambda p: [predicted_step_s(t.spec, p, t.timed_batches) / t.step_s for t in trials]  # noqa: E731
     path = write_preset(trials[0].spec, params, len(trials), seen)
     at_bound = tuple(k for k in seen if params[k] in BOUNDS[k] and params[k] != start[k])
-    return Calibration(hardware=name, params=params, trials=trials, before=ratio(start), after=ratio(params),
-                       preset_path=path, fitted=seen, not_determined=unseen, at_bound=at_bound)
+    return Calibration(
+        hardware=name,
+        params=params,
+        trials=trials,
+        before=ratio(start),
+        after=ratio(params),
+        preset_path=path,
+        fitted=seen,
+        not_determined=unseen,
+        at_bound=at_bound,
+    )
 
 
 def determined(trials: list[Measured], params: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -316,15 +373,20 @@ def determined(trials: list[Measured], params: dict) -> tuple[tuple[str, ...], t
     for name in params:
         low, high = BOUNDS[name]
         moves = [min(high, max(low, params[name] * f)) for f in (0.25, 4.0)] if params[name] else [0.01 * high]
-        effects = [np.log([predicted_step_s(t.spec, {**params, name: x}, t.timed_batches) for t in trials]) - base
-                   for x in moves]
+        effects = [
+            np.log([predicted_step_s(t.spec, {**params, name: x}, t.timed_batches) for t in trials]) - base
+            for x in moves
+        ]
         columns[name] = max(effects, key=lambda e: np.abs(e).max())
     taken: list[str] = []
     basis: list[np.ndarray] = []
     while len(taken) < min(len(trials), len(params)):
         residual = {n: c - sum((c @ b) * b for b in basis) for n, c in columns.items() if n not in taken}
-        own = {n: r for n, r in residual.items()
-               if np.abs(r).max() >= SENSITIVITY and np.linalg.norm(r) >= 0.2 * np.linalg.norm(columns[n])}
+        own = {
+            n: r
+            for n, r in residual.items()
+            if np.abs(r).max() >= SENSITIVITY and np.linalg.norm(r) >= 0.2 * np.linalg.norm(columns[n])
+        }
         if not own:
             break
         name = max(own, key=lambda n: np.abs(own[n]).max())
@@ -347,23 +409,29 @@ def preset_lock(preset_dir: Path, hardware_name: str) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError("hardware", hardware_name, f"one calibrate at a time: another is fitting and writing "
-                              f"{calibrated_name(hardware_name)} now ({lock}); run this one after it ends") from None
+            raise ConfigError(
+                "hardware",
+                hardware_name,
+                f"one calibrate at a time: another is fitting and writing "
+                f"{calibrated_name(hardware_name)} now ({lock}); run this one after it ends",
+            ) from None
         yield
 
 
 def write_preset(spec: TrialSpec, params: dict, n_trials: int, fitted: tuple[str, ...] = ()) -> Path:
     """The trial's hardware preset with the fitted parameters, in the user's config dir."""
     hw = with_params(spec, params).cfg.hardware
-    data = OmegaConf.to_container(OmegaConf.structured(hw), enum_to_str=True)
+    data = plain_dict(OmegaConf.structured(hw))
     when = datetime.date.today().isoformat()
     data["calibrated_on"] = f"{n_trials} trials ({when})"
     folder = user_conf_dir() / "hardware"
     path = folder / f"{calibrated_name(hw.name)}.yaml"
     if path.resolve().parent != folder.resolve():  # hardware.name is checked as a plain name; this is the guard
         raise ConfigError("hardware.name", hw.name, "a plain name (letters, digits, - _ .), not a path")
-    header = (f"# Written by `orchestrator calibrate` on {when}: the {hw.name} preset with its parameters\n"
-              f"# ({', '.join(fitted or params)}) fitted to {n_trials} measured trials.\n")
+    header = (
+        f"# Written by `orchestrator calibrate` on {when}: the {hw.name} preset with its parameters\n"
+        f"# ({', '.join(fitted or params)}) fitted to {n_trials} measured trials.\n"
+    )
     atomic_write_text(path, header + OmegaConf.to_yaml(OmegaConf.create(data)))
     return path
 
@@ -376,7 +444,9 @@ def calibrated_params(hardware_name: str) -> dict | None:
 
     def value(name: str):
         level, _, field = name.rpartition(".")
-        return (data.get(level) if isinstance(data.get(level), dict) else {}).get(field) if level else data.get(name)
+        if not level:
+            return data.get(name)
+        return group.get(field) if isinstance(group := data.get(level), dict) else None
 
     return {k: number for k in FITTED + LINK_PARAMS if (number := real_number(value(k))) is not None}
 

@@ -20,11 +20,16 @@ def reject_unknown_keys(node: DictConfig, prefix: str = "", skip: Collection[str
     Children named in `skip` are known to be checked already (a group converted earlier)."""
     kind = OmegaConf.get_type(node)
     allowed = [f.name for f in fields(kind)] if is_dataclass(kind) else None
-    for key, value in node.items_ex(resolve=False):
-        path = f"{prefix}.{key}" if prefix else str(key)
+    for item, value in node.items_ex(resolve=False):
+        key = str(item)
+        path = f"{prefix}.{key}" if prefix else key
         if allowed is not None and key not in allowed:
-            raise ConfigError(path, value, f"'{prefix or 'the config'}' has no such field; its fields are "
-                              f"{one_of(allowed)}{did_you_mean(key, allowed)}")
+            raise ConfigError(
+                path,
+                value,
+                f"'{prefix or 'the config'}' has no such field; its fields are "
+                f"{one_of(allowed)}{did_you_mean(key, allowed)}",
+            )
         if isinstance(value, DictConfig) and not value._is_none() and key not in skip:
             reject_unknown_keys(value, path)
 
@@ -43,7 +48,8 @@ def typed_config(cfg: DictConfig, reuse: dict[str, Any], changed: Collection[str
     kept = {k: v for k, v in reuse.items() if k not in changed}
     reject_unknown_keys(cfg, skip=kept)
     groups: dict[str, Any] = {}
-    for f in fields(OmegaConf.get_type(cfg)):
+    schema: Any = OmegaConf.get_type(cfg)  # the TrialConfig dataclass the tree was made from
+    for f in fields(schema):
         if f.name in kept:
             groups[f.name] = copy.deepcopy(kept[f.name])  # the caller's own: spec.py sets aliases on it
             continue
@@ -51,7 +57,7 @@ def typed_config(cfg: DictConfig, reuse: dict[str, Any], changed: Collection[str
         _reject_nonfinite(groups[f.name], f.name)
         if f.name not in changed and not _interpolates(cfg, f.name):
             reuse[f.name] = copy.deepcopy(groups[f.name])
-    return OmegaConf.get_type(cfg)(**groups)
+    return schema(**groups)
 
 
 def _converted(cfg: DictConfig, key: str) -> Any:
@@ -60,20 +66,28 @@ def _converted(cfg: DictConfig, key: str) -> Any:
         return OmegaConf.to_object(node) if isinstance(node, DictConfig) else node
     except OmegaConfBaseException as exc:
         where = getattr(exc, "full_key", None) or key
-        raise ConfigError(where, _raw(cfg, where), f"its interpolation cannot be resolved "
-                          f"({str(exc).splitlines()[0]})") from None
+        raise ConfigError(
+            where, _raw(cfg, where), f"its interpolation cannot be resolved ({str(exc).splitlines()[0]})"
+        ) from None
 
 
 def _reject_nonfinite(node: Any, path: str) -> None:
-    items = ([(f.name, getattr(node, f.name)) for f in fields(node)] if is_dataclass(node)
-             else node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else [])
+    items = (
+        [(f.name, getattr(node, f.name)) for f in fields(node)]
+        if is_dataclass(node)
+        else node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else []
+    )
     for k, v in items:
         _reject_nonfinite(v, f"{path}[{k}]" if isinstance(node, list) else f"{path}.{k}")
     if isinstance(node, float) and not math.isfinite(node):
         raise ConfigError(path, node, "a finite number (NaN and infinity mean nothing here)")
 
 
-def _interpolates(node: DictConfig | ListConfig, key: str | int) -> bool:
+def _interpolates(node: Any, key: Any) -> bool:
     """Whether `node[key]` is, or holds anywhere below it, an interpolation."""
     if OmegaConf.is_interpolation(node, key):
         return True

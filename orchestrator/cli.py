@@ -13,17 +13,17 @@ import sys
 from pathlib import Path
 
 from orchestrator import commands
+from orchestrator.checks import number_from_text
 from orchestrator.compose import MAX_POINTS
 from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
 from orchestrator.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
 from orchestrator.errors import ConfigError, Interrupted, MeasurementFailed, PlanRefused, did_you_mean, one_of
-from orchestrator.checks import number_from_text
 from orchestrator.files import read_json, strict_json
 from orchestrator.process import freeze_at_exit
 from orchestrator.redact import redacted_output
-from orchestrator.spec import build_spec
 from orchestrator.report import COLUMNS, collect, write_report
+from orchestrator.spec import build_spec
 from orchestrator.trial import collect_states, wait_for
 from orchestrator.trial_dir import TrialPaths, trials_below
 
@@ -33,7 +33,7 @@ HYDRA_COMMANDS = {  # commands.COMMANDS, summed up for `orchestrator --help`
     "plan": "Predict memory, FLOPs, communication and step time; launch nothing (--json).",
     "translate": "Write the engine configs and launch commands without running (--out DIR).",
     "tune": "Find the fastest ZeRO stage, micro batch, recompute and buckets: plan all, run the best few, "
-            "calibrate, repeat (--trials N, --minutes M, --out DIR).",
+    "calibrate, repeat (--trials N, --minutes M, --out DIR).",
 }
 COMMANDS = (*commands.COMMANDS, "status", "wait", "report", "calibrate")
 
@@ -58,8 +58,11 @@ def _command(argv: list[str]) -> int:
         print(f"orchestrator {command}: {exc}", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:
-        print(f"orchestrator {command}: interrupted by {exc}" + (" (a trial that was running is recorded as "
-              "interrupted)" if command in ("run", "tune") else ""), file=sys.stderr)
+        print(
+            f"orchestrator {command}: interrupted by {exc}"
+            + (" (a trial that was running is recorded as interrupted)" if command in ("run", "tune") else ""),
+            file=sys.stderr,
+        )
         return exc.exit_code
     except SystemExit as exc:  # Hydra's --help and its own errors end this way
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -113,8 +116,10 @@ def report_command(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     rows, results = collect(directory)
     if not rows:
-        print(f"orchestrator report: {directory} holds no result.json (run trials with `orchestrator run`)",
-              file=sys.stderr)
+        print(
+            f"orchestrator report: {directory} holds no result.json (run trials with `orchestrator run`)",
+            file=sys.stderr,
+        )
         return 2
     written = write_report(directory, rows, results)
     from orchestrator.tune.record import render  # a tune's directory: its own table and plot again
@@ -158,8 +163,7 @@ def links_command(args: argparse.Namespace) -> int:
     inside, between = links.fit_network(rows, backend)
     what = f"{backend}, {args.ranks_per_node} rank(s) per node on {args.nodes} node(s), up to {args.max_mb:g} MB"
     path = links.write_links(args.hardware, inside, between, what, table=links.table_of(rows, what))
-    show_links(rows, [links.predicted_seconds(m, inside, between, backend) for m in rows], inside, between,
-               console())
+    show_links(rows, [links.predicted_seconds(m, inside, between, backend) for m in rows], inside, between, console())
     console().print(f"wrote {path} (hardware={Path(path).stem})")
     return 0
 
@@ -168,25 +172,36 @@ def nccl_tests_command(args: argparse.Namespace) -> int:
     """calibrate --nccl-tests FILE...: published or the user's own nccl-tests logs, as the
     network table of NAME-calibrated."""
     from orchestrator import links, nccl_tests  # not needed by other commands
-
     from orchestrator.calibrate import preset_lock, writable_preset_dir
 
     if args.hardware is None:  # --links' default is this CPU; nccl-tests ran on GPUs someone must name
-        raise ConfigError("--hardware", "(none)", "the GPU preset these nccl-tests logs measured, e.g. --hardware "
-                          "h100-sxm: its calibrated copy gets their network table")
+        raise ConfigError(
+            "--hardware",
+            "(none)",
+            "the GPU preset these nccl-tests logs measured, e.g. --hardware "
+            "h100-sxm: its calibrated copy gets their network table",
+        )
     links.check_hardware(args.hardware)
     if not build_spec([f"hardware={args.hardware}"]).cfg.hardware.device.is_gpu:
-        raise ConfigError("--hardware", args.hardware, "a GPU preset: nccl-tests measures NCCL between GPUs, and a "
-                          "CPU preset's network is gloo's (calibrate --links measures it)")
+        raise ConfigError(
+            "--hardware",
+            args.hardware,
+            "a GPU preset: nccl-tests measures NCCL between GPUs, and a "
+            "CPU preset's network is gloo's (calibrate --links measures it)",
+        )
     runs = [run for f in args.nccl_tests for run in nccl_tests.read_runs(Path(f))]
     for run in runs:
         if not run.complete:
-            print(f"warning: {run.path} has no '# Avg bus bandwidth' footer: the run was cut short; its "
-                  f"{len(run.rows)} complete row(s) are used", file=sys.stderr)
+            print(
+                f"warning: {run.path} has no '# Avg bus bandwidth' footer: the run was cut short; its "
+                f"{len(run.rows)} complete row(s) are used",
+                file=sys.stderr,
+            )
     table = nccl_tests.table_of(runs)
     with preset_lock(writable_preset_dir(), args.hardware):  # ten imports at once: each curve kept, or told why not
-        path = links.write_network_table(args.hardware, table,
-                                         f"the network as nccl-tests measured it ({table.source})")
+        path = links.write_network_table(
+            args.hardware, table, f"the network as nccl-tests measured it ({table.source})"
+        )
     show_bus_table(table, console())
     console().print(f"wrote {links.table_path(args.hardware)} and {path} (hardware={Path(path).stem})")
     return 0
@@ -199,44 +214,84 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="orchestrator",
         description="Declarative experiments for distributed LLM training: plan a trial, "
-                    "write its DeepSpeed/Accelerate configs, launch it here or on SLURM, measure it.",
-        epilog=_groups_help() + _EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "write its DeepSpeed/Accelerate configs, launch it here or on SLURM, measure it.",
+        epilog=_groups_help() + _EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     for name, summary in HYDRA_COMMANDS.items():  # parsed by commands.py; listed here for --help
         sub.add_parser(name, help=summary, add_help=False)
-    status = sub.add_parser("status", help="State of every trial below DIR (pending, running, ok, failed, ...).",
-                            description="State of every trial below DIR, from sacct and the trial files.")
+    status = sub.add_parser(
+        "status",
+        help="State of every trial below DIR (pending, running, ok, failed, ...).",
+        description="State of every trial below DIR, from sacct and the trial files.",
+    )
     status.add_argument("dir", metavar="DIR")
     status.set_defaults(handler=status_command)
-    wait = sub.add_parser("wait", help="Wait until every trial below DIR has ended, then show the results.",
-                          description="Wait until every trial below DIR has ended, then show the results.")
+    wait = sub.add_parser(
+        "wait",
+        help="Wait until every trial below DIR has ended, then show the results.",
+        description="Wait until every trial below DIR has ended, then show the results.",
+    )
     wait.add_argument("dir", metavar="DIR")
-    wait.add_argument("--timeout", type=_seconds("--timeout"), default=None, metavar="SECONDS",
-                      help="give up after this long (0: look once)")
+    wait.add_argument(
+        "--timeout",
+        type=_seconds("--timeout"),
+        default=None,
+        metavar="SECONDS",
+        help="give up after this long (0: look once)",
+    )
     wait.set_defaults(handler=wait_command)
-    report = sub.add_parser("report", help="Collect every result.json below DIR into a table, CSV and plots.",
-                            description="Collect every result.json below DIR into a table, CSV and plots.")
+    report = sub.add_parser(
+        "report",
+        help="Collect every result.json below DIR into a table, CSV and plots.",
+        description="Collect every result.json below DIR into a table, CSV and plots.",
+    )
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--json", action="store_true", help="print the collected rows as JSON")
     report.set_defaults(handler=report_command)
-    calib = sub.add_parser("calibrate", help="Fit a hardware preset's step-time and network parameters to the trials "
-                                             "below DIR (or to --csv FILE).",
-                           description="Fit the step-time parameters of each hardware kind found among the ok "
-                                       "trials below DIR to their measured step times, and write the preset as "
-                                       "NAME-calibrated in the user's config directory (hardware=auto prefers it).")
+    calib = sub.add_parser(
+        "calibrate",
+        help="Fit a hardware preset's step-time and network parameters to the trials below DIR (or to --csv FILE).",
+        description="Fit the step-time parameters of each hardware kind found among the ok "
+        "trials below DIR to their measured step times, and write the preset as "
+        "NAME-calibrated in the user's config directory (hardware=auto prefers it).",
+    )
     calib.add_argument("dirs", metavar="DIR", nargs="*")
-    calib.add_argument("--csv", metavar="FILE", help="measured runs this tool did not make: a column per override key "
-                       "(zero, model.hidden, parallel.dp, ...) and tokens_per_sec_per_gpu or step_time_s")
-    calib.add_argument("--links", action="store_true", help="measure the network instead (all-reduce, "
-                       "reduce-scatter, all-gather, 1 MB up to --max-mb) and write its levels into the preset")
-    calib.add_argument("--nccl-tests", nargs="+", metavar="FILE", help="nccl-tests logs (all_reduce_perf, "
-                       "all_gather_perf, reduce_scatter_perf; one or more runs a file): their bus bandwidth "
-                       "by size becomes the network table of --hardware's calibrated preset")
-    calib.add_argument("--max-rows", type=int, default=MAX_POINTS, help=f"--csv: refuse a file of more rows "
-                       f"than this (default {MAX_POINTS:,}; each row is planned at every step of the fit)")
-    calib.add_argument("--hardware", default=None, help="--links (default: cpu), --nccl-tests (a GPU preset, "
-                       "required): the preset whose -calibrated copy gets the network")
+    calib.add_argument(
+        "--csv",
+        metavar="FILE",
+        help="measured runs this tool did not make: a column per override key "
+        "(zero, model.hidden, parallel.dp, ...) and tokens_per_sec_per_gpu or step_time_s",
+    )
+    calib.add_argument(
+        "--links",
+        action="store_true",
+        help="measure the network instead (all-reduce, "
+        "reduce-scatter, all-gather, 1 MB up to --max-mb) and write its levels into the preset",
+    )
+    calib.add_argument(
+        "--nccl-tests",
+        nargs="+",
+        metavar="FILE",
+        help="nccl-tests logs (all_reduce_perf, "
+        "all_gather_perf, reduce_scatter_perf; one or more runs a file): their bus bandwidth "
+        "by size becomes the network table of --hardware's calibrated preset",
+    )
+    calib.add_argument(
+        "--max-rows",
+        type=int,
+        default=MAX_POINTS,
+        help=f"--csv: refuse a file of more rows "
+        f"than this (default {MAX_POINTS:,}; each row is planned at every step of the fit)",
+    )
+    calib.add_argument(
+        "--hardware",
+        default=None,
+        help="--links (default: cpu), --nccl-tests (a GPU preset, "
+        "required): the preset whose -calibrated copy gets the network",
+    )
     calib.add_argument("--nodes", default="1", help="--links: node counts, e.g. 1,2,4 (more than one: through srun)")
     calib.add_argument("--ranks-per-node", type=int, default=2, help="--links: ranks on each node (its GPUs)")
     calib.add_argument("--max-mb", type=float, default=1024, help="--links: the largest buffer, MB (from 1 MB)")
@@ -248,11 +303,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _seconds(flag: str):
     """An argparse type: a finite number of seconds >= 0, else exit 2 naming the flag."""
+
     def parse(text: str) -> float:
         value = number_from_text(text)
         if value is None or value < 0:
-            raise argparse.ArgumentTypeError(f"{text} is not allowed: seconds >= 0, e.g. {flag} 600 (0: look "
-                                             "once; leave it out to wait as long as it takes)")
+            raise argparse.ArgumentTypeError(
+                f"{text} is not allowed: seconds >= 0, e.g. {flag} 600 (0: look "
+                "once; leave it out to wait as long as it takes)"
+            )
         return value
 
     return parse

@@ -39,16 +39,23 @@ def check_cluster(cfg: TrialConfig) -> None:
         else:
             why = ""
         if not words:
-            raise ConfigError("cluster.python", cfg.cluster.python, "a command that runs Python on the nodes (python3, "
-                              f"/shared/venv/bin/python, 'apptainer exec img.sif python'), or null for this one{why}")
+            raise ConfigError(
+                "cluster.python",
+                cfg.cluster.python,
+                "a command that runs Python on the nodes (python3, "
+                f"/shared/venv/bin/python, 'apptainer exec img.sif python'), or null for this one{why}",
+            )
     if cfg.cluster.name == "slurm":  # only a SLURM job's files (its script, launch.json) hold these in clear
         _check_no_secret_in_job_script(cfg.cluster)
     if cfg.cluster.name == "slurm" and cfg.cluster.signal_delay_s > limit // 2:
         # SLURM warns this long before the end: past half the limit an allocation would
         # spend more time warned (checkpointing, waiting for the requeue) than training.
-        raise ConfigError("cluster.signal_delay_s", cfg.cluster.signal_delay_s,
-                          f"at most half of cluster.time={cfg.cluster.time} ({limit} s), so that every allocation "
-                          f"trains before SLURM warns of its end; the nearest valid value is {limit // 2}")
+        raise ConfigError(
+            "cluster.signal_delay_s",
+            cfg.cluster.signal_delay_s,
+            f"at most half of cluster.time={cfg.cluster.time} ({limit} s), so that every allocation "
+            f"trains before SLURM warns of its end; the nearest valid value is {limit // 2}",
+        )
 
 
 def _apply_submitit_aliases(cfg: TrialConfig) -> None:
@@ -64,14 +71,20 @@ def _apply_submitit_aliases(cfg: TrialConfig) -> None:
     if c.mem_gb is not None:
         above_zero(c.mem_gb, "cluster.mem_gb")
     if c.mem_gb is not None and c.mem_per_gpu is not None:
-        raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "unset (null) when cluster.mem_gb is set: SLURM "
-                          "takes one of --mem and --mem-per-gpu")
+        raise ConfigError(
+            "cluster.mem_per_gpu",
+            c.mem_per_gpu,
+            "unset (null) when cluster.mem_gb is set: SLURM takes one of --mem and --mem-per-gpu",
+        )
     if c.mem_per_gpu is not None and not re.fullmatch(r"\d+[KMGT]?", str(c.mem_per_gpu)):
         raise ConfigError("cluster.mem_per_gpu", c.mem_per_gpu, "a SLURM size: a number with K, M, G or T (40G)")
     for key in c.additional_parameters:
         if not re.fullmatch(r"[a-z][a-z0-9_\-]*", str(key)):
-            raise ConfigError(f"cluster.additional_parameters.{key}", c.additional_parameters[key],
-                              "an sbatch long option name (reservation, mail_type, ...)")
+            raise ConfigError(
+                f"cluster.additional_parameters.{key}",
+                c.additional_parameters[key],
+                "an sbatch long option name (reservation, mail_type, ...)",
+            )
 
 
 def _check_no_secret_in_job_script(c: Any) -> None:
@@ -81,13 +94,19 @@ def _check_no_secret_in_job_script(c: Any) -> None:
     environment, never a file."""
     fix = "a secret reaches the job only as cluster.setup=['export NAME=VALUE'] (passed through sbatch's environment)"
     exports = {line for line in c.setup if secret_export(line)}
-    fields = {"cluster.comment": [c.comment or ""], "cluster.srun_args": list(c.srun_args),
-              "cluster.setup": [line for line in c.setup if line not in exports],
-              **{f"cluster.additional_parameters.{k}": [f"{k}={v}"] for k, v in c.additional_parameters.items()}}
+    fields = {
+        "cluster.comment": [c.comment or ""],
+        "cluster.srun_args": list(c.srun_args),
+        "cluster.setup": [line for line in c.setup if line not in exports],
+        **{f"cluster.additional_parameters.{k}": [f"{k}={v}"] for k, v in c.additional_parameters.items()},
+    }
     for name, values in fields.items():
         if redact(values) != values:
-            raise ConfigError(name, redact(values if len(values) > 1 else values[0]),
-                              f"a value free of secrets, as the job script is written in clear; {fix}")
+            raise ConfigError(
+                name,
+                redact(values if len(values) > 1 else values[0]),
+                f"a value free of secrets, as the job script is written in clear; {fix}",
+            )
 
 
 def placement(cfg: TrialConfig, dp: int) -> tuple[int, int]:
@@ -98,12 +117,18 @@ def placement(cfg: TrialConfig, dp: int) -> tuple[int, int]:
     cluster=slurm plans and runs (with its collectives between nodes, not all on NVLink)."""
     if cfg.cluster.name == "local":
         if cfg.hardware.device.is_gpu and dp > cfg.cluster.gpus_per_node:
-            raise ConfigError("parallel.dp", dp, f"at most cluster.gpus_per_node={cfg.cluster.gpus_per_node} with "
-                              "cluster=local, which runs every rank on this one host, one GPU each; plan it across "
-                              f"nodes with cluster=slurm, or the largest trial here is parallel.dp="
-                              f"{cfg.cluster.gpus_per_node}")
+            raise ConfigError(
+                "parallel.dp",
+                dp,
+                f"at most cluster.gpus_per_node={cfg.cluster.gpus_per_node} with "
+                "cluster=local, which runs every rank on this one host, one GPU each; plan it across "
+                f"nodes with cluster=slurm, or the largest trial here is parallel.dp="
+                f"{cfg.cluster.gpus_per_node}",
+            )
         return dp, 1
     per_node = min(dp, cfg.cluster.gpus_per_node)
     if dp % per_node:
-        raise ConfigError("parallel.dp", dp, f"on SLURM, at most cluster.gpus_per_node={per_node} or a multiple of it (whole nodes)")
+        raise ConfigError(
+            "parallel.dp", dp, f"on SLURM, at most cluster.gpus_per_node={per_node} or a multiple of it (whole nodes)"
+        )
     return per_node, math.ceil(dp / per_node)

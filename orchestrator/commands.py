@@ -39,16 +39,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
-from orchestrator.hydra_registry import override_key
 from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S, compose_trial, expand_sweep, fixed_part
 from orchestrator.conf_tree import CONFIG_NAME, Source, current_source, use_source
 from orchestrator.config import OBJECTIVES
-from orchestrator.display import console, show_plan, show_report, show_sweep, trial_label
+from orchestrator.display import console, show_report, trial_label
 from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.files import read_json, strict_json
 from orchestrator.host_load import available_bytes
 from orchestrator.hydra_compat import hydra_arguments
 from orchestrator.hydra_errors import foreign_launcher
+from orchestrator.hydra_registry import override_key
+from orchestrator.plan_display import show_plan, show_sweep
 from orchestrator.planning import plan_trial
 from orchestrator.report import COLUMNS, collect
 from orchestrator.results import exit_code_of, result_or_none
@@ -61,23 +62,27 @@ from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, c
 from orchestrator.tune.record import resumable_tune, same_space, tune_budget
 from orchestrator.tune.space import plan_space
 
-OWN_FLAGS = {"run": {"--out": True, "--overwrite": False, "--max-points": True},
-             "plan": {"--json": False, "--max-points": True}, "translate": {"--out": True, "--max-points": True},
-             "tune": {"--out": True, "--overwrite": False, "--trials": True, "--minutes": True}}
+OWN_FLAGS = {
+    "run": {"--out": True, "--overwrite": False, "--max-points": True},
+    "plan": {"--json": False, "--max-points": True},
+    "translate": {"--out": True, "--max-points": True},
+    "tune": {"--out": True, "--overwrite": False, "--trials": True, "--minutes": True},
+}
 # What each command's --help says of its own flags (conf/config.yaml's help template asks
 # for them through the orchestrator.flags resolver): one command's flags, not every one's.
 FLAGS_HELP = {
     "run": "--out DIR      where the trial (or, with -m, the sweep) goes: hydra.run.dir / hydra.sweep.dir\n"
-           "  --overwrite    replace the trial a directory already holds\n"
-           "  --max-points N refuse a sweep of more points (default 10,000)",
+    "  --overwrite    replace the trial a directory already holds\n"
+    "  --max-points N refuse a sweep of more points (default 10,000)",
     "plan": "--json         the plan (or every point's) as strict JSON on stdout\n"
-            "  --max-points N refuse a sweep of more points (default 10,000)",
+    "  --max-points N refuse a sweep of more points (default 10,000)",
     "translate": "--out DIR      where the files go (required): config.yaml, ds_config.json, launch.sh, ...\n"
-                 "  --max-points N refuse a sweep of more points (default 10,000)",
+    "  --max-points N refuse a sweep of more points (default 10,000)",
     "tune": "--out DIR      the search's directory; the same --out again resumes it\n"
-            "  --overwrite    start over in a directory that holds a search\n"
-            "  --trials N     run at most N candidates for real (default 8)\n"
-            "  --minutes M    start no new round after M minutes"}
+    "  --overwrite    start over in a directory that holds a search\n"
+    "  --trials N     run at most N candidates for real (default 8)\n"
+    "  --minutes M    start no new round after M minutes",
+}
 assert set(FLAGS_HELP) == set(OWN_FLAGS)
 SAY_SIZE_FROM = 100  # a sweep of this many points or more says its size before validating
 TUNER = "orchestrator_tune"  # hydra/sweeper=orchestrator_tune: hydra_plugins/orchestrator_tuner
@@ -95,9 +100,13 @@ def main(command: str, argv: list[str]) -> int:
 def _main(command: str, argv: list[str]) -> int:
     flags, rest = _take_own_flags(command, argv)
     args = hydra_arguments(rest)
-    use_source(Source(config_dir=str(Path(args.config_path).resolve()) if args.config_path else "",
-                      config_name=args.config_name or CONFIG_NAME,
-                      extra_dirs=(str(Path(args.config_dir).resolve()),) if args.config_dir else ()))
+    use_source(
+        Source(
+            config_dir=str(Path(args.config_path).resolve()) if args.config_path else "",
+            config_name=args.config_name or CONFIG_NAME,
+            extra_dirs=(str(Path(args.config_dir).resolve()),) if args.config_dir else (),
+        )
+    )
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
         if args.overrides and not args.shell_completion:
             compose_trial(fixed_part(args.overrides))  # a bad override: exit 2 with our paragraph, not Hydra's 1
@@ -116,7 +125,8 @@ def _main(command: str, argv: list[str]) -> int:
 
 def _take_own_flags(command: str, argv: list[str]) -> tuple[dict[str, str | bool], list[str]]:
     """(our flags, the rest for Hydra): --out DIR or --out=DIR, --json, ..."""
-    own, flags, rest, i = OWN_FLAGS[command], {}, [], 0
+    own, rest, i = OWN_FLAGS[command], [], 0
+    flags: dict[str, str | bool] = {}
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
         if name in own and own[name]:  # takes a value: --out DIR or --out=DIR
@@ -172,9 +182,13 @@ def specs_from(overrides: list[str], multirun: bool, max_points: int = MAX_POINT
         raise ConfigError("+sweep", sweep_files[0].partition("=")[2], "a sweep file runs with -m: add -m")
     points = expand_sweep(overrides) if multirun else [overrides]
     if len(points) > max_points:
-        raise ConfigError("sweep", f"{len(points):,} points", f"at most --max-points={max_points:,} (each point is "
-                          "validated and planned before anything runs, about 10 ms each); raise the cap with "
-                          f"--max-points {len(points)} if this many is meant")
+        raise ConfigError(
+            "sweep",
+            f"{len(points):,} points",
+            f"at most --max-points={max_points:,} (each point is "
+            "validated and planned before anything runs, about 10 ms each); raise the cap with "
+            f"--max-points {len(points)} if this many is meant",
+        )
     if len(points) >= SAY_SIZE_FROM:
         print(f"sweep: {len(points):,} points, each validated before anything runs", file=sys.stderr)
     specs, started, said = [], time.monotonic(), time.monotonic()
@@ -187,8 +201,11 @@ def specs_from(overrides: list[str], multirun: bool, max_points: int = MAX_POINT
             raise
         if time.monotonic() - said >= PROGRESS_EVERY_S:
             said, rate = time.monotonic(), (i + 1) / (time.monotonic() - started)
-            print(f"  validated {i + 1:,} of {len(points):,} ({(len(points) - i - 1) / rate:,.0f} s to go; "
-                  "Ctrl-C stops, nothing has run)", file=sys.stderr)
+            print(
+                f"  validated {i + 1:,} of {len(points):,} ({(len(points) - i - 1) / rate:,.0f} s to go; "
+                "Ctrl-C stops, nothing has run)",
+                file=sys.stderr,
+            )
     return specs
 
 
@@ -202,8 +219,11 @@ def max_points(flags: dict) -> int:
 def plan(overrides: list[str], multirun: bool, as_json: bool, most: int = MAX_POINTS) -> int:
     points = [(spec, plan_trial(spec)) for spec in specs_from(overrides, multirun, most)]
     if as_json:
-        data = ([{"overrides": list(spec.overrides), "plan": p.as_dict()} for spec, p in points]
-                if multirun else points[0][1].as_dict())
+        data = (
+            [{"overrides": list(spec.overrides), "plan": p.as_dict()} for spec, p in points]
+            if multirun
+            else points[0][1].as_dict()
+        )
         print(strict_json(data))
     elif len(points) == 1 and not multirun:
         show_plan(*points[0], console())
@@ -211,13 +231,21 @@ def plan(overrides: list[str], multirun: bool, as_json: bool, most: int = MAX_PO
         show_sweep(points, console())
     # run's own verdict (device memory, the node's host memory; a local CPU trial's ranks against
     # what this host has free): `plan` never says fits where `run` refuses
-    free = available_bytes() if any(s.cfg.cluster.name == "local" and not s.cfg.hardware.device.is_gpu
-                                    for s, _ in points) else None
-    refused = [why for spec, p in points if (why := refusal(
-        spec, p, free_bytes=free if not spec.cfg.hardware.device.is_gpu else None))]
+    free = (
+        available_bytes()
+        if any(s.cfg.cluster.name == "local" and not s.cfg.hardware.device.is_gpu for s, _ in points)
+        else None
+    )
+    refused = [
+        why
+        for spec, p in points
+        if (why := refusal(spec, p, free_bytes=free if not spec.cfg.hardware.device.is_gpu else None))
+    ]
     if refused:
-        print(f"orchestrator plan: {len(refused)} of {len(points)} trial(s) would be refused by run: {refused[0]}",
-              file=sys.stderr)
+        print(
+            f"orchestrator plan: {len(refused)} of {len(points)} trial(s) would be refused by run: {refused[0]}",
+            file=sys.stderr,
+        )
         return PlanRefused.exit_code
     return 0
 
@@ -239,8 +267,10 @@ def translate(overrides: list[str], multirun: bool, out_dir, most: int = MAX_POI
             refused += 1
             print(f"  refused by the plan (run would not launch it): {why}", file=sys.stderr)
     if refused:
-        print(f"orchestrator translate: {refused} of {len(specs)} trial(s) written but refused by the plan",
-              file=sys.stderr)
+        print(
+            f"orchestrator translate: {refused} of {len(specs)} trial(s) written but refused by the plan",
+            file=sys.stderr,
+        )
         return PlanRefused.exit_code
     return 0
 
@@ -272,20 +302,33 @@ def run(overrides: list[str], multirun: bool, argv: list[str], flags: dict) -> i
     target = str(out) if out else settings.hydra_dirs[key]
     tuning = multirun and sweeper == TUNER
     overwrite = bool(flags.get("--overwrite"))
-    base = claim(Path(target), "--out" if out else f"hydra.{key}.dir", overwrite=overwrite, unique=not (out or named),
-                 marker=SWEEP_CLAIM if multirun else CLAIM,
-                 resume=tuning and not overwrite and resumable_tune(Path(target)))
+    base = claim(
+        Path(target),
+        "--out" if out else f"hydra.{key}.dir",
+        overwrite=overwrite,
+        unique=not (out or named),
+        marker=SWEEP_CLAIM if multirun else CLAIM,
+        resume=tuning and not overwrite and resumable_tune(Path(target)),
+    )
     # W&B's group: the sweep by name (+sweep=NAME, else the keys swept) and when it started;
     # a plain run keeps its directory's name.
     # A resumed tune keeps the group its first rounds ran in: one search, one W&B group.
     group = (resumed_group(base) if tuning else None) or (
-        f"{sweep_label(overrides)}-{time.strftime('%Y-%m-%d_%H-%M-%S')}" if multirun
-        else base.name if (out or named) else "_".join(base.parts[-2:]))
+        f"{sweep_label(overrides)}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+        if multirun
+        else base.name
+        if (out or named)
+        else "_".join(base.parts[-2:])
+    )
     # Hydra would write .hydra/ with the overrides as typed, secrets included; each trial
     # writes it instead, masked (sweep_batch.write_hydra_files), under the name Hydra would use.
     subdir = settings.hydra_dirs.get("output_subdir")
-    extra = [f"hydra.{key}.dir='{base.resolve()}'", "hydra.output_subdir=null", f"hydra.launcher.group='{group}'",
-             "hydra.launcher.hydra_subdir=" + ("null" if subdir is None else f"'{subdir}'")]
+    extra = [
+        f"hydra.{key}.dir='{base.resolve()}'",
+        "hydra.output_subdir=null",
+        f"hydra.launcher.group='{group}'",
+        "hydra.launcher.hydra_subdir=" + ("null" if subdir is None else f"'{subdir}'"),
+    ]
     if multirun:  # a point's directory is named by what was swept: the fixed overrides left out
         extra.append(f"hydra.job.config.override_dirname.exclude_keys=[{','.join(dirname_excluded(overrides))}]")
     if sampler and not tuning and not any(o.startswith("hydra.sweeper.direction=") for o in overrides):
@@ -345,9 +388,14 @@ def tune(overrides: list[str], argv: list[str], flags: dict) -> int:
 def run_task(cfg: DictConfig) -> TaskReturn:
     """`orchestrator run` without -m: Hydra calls this in the claimed hydra.run.dir."""
     hydra_cfg = HydraConfig.get()
-    batch = SweepBatch([tuple(hydra_cfg.overrides.task)], 0, Path(hydra_cfg.runtime.output_dir),
-                       group=hydra_cfg.launcher.get("group"), hydra_subdir=hydra_cfg.launcher.get("hydra_subdir"),
-                       single=True)
+    batch = SweepBatch(
+        [tuple(hydra_cfg.overrides.task)],
+        0,
+        Path(hydra_cfg.runtime.output_dir),
+        group=hydra_cfg.launcher.get("group"),
+        hydra_subdir=hydra_cfg.launcher.get("hydra_subdir"),
+        single=True,
+    )
     returned = batch.task(0, cfg)(cfg)
     batch.submit()
     return returned
@@ -366,8 +414,11 @@ def sweep_outcome(results: list[dict], base: Path, out) -> int:
     """Say how a sweep went; its exit code (a failure outranks a refusal)."""
     if len(results) > 1:
         failed = [r for r in results if r.get("status") != "ok"]
-        out.print(f"sweep: {len(results) - len(failed)} ok, {len(failed)} not "
-                  f"({', '.join(str(r.get('status')) for r in failed)}) in {base}" if failed
-                  else f"sweep: all {len(results)} ok in {base}")
+        out.print(
+            f"sweep: {len(results) - len(failed)} ok, {len(failed)} not "
+            f"({', '.join(str(r.get('status')) for r in failed)}) in {base}"
+            if failed
+            else f"sweep: all {len(results)} ok in {base}"
+        )
     codes = {exit_code_of(r) for r in results} or {0}
     return 1 if codes - {0, 3} else max(codes)

@@ -18,8 +18,9 @@ import contextlib
 import copy
 import dataclasses
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -33,8 +34,16 @@ from omegaconf.errors import OmegaConfBaseException
 from orchestrator import config, hydra_registry
 from orchestrator.conf_tree import Source, current_source, presets
 from orchestrator.errors import ConfigError, one_of
-from orchestrator.hydra_errors import config_error
 from orchestrator.hydra_compat import apply_value_changes, hydra_config_as, split_sweep
+from orchestrator.hydra_errors import config_error
+
+
+def plain_dict(node: Any, resolve: bool = True) -> dict:
+    """A composed config (or a part of one) as plain Python: dicts, lists, enums as their strings."""
+    data = OmegaConf.to_container(node, resolve=resolve, enum_to_str=True)
+    assert isinstance(data, dict), type(data)  # a DictConfig always gives a dict
+    return data
+
 
 @dataclass(frozen=True)
 class Composed:
@@ -89,8 +98,9 @@ def composing(overrides: list[str] | tuple[str, ...]) -> Iterator[Composed]:
             apply_value_changes(changes, base.cfg)
         except (HydraException, OmegaConfBaseException) as exc:
             raise config_error(exc, overrides) from None
-        yield dataclasses.replace(base, overrides=tuple(overrides),
-                                  changed=frozenset(o.key_or_group.split(".")[0] for o in changes))
+        yield dataclasses.replace(
+            base, overrides=tuple(overrides), changed=frozenset(o.key_or_group.split(".")[0] for o in changes)
+        )
     finally:
         for key, node in reversed(saved):
             _restore(base.cfg, key, node)
@@ -125,7 +135,10 @@ def _reject_paths(parsed: list[Override]) -> None:
     (model=../config) nor longer than a file name may be."""
     for o in parsed:
         key, value = o.key_or_group, o.input_line.partition("=")[2] if o.input_line else ""
-        for what, name in (("a config key", key), ("a preset name", value if not (_is_value_change(o) or key.startswith("hydra.")) else "")):
+        for what, name in (
+            ("a config key", key),
+            ("a preset name", value if not (_is_value_change(o) or key.startswith("hydra.")) else ""),
+        ):
             if ".." in name.split("/") or len(name.encode()) > 255:
                 raise ConfigError(key, value, f"{what} of this config tree: no '..', at most 255 bytes")
 
@@ -160,8 +173,9 @@ def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise config_error(exc, list(overrides)) from None
     except OSError as exc:  # a group or preset name past the file system's limits
-        raise ConfigError("override", exc.filename or "", "a config group and preset of this tree "
-                          f"({exc.strerror})") from None
+        raise ConfigError(
+            "override", exc.filename or "", f"a config group and preset of this tree ({exc.strerror})"
+        ) from None
     except yaml.YAMLError as exc:  # a preset file (ours or one on hydra.searchpath) that is not YAML
         mark = getattr(exc, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}" if mark else "a preset file"
@@ -177,8 +191,9 @@ def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
         raise config_error(exc, list(overrides)) from None
     with open_dict(cfg):
         del cfg["hydra"]
-    return Composed(cfg=cfg, choices=choices, overrides=overrides, sweep_params=params, hydra_choices=hydra_choices,
-                    hydra_dirs=dirs)
+    return Composed(
+        cfg=cfg, choices=choices, overrides=overrides, sweep_params=params, hydra_choices=hydra_choices, hydra_dirs=dirs
+    )
 
 
 def _reject_null_groups(parsed: list[Override]) -> None:
@@ -186,8 +201,12 @@ def _reject_null_groups(parsed: list[Override]) -> None:
     for o in parsed:
         key = o.key_or_group
         if o.type == OverrideType.CHANGE and key in config.GROUPS and o.value() is None:
-            raise ConfigError(key, None, f"every config group needs a preset: {one_of(presets(key))}"
-                              + (" (logger.mode=disabled turns W&B off)" if key == "logger" else ""))
+            raise ConfigError(
+                key,
+                None,
+                f"every config group needs a preset: {one_of(presets(key))}"
+                + (" (logger.mode=disabled turns W&B off)" if key == "logger" else ""),
+            )
 
 
 def _reject_deletions(parsed: list[Override]) -> None:
@@ -196,18 +215,28 @@ def _reject_deletions(parsed: list[Override]) -> None:
     for o in parsed:
         if o.type == OverrideType.DEL and not o.key_or_group.startswith("hydra"):
             key = o.key_or_group
-            instead = (f"choose another preset ({key}=NAME; {one_of(presets(key))})" if key in config.GROUPS
-                       else f"set its fields ({key}.FIELD=VALUE)" if key in config.FIELD_GROUPS
-                       else f"set a value ({key}=VALUE)")
-            raise ConfigError(f"~{key}", "(delete)", f"every config group and field is needed, so nothing can be "
-                              f"deleted; {instead}")
+            instead = (
+                f"choose another preset ({key}=NAME; {one_of(presets(key))})"
+                if key in config.GROUPS
+                else f"set its fields ({key}.FIELD=VALUE)"
+                if key in config.FIELD_GROUPS
+                else f"set a value ({key}=VALUE)"
+            )
+            raise ConfigError(
+                f"~{key}", "(delete)", f"every config group and field is needed, so nothing can be deleted; {instead}"
+            )
 
 
 def _is_value_change(o: Override) -> bool:
     """`a.b=value`: a field of a group, not a group choice, append, deletion or sweep."""
     key = o.key_or_group
-    return (o.type == OverrideType.CHANGE and o.package is None and not o.is_sweep_override()
-            and "." in key and not key.startswith("hydra."))
+    return (
+        o.type == OverrideType.CHANGE
+        and o.package is None
+        and not o.is_sweep_override()
+        and "." in key
+        and not key.startswith("hydra.")
+    )
 
 
 def fixed_part(overrides: list[str]) -> list[str]:
@@ -216,7 +245,7 @@ def fixed_part(overrides: list[str]) -> list[str]:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as exc:
         raise config_error(exc, overrides) from None
-    return [o.input_line for o in parsed if not o.is_sweep_override()]
+    return [str(o.input_line) for o in parsed if not o.is_sweep_override()]  # parsed from a line: it has one
 
 
 MAX_POINTS = 10_000  # a sweep (or a tune's space) past this many points is refused unless --max-points says so
@@ -242,9 +271,13 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
             if "INTERVAL_SWEEP" in str(exc):
                 line = next((o for o in overrides if "interval(" in o), "interval(...)")
                 key, _, value = line.partition("=")
-                raise ConfigError(key, value, "interval() is a range to sample from, which the basic sweeper cannot "
-                                  "enumerate; sample it with a sweeper plugin (hydra/sweeper=optuna), or list "
-                                  "values: a,b,c or range(start,stop,step)") from None
+                raise ConfigError(
+                    key,
+                    value,
+                    "interval() is a range to sample from, which the basic sweeper cannot "
+                    "enumerate; sample it with a sweeper plugin (hydra/sweeper=optuna), or list "
+                    "values: a,b,c or range(start,stop,step)",
+                ) from None
             raise config_error(exc, overrides) from None
     return [list(point) for batch in batches for point in batch]
 
@@ -262,5 +295,7 @@ def swept_values(points: list[tuple[str, ...]]) -> list[dict[str, str]]:
             key, _, value = o.partition("=")
             seen.setdefault(key, set()).add(value)
     swept = [k for k, values in seen.items() if len(values) > 1 or having[k] < len(points)]
-    return [{k: hydra_registry.whole_numbers(v) for k, _, v in (o.partition("=") for o in point) if k in swept} for point in points]
-
+    return [
+        {k: hydra_registry.whole_numbers(v) for k, _, v in (o.partition("=") for o in point) if k in swept}
+        for point in points
+    ]

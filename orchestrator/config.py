@@ -16,24 +16,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Optional
-
+from typing import Any, cast
 
 
 def _choices(name: str, values: list[str]) -> type[StrEnum]:
     """A StrEnum whose names are its values: OmegaConf matches a typed string by name, and
     some values ('core-complex', 'plan.mfu') are no Python identifier."""
-    return StrEnum(name, [(v, v) for v in values])
+    return cast(type[StrEnum], StrEnum(name, [(v, v) for v in values]))
 
 
 class Arch(StrEnum):
     """The transformer family the workload builds (transformers' GPT2LMHeadModel / LlamaForCausalLM)."""
+
     gpt2 = "gpt2"
     llama = "llama"
 
 
 class Attention(StrEnum):
     """sdpa: torch's fused scaled_dot_product_attention; eager: the s x s matrix materialised."""
+
     sdpa = "sdpa"
     eager = "eager"
 
@@ -44,8 +45,8 @@ class ModelConfig:
     n_layers: int = 2
     hidden: int = 64
     heads: int = 4
-    kv_heads: Optional[int] = None  # null: = heads (no grouped-query attention)
-    ffn_hidden: Optional[int] = None  # null: 4 x hidden
+    kv_heads: int | None = None  # null: = heads (no grouped-query attention)
+    ffn_hidden: int | None = None  # null: 4 x hidden
     vocab: int = 512
     seq_len: int = 128
     max_positions: int = 128  # position embeddings (gpt2) / max_position_embeddings (llama)
@@ -72,25 +73,26 @@ class ModelConfig:
 
 @dataclass
 class WarmupConfig:
-    start: Optional[int] = None  # null: micro_batch_size x dp, the smallest global batch
+    start: int | None = None  # null: micro_batch_size x dp, the smallest global batch
     end: int = 32
     # The ramp's length: ramp_tokens tokens where set, else ramp_samples sequences (Megatron's
     # --rampup-batch-size unit: the same share of a run for a model of any sequence length).
-    ramp_tokens: Optional[int] = None
-    ramp_samples: Optional[int] = 256
-    increment: Optional[int] = None  # null: micro_batch_size x dp, the smallest step
+    ramp_tokens: int | None = None
+    ramp_samples: int | None = 256
+    increment: int | None = None  # null: micro_batch_size x dp, the smallest step
 
 
 @dataclass
 class BatchConfig:
     micro_batch_size: int = 4
-    global_batch_size: Optional[int] = None  # null: micro_batch_size x dp (no accumulation)
-    warmup: Optional[WarmupConfig] = None
+    global_batch_size: int | None = None  # null: micro_batch_size x dp (no accumulation)
+    warmup: WarmupConfig | None = None
 
 
 class RecomputeMode(StrEnum):
     """none: keep every activation; selective: keep the matmul and attention-kernel outputs,
     recompute the rest (torchtitan's op-level SAC); full: keep each layer's input only."""
+
     none = "none"
     selective = "selective"
     full = "full"
@@ -103,12 +105,14 @@ class RecomputeConfig:
 
 class Offload(StrEnum):
     """Where ZeRO keeps optimizer states or parameters: on the device, or in host memory."""
+
     none = "none"
     cpu = "cpu"
 
 
 class WireDtype(StrEnum):
     """A gradient dtype DeepSpeed can accumulate and reduce in."""
+
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
@@ -136,10 +140,10 @@ class ZeroConfig:
     pin_memory: bool = True
     # The dtype gradients are reduced in (DeepSpeed's communication_data_type); null: the
     # dtype they are accumulated in, below.
-    communication_dtype: Optional[WireDtype] = None
+    communication_dtype: WireDtype | None = None
     # The dtype gradients are accumulated in across micro batches (DeepSpeed's
     # data_types.grad_accum_dtype); null: the training precision.
-    grad_accum_dtype: Optional[WireDtype] = None
+    grad_accum_dtype: WireDtype | None = None
 
 
 @dataclass
@@ -153,13 +157,14 @@ NumaMode = _choices("NumaMode", ["none", "node", "socket", "exclusive", "core-co
 
 @dataclass
 class NumaConfig:
-    mode: NumaMode = NumaMode["none"]
+    mode: NumaMode = NumaMode["none"]  # type: ignore[valid-type]  # made by _choices at run time
 
 
 class EngineName(StrEnum):
     """What drives training: DeepSpeed directly, Hugging Face Accelerate, or torch's FSDP2
     (`fully_shard` per block, under torchrun; zero.stage 3 or 2 says whether parameters are
     resharded after the forward)."""
+
     deepspeed = "deepspeed"
     accelerate = "accelerate"
     fsdp = "fsdp"
@@ -168,12 +173,14 @@ class EngineName(StrEnum):
 class Backend(StrEnum):
     """What shards the model: DeepSpeed's ZeRO, or torch's FSDP2 (engine=accelerate chooses;
     engine=fsdp is always fsdp, engine=deepspeed always deepspeed)."""
+
     deepspeed = "deepspeed"
     fsdp = "fsdp"
 
 
 class Sharding(StrEnum):
     """What shards and steps the model as it runs, whichever engine drives it (runs_as)."""
+
     zero = "zero"  # DeepSpeed's ZeRO: engine=deepspeed, or accelerate's DeepSpeed
     fsdp2 = "fsdp2"  # FSDP2's fully_shard: engine=fsdp, or accelerate's FSDP at zero.stage 2-3
     ddp = "ddp"  # accelerate's FSDP backend at zero.stage 0: DDP, nothing sharded
@@ -196,6 +203,7 @@ class EngineConfig:
 
 class ClusterName(StrEnum):
     """local: torchrun (or accelerate launch) on this host; slurm: submitit on a SLURM cluster."""
+
     local = "local"
     slurm = "slurm"
 
@@ -206,41 +214,41 @@ class ClusterConfig:
     gpus_per_node: int = 8
     cpus_per_task: int = 8
     sockets_per_node: int = 2  # for numa.mode=socket: --ntasks-per-socket = gpus_per_node / sockets
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
     time: str = "01:00:00"
-    constraint: Optional[str] = None
+    constraint: str | None = None
     setup: list[str] = field(default_factory=list)  # shell lines run before srun
     srun_args: list[str] = field(default_factory=list)
     # The interpreter every SLURM task runs, as a command: null is this one (sys.executable,
     # which must exist at the same path on the nodes, as a virtualenv on a shared file system
     # does); a name on the nodes' PATH (python3), or a container's ("apptainer exec img.sif python").
-    python: Optional[str] = None
+    python: str | None = None
     wait: bool = False  # block until the job ends (default: submit and return)
     signal_delay_s: int = 90  # SLURM signals this long before the time limit: checkpoint, requeue
     max_requeues: int = 3  # after this many time limits a trial ends as timeout
     # Memory per node in GB (sbatch --mem), or per GPU (--mem-per-gpu, e.g. "40G"): CPU
     # offload keeps optimizer states in host memory, which the default may not grant.
-    mem_gb: Optional[float] = None
-    mem_per_gpu: Optional[str] = None
-    exclude: Optional[str] = None  # nodes not to run on (--exclude=node[1-3])
+    mem_gb: float | None = None
+    mem_per_gpu: str | None = None
+    exclude: str | None = None  # nodes not to run on (--exclude=node[1-3])
     # A trial has its nodes to itself (sbatch --exclusive): a benchmark beside another job
     # on its node times that job too. false lets SLURM pack trials onto shared nodes.
     exclusive: bool = True
-    gres: Optional[str] = None  # generic resources (--gres=gpu:8), where the site wants them spelled out
-    comment: Optional[str] = None  # --comment, shown by squeue / sacct
+    gres: str | None = None  # generic resources (--gres=gpu:8), where the site wants them spelled out
+    comment: str | None = None  # --comment, shown by squeue / sacct
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # any sbatch option: {reservation: x}
     # hydra-submitit-launcher's names for time and max_requeues, accepted as aliases.
-    timeout_min: Optional[int] = None  # minutes; sets time
-    max_num_timeout: Optional[int] = None  # sets max_requeues
+    timeout_min: int | None = None  # minutes; sets time
+    max_num_timeout: int | None = None  # sets max_requeues
 
 
 @dataclass
 class PeakTflops:
-    bf16: Optional[float] = None
-    fp16: Optional[float] = None
-    fp32: Optional[float] = None
+    bf16: float | None = None
+    fp16: float | None = None
+    fp32: float | None = None
 
 
 @dataclass
@@ -256,12 +264,14 @@ class LinkConfig:
 
 class GemmSaturation(StrEnum):
     """Which dimension of a GEMM sets how close it comes to the device's rate (plan/compute.py)."""
+
     smallest = "smallest"  # min(m, n, k): a GPU needs many output tiles to fill its SMs and a long k loop per tile
     reduction = "reduction"  # k alone: one CPU thread has no SMs to fill; only short sums per output tile cost
 
 
 class KernelSource(StrEnum):
     """Where the plan's compute times come from."""
+
     measured = "measured"  # the trial's own kernels, timed on this machine's device (hardware=auto sets it)
     preset = "preset"  # the preset's step-time parameters: to plan for hardware one does not have
 
@@ -270,6 +280,7 @@ class DeviceType(StrEnum):
     """The kind of device a rank trains on. What differs between the kinds and is known
     without touching a device is said here, once; the rank's own `Device`
     (workload/device.py) adds what needs the device itself."""
+
     cpu = "cpu"
     cuda = "cuda"
 
@@ -288,33 +299,35 @@ class HardwareConfig:
     name: str = "auto"  # auto | a preset name | your own name (then give peak_tflops)
     device: DeviceType = DeviceType.cpu
     peak_tflops: PeakTflops = field(default_factory=PeakTflops)  # dense; null on cpu: measured
-    memory_gib: Optional[float] = None  # null on cpu: the host's RAM
+    memory_gib: float | None = None  # null on cpu: the host's RAM
     # measured: the plan times the trial's kernels on this machine's device (kernel_timing.py)
     # and uses the parameters below only if that fails; preset: it estimates them from these.
     kernels: KernelSource = KernelSource.preset
     # The step-time model's parameters (plan/compute.py); each preset says where its come from.
     compute_efficiency: float = 0.5  # share of the peak a large GEMM reaches
     gemm_half_dim: float = 64.0  # a GEMM whose saturating dimension is this reaches half of compute_efficiency
-    gemm_saturates_on: Optional[GemmSaturation] = None  # null: reduction on a CPU, smallest on a GPU
+    gemm_saturates_on: GemmSaturation | None = None  # null: reduction on a CPU, smallest on a GPU
     # A GEMM whose right operand is stored k x n (GPT-2's Conv1D forward, nn.Linear's dX);
     # null: as fast as any other. A CPU without native bf16 matmul runs it 5-10x slower,
     # and on one thread: on a CPU it is a share of one thread's peak.
-    gemm_kn_efficiency: Optional[float] = None
+    gemm_kn_efficiency: float | None = None
     # A GEMM whose smaller operand is this many MB runs at half its rate: neither operand
     # stays in the caches, so one is read again for every block of the other. Per rank (two
     # ranks on the 2-core CI machine run them as fast as one). Null: no such effect (a GPU's
     # GEMM libraries tile for its memory hierarchy).
-    gemm_cache_mb: Optional[float] = None
+    gemm_cache_mb: float | None = None
     attention_efficiency: float = 0.4  # fused attention's forward, share of the peak
     attention_backward_efficiency: float = 0.3  # its backward (which recomputes QK^T)
-    memory_bandwidth_gbps: Optional[float] = None  # device memory GB/s; null on cpu: measured
+    memory_bandwidth_gbps: float | None = None  # device memory GB/s; null on cpu: measured
     memory_efficiency: float = 0.7  # share of the bandwidth memory-bound kernels reach
-    op_overhead_us: float = 5.0  # fixed cost per kernel on the device: the gap between two on a GPU, dispatch and hooks on a CPU
+    op_overhead_us: float = (
+        5.0  # fixed cost per kernel on the device: the gap between two on a GPU, dispatch and hooks on a CPU
+    )
     # A GPU's host: its time to issue one kernel (the modules' Python, the dispatcher,
     # autograd, the launch), in parallel with the device's queue (plan/compute.py:
     # host_bound). 0: not modelled. Unused on a CPU, where the host is the device.
     host_op_us: float = 0.0
-    calibrated_on: Optional[str] = None  # set by `orchestrator calibrate`: what the parameters were fitted to
+    calibrated_on: str | None = None  # set by `orchestrator calibrate`: what the parameters were fitted to
     # Where zero.offload_optimizer=cpu puts the optimizer step (ZeRO-Offload, Ren et al. 2021):
     # DeepSpeed's CPU Adam at the host's memory bandwidth, shared by the node's ranks, and
     # gradients down / parameters up over the host link. Assumed figures, not fitted.
@@ -326,7 +339,7 @@ class HardwareConfig:
     # by collective, node count, ranks per node and message size, which replaces the two
     # levels above wherever it has a curve. A path, or a file name beside the preset in
     # conf/hardware/; null: the levels alone.
-    network: Optional[str] = None
+    network: str | None = None
     # Fixed cost of each collective the engine issues, whatever its size (bucket copies,
     # launch): what makes many small buckets slower than a few large ones.
     collective_overhead_us: float = 0.0
@@ -334,6 +347,7 @@ class HardwareConfig:
 
 class LoggerMode(StrEnum):
     """W&B's mode: offline writes run files to sync later; online needs an API key."""
+
     offline = "offline"
     online = "online"
     disabled = "disabled"
@@ -343,8 +357,8 @@ class LoggerMode(StrEnum):
 class LoggerConfig:
     mode: LoggerMode = LoggerMode.offline
     project: str = "orchestrator"
-    entity: Optional[str] = None
-    group: Optional[str] = None  # null: the sweep's directory name
+    entity: str | None = None
+    group: str | None = None  # null: the sweep's directory name
     tags: list[str] = field(default_factory=list)
 
 
@@ -364,6 +378,7 @@ Objective = _choices("Objective", list(OBJECTIVES))
 
 class DataDtype(StrEnum):
     """The token ids' integer type in run.data."""
+
     uint16 = "uint16"
     uint32 = "uint32"
 
@@ -387,7 +402,7 @@ class RunConfig:
     min_timed_steps: int = 1  # the fewest timed steps a trial reports (run.steps - warmup_steps at least this)
     # Step on until the timed steps' median is known to within this share (its 95 % interval's
     # half width over the median; timing_stats.py), at least min_timed_steps, at most run.steps.
-    timing_ci: Optional[float] = None
+    timing_ci: float | None = None
     seed: int = 1234
     # Which measurement of the same point this is: sweep it (run.repeat=range(3)) to run each
     # point that many times; `report` and W&B take the repeats as one point (their timed
@@ -403,16 +418,17 @@ class RunConfig:
     force: bool = False  # launch even when the plan predicts it will not fit
     # What a sampling sweeper (hydra/sweeper=optuna) optimises, read from result.json: a
     # measured metric, or plan.NAME for the plan's prediction (OBJECTIVES: the choices).
-    objective: Objective = Objective["tokens_per_sec_per_gpu"]
+    objective: Objective = Objective["tokens_per_sec_per_gpu"]  # type: ignore[valid-type]  # made by _choices
     checkpoint_every: int = 0  # save the training state every N steps (0: only when SLURM warns of the end)
-    timeout_min: Optional[float] = None  # end the trial (status timeout) after this long
+    timeout_min: float | None = None  # end the trial (status timeout) after this long
     # A collective that waits this long ends its rank (torch.distributed's process-group timeout;
     # null: torch's own, 10 minutes for NCCL). On SLURM a rank that dies ends the job's other
     # ranks at once (srun --kill-on-bad-exit); this bounds a rank that hangs instead.
-    collective_timeout_s: Optional[float] = None
-    data: Optional[str] = None  # binary file of token ids; null: synthetic tokens
+    collective_timeout_s: float | None = None
+    data: str | None = None  # binary file of token ids; null: synthetic tokens
     data_dtype: DataDtype = DataDtype.uint16
-    # Tuning knobs (Bekman, Machine Learning Engineering Open Book, "Software tune-up"), each applied for real and recorded.
+    # Tuning knobs (Bekman, Machine Learning Engineering Open Book, "Software tune-up"), each
+    # applied for real and recorded.
     compile: bool = False  # torch.compile the model
     gc_collect_every: int = 0  # 0: Python's automatic gc; N: gc disabled, collected every N steps
     dataloader_workers: int = 0
@@ -421,11 +437,11 @@ class RunConfig:
     profile: bool = False  # torch.profiler trace (wait 1, warm-up 1, active 3 steps) in the trial dir
     # Debug: make rank `fail_rank` fail at step `fail_at_step` (raise | exit | oom: an allocation that cannot
     # succeed | grow: take host memory until the kernel's OOM killer ends it), to test failure handling.
-    fail_at_step: Optional[int] = None
+    fail_at_step: int | None = None
     fail_rank: int = 0
     # Debug: sleep this long in every step, a slower step at no compute cost (tests of time limits).
     step_sleep_s: float = 0.0
-    fail_mode: FailMode = FailMode["raise"]
+    fail_mode: FailMode = FailMode["raise"]  # type: ignore[valid-type]  # made by _choices at run time
 
 
 @dataclass

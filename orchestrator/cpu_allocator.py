@@ -41,7 +41,7 @@ def rank_environment() -> dict[str, str]:
 
 def _glibc() -> bool:
     try:
-        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
     except (ValueError, OSError, AttributeError):  # no such name on this system
         return False
 

@@ -14,13 +14,20 @@ def zero_section(spec: TrialSpec) -> dict:
     zero: dict = {"stage": z.stage}
     if z.stage == 0:
         return zero
-    zero.update(reduce_bucket_size=z.reduce_bucket_size, allgather_bucket_size=z.allgather_bucket_size,
-                overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
-                reduce_scatter=z.reduce_scatter)
+    zero.update(
+        reduce_bucket_size=z.reduce_bucket_size,
+        allgather_bucket_size=z.allgather_bucket_size,
+        overlap_comm=z.overlap_comm,
+        contiguous_gradients=z.contiguous_gradients,
+        reduce_scatter=z.reduce_scatter,
+    )
     if z.stage == 3:
-        zero.update(stage3_prefetch_bucket_size=z.prefetch_bucket_size,
-                    stage3_max_live_parameters=z.max_live_parameters,
-                    stage3_param_persistence_threshold=z.param_persistence_threshold, sub_group_size=z.sub_group_size)
+        zero.update(
+            stage3_prefetch_bucket_size=z.prefetch_bucket_size,
+            stage3_max_live_parameters=z.max_live_parameters,
+            stage3_param_persistence_threshold=z.param_persistence_threshold,
+            sub_group_size=z.sub_group_size,
+        )
     if z.offload_optimizer != "none":
         zero["offload_optimizer"] = {"device": z.offload_optimizer, "pin_memory": z.pin_memory}
     if z.offload_param != "none":

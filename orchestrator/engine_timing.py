@@ -13,6 +13,7 @@ waits to be told to time (`EngineTiming`): a new shape's plan pays its imports o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -44,8 +45,14 @@ def start_timing(settings: dict) -> subprocess.Popen:
     until `finish_timing` tells it to time; on a CPU it allocates as the ranks do."""
     clear_stale_build_locks()  # DeepSpeed builds its CPU op there first: a killed build's lock would hang it
     env = {**os.environ, **(cpu_allocator.rank_environment() if _on_cpu(settings) else {})}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings), WHEN_TOLD],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.workload.step_timing", json.dumps(settings), WHEN_TOLD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _on_cpu(settings: dict) -> bool:
@@ -133,7 +140,8 @@ class EngineTiming:
     (DDP, an offloaded optimizer): nothing to time, `apply` changes nothing."""
 
     def __init__(self, engine: dict | None, threads: int, elements: int, device: str):
-        self.engine, self.elements, self.proc = engine, elements, None
+        self.engine, self.elements = engine, elements
+        self.proc: subprocess.Popen | None = None
         if engine is None:
             return
         self.settings = {**engine, "threads": threads}
@@ -141,8 +149,10 @@ class EngineTiming:
             self.settings["allocator"] = cpu_allocator.allocator_key()
         # One timing per power of two of the share, cached as any other.
         self.settings["sizes"] = stand_in_sizes(str(engine.get("device", "cpu")), elements)
-        self.key = (f"{device_name(device)}|{software(str(device))}|{METHOD} "
-                    + hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16])
+        self.key = (
+            f"{device_name(device)}|{software(str(device))}|{METHOD} "
+            + hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16]
+        )
 
     def _uncached(self, part: str) -> bool:
         return f"{self.key} {part}" not in Cache.known()
@@ -162,7 +172,7 @@ class EngineTiming:
         first kernel is timed, so that no kernel is timed beside that import (on a CPU whose
         planner imports faster than the engine's process, the first timings ran beside it,
         and the quiet check threw them away: bench/RESULTS.md, "Plan speed")."""
-        if self.proc is None:
+        if self.proc is None or self.proc.stdout is None:
             return
         fd, said, deadline = self.proc.stdout.fileno(), b"", time.monotonic() + IMPORT_WAIT_S
         # Read from the pipe itself, as `communicate` in `finish_timing` goes on to: what came
@@ -174,9 +184,8 @@ class EngineTiming:
                 return
 
     def timed(self) -> dict[str, tuple[float, float]]:
-        if self.proc is None:
-            self.proc = start_timing(self.settings)
-        return finish_timing(self.proc)[0]
+        proc = self.proc = self.proc or start_timing(self.settings)
+        return finish_timing(proc)[0]
 
     def apply(self, measured: MeasuredKernels, bandwidth: float | None = None) -> MeasuredKernels:
         """`measured` with the engine's hooks per micro batch and its own step for a rank
@@ -187,7 +196,9 @@ class EngineTiming:
             return measured
         lines: dict = {}
         at, whens = {}, [measured.timed_at]
-        plausible = lambda a, b: plausible_line(a, b, bandwidth)  # noqa: E731
+
+        def plausible(a: float, b: float) -> bool:
+            return plausible_line(a, b, bandwidth)
 
         def line(part: str) -> tuple[float, float]:  # timed where not cached, or cached as no engine's time
             if part not in lines:
@@ -197,17 +208,24 @@ class EngineTiming:
         try:
             for part in PARTS:
                 key = f"{self.key} {part}"
-                a, b, when = Cache.get(key, lambda: line(part), plausible)
+                a, b, when = Cache.get(key, functools.partial(line, part), plausible)
                 if not plausible(a, b):  # timed so just now: something else ran beside it
                     Cache.known().pop(key, None)
-                    raise ValueError(f"its {part} line ({a:.3g} s + {b:.3g} s an element) is no engine's time; "
-                                     "something else ran while it was timed")
+                    raise ValueError(
+                        f"its {part} line ({a:.3g} s + {b:.3g} s an element) is no engine's time; "
+                        "something else ran while it was timed"
+                    )
                 at[part] = max(a + b * self.elements, 0.0)
                 whens.append(when)
         except (KernelTimingError, OSError, ValueError, KeyError) as exc:
             return dataclasses.replace(measured, optimizer=f"{measured.optimizer} ({str(exc)[:200]})")
         finally:
             Cache.save()
-        return dataclasses.replace(measured, engine_forward_s=at["forward_s"], engine_backward_s=at["backward_s"],
-                                   optimizer_s=at["step_s"], timed_at=min(whens),
-                                   optimizer=f"{self.engine['engine']}'s own step, timed as it runs it")
+        return dataclasses.replace(
+            measured,
+            engine_forward_s=at["forward_s"],
+            engine_backward_s=at["backward_s"],
+            optimizer_s=at["step_s"],
+            timed_at=min(whens),
+            optimizer=f"{self.engine['engine']}'s own step, timed as it runs it",
+        )

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import difflib
 import signal
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from orchestrator.redact import MASK, is_secret_name, redact_text
 
@@ -59,7 +60,7 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
     @classmethod
-    def swallowed(cls) -> "Interrupted | None":
+    def swallowed(cls) -> Interrupted | None:
         """The interrupt a signal raised where nothing could catch it (inside a finalizer,
         `__del__`, which Python reports and drops), or None: the command must still end as
         interrupted, not finish its work and exit 0."""
@@ -111,8 +112,11 @@ def did_you_mean(value: Any, allowed: Iterable[Any]) -> str:
     extended = [v for v in items if text and v.lower().startswith(text.lower()) and v != text]
     if not same_case and len(extended) > 1:
         return f" (did you mean {', '.join(extended[:-1])} or {extended[-1]}?)"
-    near = same_case or extended or [lowered[v] for v in difflib.get_close_matches(text.lower(), list(lowered),
-                                                                                      n=1, cutoff=0.6)]
+    near = (
+        same_case
+        or extended
+        or [lowered[v] for v in difflib.get_close_matches(text.lower(), list(lowered), n=1, cutoff=0.6)]
+    )
     return f" (did you mean {near[0]}?)" if near and near[0] != text else ""
 
 
@@ -122,4 +126,4 @@ def _show(value: Any) -> str:
 
 def _short(text: str, limit: int = 200) -> str:
     """A value as a message shows it: whole up to `limit` characters, else its start and its length."""
-    return text if len(text) <= limit else f"{text[:limit // 2]}... ({len(text):,} characters)"
+    return text if len(text) <= limit else f"{text[: limit // 2]}... ({len(text):,} characters)"

@@ -136,8 +136,13 @@ def _check_expanded_size(root: yaml.Node) -> None:
     todo: list[tuple[yaml.Node, bool]] = [(root, False)]
     while todo:
         node, children_done = todo.pop()
-        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
-                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else list(node.value)
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         if children_done:
             visiting.discard(id(node))
             sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)

@@ -43,15 +43,29 @@ CALIBRATED = "-calibrated"  # the preset `orchestrator calibrate` writes for NAM
 # config refuses a value outside it (a bus bandwidth of 1e-320 GB/s plans an infinite step)
 # and calibrate fits within it, so a fitted preset is always a valid one. Bus bandwidths
 # from a slow Ethernet to NVSwitch, hop latencies from RDMA to TCP across a building.
-PLAUSIBLE = {"compute_efficiency": (0.02, 1.0), "gemm_kn_efficiency": (0.02, 1.0), "gemm_half_dim": (0.0, 8192.0),
-             "attention_efficiency": (0.02, 1.0), "attention_backward_efficiency": (0.02, 1.0),
-             "memory_efficiency": (0.05, 1.0), "op_overhead_us": (0.0, 2000.0), "host_op_us": (0.0, 2000.0),
-             "intra_node.busbw_gbps": (0.01, MAX_BUSBW_GBPS), "inter_node.busbw_gbps": (0.01, MAX_BUSBW_GBPS),
-             "intra_node.latency_us": (0.0, 5000.0), "inter_node.latency_us": (0.0, 5000.0),
-             "collective_overhead_us": (0.0, 20000.0), "memory_bandwidth_gbps": (0.1, 1e5),
-             "host_memory_bandwidth_gbps": (0.1, 1e5), "host_link_gbps": (0.01, MAX_BUSBW_GBPS), "memory_gib": (0.01, 1e6),
-             "gemm_cache_mb": (0.01, 1e6), "peak_tflops.bf16": (1e-5, 1e5), "peak_tflops.fp16": (1e-5, 1e5),
-             "peak_tflops.fp32": (1e-5, 1e5)}
+PLAUSIBLE = {
+    "compute_efficiency": (0.02, 1.0),
+    "gemm_kn_efficiency": (0.02, 1.0),
+    "gemm_half_dim": (0.0, 8192.0),
+    "attention_efficiency": (0.02, 1.0),
+    "attention_backward_efficiency": (0.02, 1.0),
+    "memory_efficiency": (0.05, 1.0),
+    "op_overhead_us": (0.0, 2000.0),
+    "host_op_us": (0.0, 2000.0),
+    "intra_node.busbw_gbps": (0.01, MAX_BUSBW_GBPS),
+    "inter_node.busbw_gbps": (0.01, MAX_BUSBW_GBPS),
+    "intra_node.latency_us": (0.0, 5000.0),
+    "inter_node.latency_us": (0.0, 5000.0),
+    "collective_overhead_us": (0.0, 20000.0),
+    "memory_bandwidth_gbps": (0.1, 1e5),
+    "host_memory_bandwidth_gbps": (0.1, 1e5),
+    "host_link_gbps": (0.01, MAX_BUSBW_GBPS),
+    "memory_gib": (0.01, 1e6),
+    "gemm_cache_mb": (0.01, 1e6),
+    "peak_tflops.bf16": (1e-5, 1e5),
+    "peak_tflops.fp16": (1e-5, 1e5),
+    "peak_tflops.fp32": (1e-5, 1e5),
+}
 
 
 def check_plausible(hw) -> None:
@@ -81,17 +95,27 @@ def calibrated_preset(name: str, conf_dir: Path) -> dict | None:
     path = conf_dir / "hardware" / f"{calibrated_name(name)}.yaml"
     if not (path.exists() or path.is_symlink()):
         return None
+    problem: str | None
     try:
         data = read_yaml(path, limit=2**20)  # aliases bounded, like a trial's config.yaml
     except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
         problem = f"cannot be read ({type(exc).__name__})"
     else:
         fields = ("name", "device", "calibrated_on")
-        problem = ("is empty, or not a preset" if not isinstance(data, dict) or not data else
-                   f"lacks {', '.join(f for f in fields if f not in data)}" if any(f not in data for f in fields) else None)
+        problem = (
+            "is empty, or not a preset"
+            if not isinstance(data, dict) or not data
+            else f"lacks {', '.join(f for f in fields if f not in data)}"
+            if any(f not in data for f in fields)
+            else None
+        )
     if problem:
-        raise ConfigError("hardware", calibrated_name(name), f"a calibrated preset that can be used, but {path} "
-                          f"{problem}; run `orchestrator calibrate` again, or delete that file")
+        raise ConfigError(
+            "hardware",
+            calibrated_name(name),
+            f"a calibrated preset that can be used, but {path} "
+            f"{problem}; run `orchestrator calibrate` again, or delete that file",
+        )
     return data
 
 
@@ -104,9 +128,13 @@ def network_table_path(value: str) -> Path:
     for path in [given] if given.is_absolute() else [Path.cwd() / given, *beside]:
         if path.exists():
             return path.resolve()
-    raise ConfigError("hardware.network", value, "a network table (a CSV of collective,nodes,ranks_per_node,bytes,"
-                      "busbw_gbps): a path to one, or the name of one beside the presets in conf/hardware/; none "
-                      "is there")
+    raise ConfigError(
+        "hardware.network",
+        value,
+        "a network table (a CSV of collective,nodes,ranks_per_node,bytes,"
+        "busbw_gbps): a path to one, or the name of one beside the presets in conf/hardware/; none "
+        "is there",
+    )
 
 
 def preset_for_gpu(device_name: str) -> str | None:
@@ -193,8 +221,10 @@ def peak_tflops(hw, precision: str, threads: int) -> tuple[float | None, str]:
         return float(given), f"{hw.name} dense {precision}, published"
     if hw.device.is_gpu:
         return None, f"no published dense {precision} peak for this GPU, so MFU is unknown"
-    return (measured_cpu_peak_tflops(precision, threads),
-            f"measured {precision} matmul on this CPU, {threads} thread(s) per rank")
+    return (
+        measured_cpu_peak_tflops(precision, threads),
+        f"measured {precision} matmul on this CPU, {threads} thread(s) per rank",
+    )
 
 
 # What a host's matmul and memory copy can measure: from a slow core's 10 MFLOPS and 0.1 GB/s
@@ -209,6 +239,7 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
     thread count under ~/.cache/orchestrator/, so MFU on CPU is against what this
     machine's matmul really reaches, not a guess.
     """
+
     def matmul_tflops() -> float:
         import torch
 
@@ -226,16 +257,19 @@ def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
         best = 0.0
         for n, k in ((64, 64), (128, 128), (256, 256), (512, 512), (256, 2048), (512, 2048)):
             a, w = torch.randn(n, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
-            best = max(best, 2 * n * n * k / _best_time(lambda: a @ w.t()) / 1e12)
+            best = max(best, 2 * n * n * k / _best_time(lambda a=a, w=w: a @ w.t()) / 1e12)
         return best
 
-    key = f"{cpu_model()}|torch {torch_version()}|{precision}|{threads} threads|linear layout, best of 64-512, k to 2048"
+    key = (
+        f"{cpu_model()}|torch {torch_version()}|{precision}|{threads} threads|linear layout, best of 64-512, k to 2048"
+    )
     return _measured(key, threads, matmul_tflops, PLAUSIBLE_TFLOPS)
 
 
 def measured_cpu_bandwidth_gbps(threads: int) -> float:
     """This host's memory bandwidth in GB/s (bytes read + written by a 256 MB copy) on
     `threads` threads; cached like the peak."""
+
     def copy_gbps() -> float:
         import torch
 
@@ -243,8 +277,9 @@ def measured_cpu_bandwidth_gbps(threads: int) -> float:
         dst = torch.empty_like(src)
         return 2 * src.numel() * src.element_size() / _best_time(lambda: dst.copy_(src)) / 1e9
 
-    return _measured(f"{cpu_model()}|torch {torch_version()}|copy bandwidth|{threads} threads", threads, copy_gbps,
-                     PLAUSIBLE_GBPS)
+    return _measured(
+        f"{cpu_model()}|torch {torch_version()}|copy bandwidth|{threads} threads", threads, copy_gbps, PLAUSIBLE_GBPS
+    )
 
 
 @functools.cache
@@ -281,8 +316,11 @@ def _measured_once(key: str, threads: int, measure, plausible: tuple[float, floa
     if value is not None:
         if (number := real_number(value)) is not None and plausible[0] <= number <= plausible[1]:
             return number
-        print(f"warning: {cache} held {str(value)[:40]!r} for {key.split('|')[-2:]}, outside "
-              f"{plausible[0]:g}-{plausible[1]:g}: measured again", file=sys.stderr)
+        print(
+            f"warning: {cache} held {str(value)[:40]!r} for {key.split('|')[-2:]}, outside "
+            f"{plausible[0]:g}-{plausible[1]:g}: measured again",
+            file=sys.stderr,
+        )
     import torch
 
     before = torch.get_num_threads()

@@ -31,8 +31,10 @@ class HostLoad:
         if self.busy_share <= threshold:
             return None
         who = f" (busiest: {', '.join(self.busiest)})" if self.busiest else ""
-        return (f"the host was busy before the trial started: {self.busy_share:.0%} of its {self.cores} cores in use"
-                f"{who}; its timings include that load")
+        return (
+            f"the host was busy before the trial started: {self.busy_share:.0%} of its {self.cores} cores in use"
+            f"{who}; its timings include that load"
+        )
 
     def as_dict(self) -> dict:
         return {**asdict(self), "warning": self.warning()}
@@ -57,8 +59,8 @@ def _process_ticks() -> dict[int, tuple[str, int]]:
                 text = f.read()
         except OSError:
             continue  # gone, or not ours to read
-        name = text[text.index("(") + 1:text.rindex(")")]
-        rest = text[text.rindex(")") + 2:].split()
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        rest = text[text.rindex(")") + 2 :].split()
         out[int(entry)] = (name, int(rest[11]) + int(rest[12]))  # utime, stime
     return out
 
@@ -72,12 +74,25 @@ def measure(window_s: float = WINDOW_S, exclude: set[int] | None = None) -> Host
     busy1, total1 = _cpu_ticks()
     procs1 = _process_ticks()
     hz = os.sysconf("SC_CLK_TCK")
-    used = sorted(((ticks - procs0[pid][1], name, pid) for pid, (name, ticks) in procs1.items()
-                   if pid in procs0 and pid not in skip and ticks > procs0[pid][1]), reverse=True)
-    busiest = [f"{name} (pid {pid}, {100 * d / hz / window_s:.0f}% of a core)" for d, name, pid in used[:3]
-               if d / hz / window_s >= 0.1]
-    return HostLoad(busy_share=(busy1 - busy0) / max(total1 - total0, 1), cores=os.cpu_count() or 1,
-                    load_average=os.getloadavg()[0], busiest=busiest)
+    used = sorted(
+        (
+            (ticks - procs0[pid][1], name, pid)
+            for pid, (name, ticks) in procs1.items()
+            if pid in procs0 and pid not in skip and ticks > procs0[pid][1]
+        ),
+        reverse=True,
+    )
+    busiest = [
+        f"{name} (pid {pid}, {100 * d / hz / window_s:.0f}% of a core)"
+        for d, name, pid in used[:3]
+        if d / hz / window_s >= 0.1
+    ]
+    return HostLoad(
+        busy_share=(busy1 - busy0) / max(total1 - total0, 1),
+        cores=os.cpu_count() or 1,
+        load_average=os.getloadavg()[0],
+        busiest=busiest,
+    )
 
 
 def available_bytes() -> int | None:

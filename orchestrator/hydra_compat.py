@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper

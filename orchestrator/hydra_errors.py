@@ -24,8 +24,12 @@ def config_error(exc: Exception, overrides: list[str]) -> ConfigError:
         if group == "hydra/launcher":
             return foreign_launcher(option)
         options = exc.options or presets(group)
-        return ConfigError(group, option, f"config group '{group}' has the presets {one_of(options)}"
-                           f"{did_you_mean(option, options)} (or add conf/{group}/{option}.yaml)")
+        return ConfigError(
+            group,
+            option,
+            f"config group '{group}' has the presets {one_of(options)}"
+            f"{did_you_mean(option, options)} (or add conf/{group}/{option}.yaml)",
+        )
     if "Config group override must be a string" in text:
         return ConfigError("config group", "null", "every config group needs a preset")
     if m := re.search(r"Key '([^']+)' not in '(\w+)'", str(cause)):
@@ -34,32 +38,47 @@ def config_error(exc: Exception, overrides: list[str]) -> ConfigError:
         return _unknown_key_error(key, value)
     if m := re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", str(cause)):
         allowed = m.group(2).split(", ")  # a StrEnum field of config.py
-        return ConfigError(_full_key(cause) or "?", m.group(1), f"one of {one_of(allowed)}{did_you_mean(m.group(1), allowed)}")
+        return ConfigError(
+            _full_key(cause) or "?", m.group(1), f"one of {one_of(allowed)}{did_you_mean(m.group(1), allowed)}"
+        )
     if "could not be converted to" in str(cause) or "is not Optional" in str(cause):
         key = _full_key(cause) or "?"
         kind = re.search(r"converted to (\w+)", str(cause))
         wanted = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}.get(
-            kind.group(1) if kind else "", "a value of the field's type")
+            kind.group(1) if kind else "", "a value of the field's type"
+        )
         if "is not Optional" in str(cause):
             wanted = "a value (this field cannot be null)"
         return ConfigError(key, _value_of(key, overrides), f"expected {wanted}")
     if "Ambiguous value" in text:
         line = re.search(r"argument '([^']+)'", text)
         key, _, value = (line.group(1) if line else "?=?").partition("=")
-        return ConfigError(key, value, "a comma sweeps over values; add -m to run a sweep, "
-                           "or quote the value for a string, or write [a,b] for a list")
+        return ConfigError(
+            key,
+            value,
+            "a comma sweeps over values; add -m to run a sweep, "
+            "or quote the value for a string, or write [a,b] for a list",
+        )
     if isinstance(exc, OverrideParseException):
         bad = next((o for o in overrides if not _parses(o)), " ".join(overrides))
-        return ConfigError("override", bad, f"not Hydra override syntax ({text.splitlines()[0]}); quote values "
-                           "with special characters: key='a b', key=[\"--flag=x\"]")
+        return ConfigError(
+            "override",
+            bad,
+            f"not Hydra override syntax ({text.splitlines()[0]}); quote values "
+            "with special characters: key='a b', key=[\"--flag=x\"]",
+        )
     first = text.splitlines()[0] if text else type(exc).__name__
     return ConfigError("config", " ".join(overrides) or "(defaults)", first)
 
 
 def foreign_launcher(name: str) -> ConfigError:
-    return ConfigError("hydra/launcher", name, "trials are launched by the orchestrator's own launcher, which knows "
-                       "their ranks, engines and results; say where they run with cluster=local (torchrun here) or "
-                       "cluster=slurm (submitit, job arrays, requeue)")
+    return ConfigError(
+        "hydra/launcher",
+        name,
+        "trials are launched by the orchestrator's own launcher, which knows "
+        "their ranks, engines and results; say where they run with cluster=local (torchrun here) or "
+        "cluster=slurm (submitit, job arrays, requeue)",
+    )
 
 
 def _parses(override: str) -> bool:
@@ -84,7 +103,7 @@ def _value_of(key: str, overrides: list[str]) -> str:
 
 def _unknown_key_help(parent: str) -> str:
     if not parent:
-        return (f"not a config group or field; the groups are {one_of(config.GROUPS + config.FIELD_GROUPS)}")
+        return f"not a config group or field; the groups are {one_of(config.GROUPS + config.FIELD_GROUPS)}"
     fields = fields_of(parent)
     return f"'{parent}' has no such field; its fields are {one_of(fields)}" if fields else "no such field"
 

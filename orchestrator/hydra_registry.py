@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -25,8 +24,8 @@ class LauncherConfig:
     (orchestrator/commands.py) for the sweep it started, not by a user."""
 
     _target_: str = "hydra_plugins.orchestrator_launcher.orchestrator_launcher.OrchestratorLauncher"
-    group: Optional[str] = None  # the W&B group of the sweep's runs: its directory's name
-    hydra_subdir: Optional[str] = ".hydra"  # hydra.output_subdir as the user set it: written masked by the trial
+    group: str | None = None  # the W&B group of the sweep's runs: its directory's name
+    hydra_subdir: str | None = ".hydra"  # hydra.output_subdir as the user set it: written masked by the trial
 
 
 @dataclass
@@ -36,7 +35,7 @@ class TuneConfig:
 
     _target_: str = "hydra_plugins.orchestrator_tuner.orchestrator_tuner.TuneSweeper"
     budget_trials: int = 8  # at most this many candidates run for real
-    budget_min: Optional[float] = None  # and no new round starts after this many minutes
+    budget_min: float | None = None  # and no new round starts after this many minutes
     batch_size: int = 2  # candidates per round (a SLURM round runs them at once)
 
 
@@ -74,7 +73,7 @@ def fit_name(text: str, limit: int = 120) -> str:
     names that differ past the cut stay two names."""
     if len(text.encode()) <= limit:
         return text
-    head = text.encode()[:limit - 9].decode(errors="ignore")  # whole characters, within the bytes
+    head = text.encode()[: limit - 9].decode(errors="ignore")  # whole characters, within the bytes
     return f"{head}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 

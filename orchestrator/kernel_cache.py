@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from orchestrator.files import atomic_write_text, read_json, real_number
 from orchestrator.hardware import cache_dir, torch_version
@@ -48,8 +48,12 @@ class Cache:
         return cls._known
 
     @classmethod
-    def get(cls, key: str, measure: Callable[[], tuple[float, float]],
-            plausible: Callable[[float, float], bool] | None = None) -> tuple[float, float, str]:
+    def get(
+        cls,
+        key: str,
+        measure: Callable[[], tuple[float, float]],
+        plausible: Callable[[float, float], bool] | None = None,
+    ) -> tuple[float, float, str]:
         """(a, b, when timed) under `key`: cached where the entry is whole and plausible
         (a kernel's times by default), else measured and cached."""
         entry = cls._checked(key, plausible or plausible_times)
@@ -63,8 +67,12 @@ class Cache:
         return entry[0], entry[1], entry[2]
 
     @classmethod
-    def get_whole(cls, key: str, measure: Callable[[], tuple[float, float] | None],
-                  plausible: Callable[[float, float], bool] | None = None) -> tuple[tuple | None, str]:
+    def get_whole(
+        cls,
+        key: str,
+        measure: Callable[[], tuple[float, float] | None],
+        plausible: Callable[[float, float], bool] | None = None,
+    ) -> tuple[tuple | None, str]:
         """As `get`, for a kernel timed whole, which may be too large to time (then None)."""
         entry = cls.known().get(key)
         if isinstance(entry, list) and len(entry) == 4 and entry[3] == TOO_LARGE:
@@ -87,8 +95,7 @@ class Cache:
         entry = cls.known().get(key)
         if entry is None:
             return None
-        whole = (isinstance(entry, list) and len(entry) == 3
-                 and all(real_number(x) is not None for x in entry[:2]))
+        whole = isinstance(entry, list) and len(entry) == 3 and all(real_number(x) is not None for x in entry[:2])
         if whole and plausible(float(entry[0]), float(entry[1])):
             return entry
         cls.discarded.append(f"{key.rsplit('|', 1)[-1]}: {str(entry)[:80]}")
@@ -106,8 +113,10 @@ class Cache:
         """What `_checked` dropped since the last call, as a warning ('' if nothing)."""
         if not cls.discarded:
             return ""
-        said = (f"{len(cls.discarded)} cached time(s) in {cache_path()} were not plausible for any device "
-                f"(e.g. {cls.discarded[0]}): discarded and timed again")
+        said = (
+            f"{len(cls.discarded)} cached time(s) in {cache_path()} were not plausible for any device "
+            f"(e.g. {cls.discarded[0]}): discarded and timed again"
+        )
         cls.discarded.clear()
         return said
 

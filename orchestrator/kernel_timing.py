@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 from orchestrator import cpu_allocator, kernels
 from orchestrator.config import ModelConfig
@@ -46,9 +47,11 @@ from orchestrator.process import collector_paused
 
 BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
 # How kernels are timed, in the cache key: times taken another way are timed again.
-METHOD = ("timing 5 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time; "
-          "forward and forward-and-backward timed round by round; "
-          "a slow call's full rows along the line through two row counts)")
+METHOD = (
+    "timing 5 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time; "
+    "forward and forward-and-backward timed round by round; "
+    "a slow call's full rows along the line through two row counts)"
+)
 PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
 # A block or the model's ends is timed whole (autograd and all) only where its kernels' sum
 # says a forward and backward take at most this long, and its weights hold at most this many
@@ -77,24 +80,33 @@ BEYOND_CACHES_BYTES = 2**31
 WHOLE_ALLOWANCE_S = 0.25
 
 
-def possible_times(flops: float, peak_flops: float | None, nbytes: float = 0.0,
-                  bandwidth: float | None = None) -> Callable[[float, float], bool]:
+def possible_times(
+    flops: float, peak_flops: float | None, nbytes: float = 0.0, bandwidth: float | None = None
+) -> Callable[[float, float], bool]:
     """Whether (forward s, backward s) of a kernel of `flops` forward FLOPs (twice that
     backward) are times this device can take against its peak: never faster, nor 100x
     slower; one that moves `nbytes` (a memory-bound one), not 100x slower than the
     bandwidth allows (faster may be: caches). Any time where neither is known."""
+
     def possible(forward_s: float, backward_s: float) -> bool:
         if not plausible_times(forward_s, backward_s):
             return False
         bounds = []
         if flops and peak_flops:
-            bounds += [(work / (PEAK_MARGIN * peak_flops), work / (SLOWEST_SHARE * peak_flops), s)
-                       for work, s in ((flops, forward_s), (2 * flops, backward_s))]
+            bounds += [
+                (work / (PEAK_MARGIN * peak_flops), work / (SLOWEST_SHARE * peak_flops), s)
+                for work, s in ((flops, forward_s), (2 * flops, backward_s))
+            ]
         if nbytes and bandwidth:
-            fastest = (lambda work: work / (PEAK_MARGIN * bandwidth)) if nbytes >= BEYOND_CACHES_BYTES else (lambda _: 0.0)
-            bounds += [(fastest(work), work / (SLOWEST_SHARE * bandwidth), s) for work, s in ((nbytes, forward_s),
-                                                                                             (2 * nbytes, backward_s))]
+            fastest = (
+                (lambda work: work / (PEAK_MARGIN * bandwidth)) if nbytes >= BEYOND_CACHES_BYTES else (lambda _: 0.0)
+            )
+            bounds += [
+                (fastest(work), work / (SLOWEST_SHARE * bandwidth), s)
+                for work, s in ((nbytes, forward_s), (2 * nbytes, backward_s))
+            ]
         return all(low <= s <= high + LAUNCH_ALLOWANCE_S for low, high, s in bounds)
+
     return possible
 
 
@@ -103,11 +115,16 @@ def possible_whole(kernels_s: float, flops: float, peak_flops: float | None) -> 
     device can take: never faster than its GEMMs' `flops` at the peak, nor slower than 100x
     the sum of its kernels (`kernels_s`, timed just before, forward and backward) plus
     WHOLE_ALLOWANCE_S for what runs between them."""
+
     def possible(forward_s: float, backward_s: float) -> bool:
         fastest = flops / (PEAK_MARGIN * peak_flops) if flops and peak_flops else 0.0
         slowest = kernels_s / SLOWEST_SHARE + WHOLE_ALLOWANCE_S
-        return (plausible_times(forward_s, backward_s) and fastest <= forward_s <= slowest
-                and 2 * fastest <= backward_s <= slowest)
+        return (
+            plausible_times(forward_s, backward_s)
+            and fastest <= forward_s <= slowest
+            and 2 * fastest <= backward_s <= slowest
+        )
+
     return possible
 
 
@@ -118,7 +135,8 @@ class QuietCheck:
     kept. A load steady through both probes slows both alike and is not seen."""
 
     def __init__(self, tick: Callable, device: str):
-        self.tick, self.device, self.before = tick, device, None
+        self.tick, self.device = tick, device
+        self.before: float | None = None
 
     def probe(self) -> float:
         import torch
@@ -138,8 +156,10 @@ class QuietCheck:
         ratio = max(after, self.before) / min(after, self.before)
         if ratio <= BUSY_RATIO:
             return ""
-        return (f"the machine was busy while the kernels were timed (the same probe took {self.before * 1e3:.3g} ms, "
-                f"then {after * 1e3:.3g} ms): these times are not cached, plan again on a quiet machine")
+        return (
+            f"the machine was busy while the kernels were timed (the same probe took {self.before * 1e3:.3g} ms, "
+            f"then {after * 1e3:.3g} ms): these times are not cached, plan again on a quiet machine"
+        )
 
 
 def clock(device, whole: bool = False) -> Callable[..., float]:
@@ -200,8 +220,10 @@ def kernels_busy_s(kernel_us: list[float]) -> float:
     profiler saw no kernel at all (CUPTI missing, another profiler attached), never a free
     call: the timing fails, and the plan says so and keeps the preset."""
     if not kernel_us:
-        raise KernelTimingError("the profiler recorded no GPU kernel (CUPTI missing, or another profiler attached), "
-                                "so a kernel's own time cannot be read")
+        raise KernelTimingError(
+            "the profiler recorded no GPU kernel (CUPTI missing, or another profiler attached), "
+            "so a kernel's own time cannot be read"
+        )
     return sum(kernel_us) * 1e-6
 
 
@@ -256,8 +278,9 @@ def along_rows(kernel: Kernel, rows: int, total_s: float, tick: Callable) -> flo
     return total_s + per_row * (kernel.rows - rows)
 
 
-def forward_and_total(fwd: Callable, both: Callable, probe_s: float, tick: Callable,
-                      rounds: int = 3, tries: int = 3) -> tuple[float, float]:
+def forward_and_total(
+    fwd: Callable, both: Callable, probe_s: float, tick: Callable, rounds: int = 3, tries: int = 3
+) -> tuple[float, float]:
     """(seconds of a forward call, of a forward and backward call), each the best of
     `rounds` rounds of calls that fill about BUDGET_S, the two interleaved round by round:
     the backward is their difference, so both must see the machine alike (timed one after
@@ -333,10 +356,18 @@ def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
     return forward, max(total - forward, 0.0)
 
 
-def measure(model: ModelConfig, micro: int, precision: str, device: str, threads_per_rank: int,
-            optimizer_tensors: list[int], recompute: str = "none",
-            before_timing: Callable[[], None] = lambda: None, peak_flops: float | None = None,
-            bandwidth: float | None = None) -> MeasuredKernels:
+def measure(
+    model: ModelConfig,
+    micro: int,
+    precision: str,
+    device: str,
+    threads_per_rank: int,
+    optimizer_tensors: list[int],
+    recompute: str = "none",
+    before_timing: Callable[[], None] = lambda: None,
+    peak_flops: float | None = None,
+    bandwidth: float | None = None,
+) -> MeasuredKernels:
     """Times (or finds cached) every kernel of one micro batch of `micro` sequences, and the
     optimizer step over `optimizer_tensors` (elements of each of the rank's shares).
     `before_timing`: called once, after the imports and before the first kernel is timed
@@ -404,34 +435,50 @@ def measure(model: ModelConfig, micro: int, precision: str, device: str, threads
             for kernel, count in trial.layer_gemms:
                 fwd, bwd = timed(kernel)
                 layer = [layer[0] + count * fwd, layer[1] + count * bwd]
-            times = KernelTimes(layer_gemms=(layer[0], layer[1]), head=timed(trial.head),
-                                attention=timed(trial.attention), memory_bound=timed(trial.memory_bound),
-                                loss=timed(trial.loss), launch_s=timed(kernels.launch(device))[0])
+            times = KernelTimes(
+                layer_gemms=(layer[0], layer[1]),
+                head=timed(trial.head),
+                attention=timed(trial.attention),
+                memory_bound=timed(trial.memory_bound),
+                loss=timed(trial.loss),
+                launch_s=timed(kernels.launch(device))[0],
+            )
             block_s = sum(times.layer_gemms) + sum(times.attention) + sum(times.memory_bound)
             block_flops = sum(k.flops * count for k, count in trial.layer_gemms) + trial.attention.flops
             times = dataclasses.replace(
-                times, block=whole(trial.block, block_s,
-                                   sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, tokens)),
-                                   block_flops),
-                ends=whole(trial.ends, sum(times.head) + sum(times.loss), model.vocab * model.hidden,
-                           trial.head.flops))
+                times,
+                block=whole(
+                    trial.block,
+                    block_s,
+                    sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, tokens)),
+                    block_flops,
+                ),
+                ends=whole(trial.ends, sum(times.head) + sum(times.loss), model.vocab * model.hidden, trial.head.flops),
+            )
             if device.startswith("cuda"):  # the host's own time: the same, on 8 tokens (any size fits a GPU)
                 tiny = dataclasses.replace(model, seq_len=8)
                 times = dataclasses.replace(
-                    times, host_block=whole(kernels.block(tiny, 1, recompute, precision, device), 0.0, 0),
-                    host_ends=whole(kernels.ends(tiny, 1, precision, device), 0.0, 0))
+                    times,
+                    host_block=whole(kernels.block(tiny, 1, recompute, precision, device), 0.0, 0),
+                    host_ends=whole(kernels.ends(tiny, 1, precision, device), 0.0, 0),
+                )
             optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
             busy = quiet.verdict()
         if busy:
             Cache.forget_new()
     except (RuntimeError, ValueError, TypeError, ImportError, MemoryError) as exc:
-        raise KernelTimingError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+        raise KernelTimingError(
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        ) from exc
     finally:
         Cache.save()
     if impossible and not busy:
-        busy = (f"{len(impossible)} kernel time(s) this device's peak or bandwidth rule out, twice "
-                f"(e.g. {impossible[0]}): "
-                "something else held the device while they were timed; plan again on a quiet machine")
+        busy = (
+            f"{len(impossible)} kernel time(s) this device's peak or bandwidth rule out, twice "
+            f"(e.g. {impossible[0]}): "
+            "something else held the device while they were timed; plan again on a quiet machine"
+        )
         Cache.forget_new()
-    return MeasuredKernels(kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens),
-                    busy=busy)
+    return MeasuredKernels(
+        kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens), busy=busy
+    )

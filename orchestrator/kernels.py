@@ -6,8 +6,9 @@ run on, so a large one can be timed on part of them."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from orchestrator.config import ModelConfig
 from orchestrator.plan.compute import layer_gemms
@@ -52,6 +53,7 @@ class Kernel:
     flops: float = 0.0  # the real kernel's forward FLOPs on all its rows (a GEMM's 2 m n k; 0: not counted)
     bytes: float = 0.0  # what its forward reads and writes at the least, where it is memory-bound (0: not counted)
 
+
 GPT2_ACTIVATION = "gelu_pytorch_tanh"  # what workload/model.py gives GPT2Config
 
 
@@ -64,7 +66,11 @@ def import_libraries(arch: str) -> None:
     from orchestrator.workload.model import import_libraries as import_model_libraries
 
     import_model_libraries(arch)
-    for module in ("transformers.pytorch_utils", "transformers.activations", "transformers.models.llama.modeling_llama"):
+    for module in (
+        "transformers.pytorch_utils",
+        "transformers.activations",
+        "transformers.models.llama.modeling_llama",
+    ):
         importlib.import_module(module)
 
 
@@ -74,8 +80,17 @@ def _grads(outputs, inputs, grads):
     return lambda: torch.autograd.grad(outputs(), inputs, grads)
 
 
-def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, device: str,
-         cols: int | None = None, depth: int = GEMM_MAX_K) -> Kernel:
+def gemm(
+    rows: int,
+    n: int,
+    k: int,
+    conv1d: bool,
+    bias: bool,
+    precision: str,
+    device: str,
+    cols: int | None = None,
+    depth: int = GEMM_MAX_K,
+) -> Kernel:
     """y = x W (+ b) for x of [rows, k]: nn.Linear(k, n) ([n, k] weight) or transformers'
     Conv1D(n, k) (GPT-2's, [k, n]); its backward is autograd's dX and dW. Built on at most
     `cols` x `depth` of the weight and scaled; `smaller` halves the larger of the two (down
@@ -88,7 +103,9 @@ def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, de
         from transformers.pytorch_utils import Conv1D
 
         dtype = torch_dtype(precision)
-        module = (Conv1D(cols, depth) if conv1d else torch.nn.Linear(depth, cols, bias=bias)).to(device=device, dtype=dtype)
+        module = (Conv1D(cols, depth) if conv1d else torch.nn.Linear(depth, cols, bias=bias)).to(
+            device=device, dtype=dtype
+        )
         x = torch.randn(r, depth, device=device, dtype=dtype, requires_grad=True)
         dy = torch.randn(r, cols, device=device, dtype=dtype)
         return (lambda: module(x)), _grads(lambda: module(x), [x, *module.parameters()], dy)
@@ -97,13 +114,21 @@ def gemm(rows: int, n: int, k: int, conv1d: bool, bias: bool, precision: str, de
     if max(cols, depth) > GEMM_MIN_SIDE:
         wider = cols >= depth
         half = max(GEMM_MIN_SIDE, (cols if wider else depth) // 2)
-        smaller = gemm(rows, n, k, conv1d, bias, precision, device,
-                       cols=half if wider else cols, depth=depth if wider else half)
+        smaller = gemm(
+            rows, n, k, conv1d, bias, precision, device, cols=half if wider else cols, depth=depth if wider else half
+        )
     layout = "conv1d [k, n]" if conv1d else "linear [n, k]"
     cut_n = f" (timed on {cols})" if cols < n else ""
     cut_k = f" (timed on {depth})" if depth < k else ""
-    return Kernel(f"gemm {layout}{' + bias' if conv1d or bias else ''} n={n}{cut_n} k={k}{cut_k}", rows, build,
-                  min_rows=GEMM_MIN_ROWS, scale=n / cols * k / depth, smaller=smaller, flops=2.0 * rows * n * k)
+    return Kernel(
+        f"gemm {layout}{' + bias' if conv1d or bias else ''} n={n}{cut_n} k={k}{cut_k}",
+        rows,
+        build,
+        min_rows=GEMM_MIN_ROWS,
+        scale=n / cols * k / depth,
+        smaller=smaller,
+        flops=2.0 * rows * n * k,
+    )
 
 
 def attention(model: ModelConfig, micro: int, precision: str, device: str) -> Kernel:
@@ -121,7 +146,7 @@ def attention(model: ModelConfig, micro: int, precision: str, device: str) -> Ke
         def core(q, k, v):
             if model.attention == "sdpa":
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            scores = torch.matmul(q, k.transpose(2, 3)) * d ** -0.5 + mask
+            scores = torch.matmul(q, k.transpose(2, 3)) * d**-0.5 + mask
             return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(dtype), v)
 
         q, k, v = (torch.randn(1, r, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -129,8 +154,13 @@ def attention(model: ModelConfig, micro: int, precision: str, device: str) -> Ke
         return (lambda: core(q, k, v)), _grads(lambda: core(q, k, v), [q, k, v], do)
 
     rows = micro * model.heads  # QK^T and AV: 4 s^2 d a row, of which a fused kernel runs the causal half
-    return Kernel(f"attention {model.attention} causal s={s} d={d}", rows, build, min_rows=1,
-                  flops=4.0 * rows * s * s * d * (0.5 if model.attention == "sdpa" else 1.0))
+    return Kernel(
+        f"attention {model.attention} causal s={s} d={d}",
+        rows,
+        build,
+        min_rows=1,
+        flops=4.0 * rows * s * s * d * (0.5 if model.attention == "sdpa" else 1.0),
+    )
 
 
 def memory_bound(model: ModelConfig, tokens: int, precision: str, device: str) -> Kernel:
@@ -165,13 +195,18 @@ def memory_bound(model: ModelConfig, tokens: int, precision: str, device: str) -
         grads = [torch.randn_like(o) for o in outs]
         return forward, _grads(forward, inputs, grads)
 
-    return Kernel(f"memory-bound {model.arch} layer h={h} f={f}", tokens, build,
-                  min_rows=max(1, min(MIN_ROWS, -(-MIN_ELEMENTS // f))),
-                  bytes=tokens * element_bytes(precision) * (2 * h + f))  # the forward reads x and the MLP's input
+    return Kernel(
+        f"memory-bound {model.arch} layer h={h} f={f}",
+        tokens,
+        build,
+        min_rows=max(1, min(MIN_ROWS, -(-MIN_ELEMENTS // f))),
+        bytes=tokens * element_bytes(precision) * (2 * h + f),
+    )  # the forward reads x and the MLP's input
 
 
 def loss(vocab: int, tokens: int, precision: str, device: str) -> Kernel:
     """transformers' causal LM loss: the logits upcast to fp32, cross-entropy."""
+
     def build(r: int):
         import torch
         import torch.nn.functional as F
@@ -219,8 +254,13 @@ def block(model: ModelConfig, micro: int, recompute: str, precision: str, device
         dy = torch.randn_like(forward())
         return forward, _grads(forward, [x, *layer.parameters()], dy)
 
-    return Kernel(f"block {model.arch} h={model.hidden} f={model.ffn} heads={model.heads}/{model.kv_heads} "
-                  f"s={model.seq_len} {model.attention} recompute={recompute}", micro, build, min_rows=micro)
+    return Kernel(
+        f"block {model.arch} h={model.hidden} f={model.ffn} heads={model.heads}/{model.kv_heads} "
+        f"s={model.seq_len} {model.attention} recompute={recompute}",
+        micro,
+        build,
+        min_rows=micro,
+    )
 
 
 def ends(model: ModelConfig, micro: int, precision: str, device: str) -> Kernel:
@@ -241,8 +281,12 @@ def ends(model: ModelConfig, micro: int, precision: str, device: str) -> Kernel:
         forward = lambda: lm(input_ids=ids, labels=ids).loss  # noqa: E731
         return forward, lambda: torch.autograd.grad(forward(), [p for p in lm.parameters() if p.requires_grad])
 
-    return Kernel(f"ends {model.arch} h={model.hidden} vocab={model.vocab} s={model.seq_len} "
-                  f"tied={model.tie_embeddings}", micro, build, min_rows=micro)
+    return Kernel(
+        f"ends {model.arch} h={model.hidden} vocab={model.vocab} s={model.seq_len} tied={model.tie_embeddings}",
+        micro,
+        build,
+        min_rows=micro,
+    )
 
 
 def trial_gemms(model: ModelConfig, tokens: int) -> list[tuple[tuple[int, int, bool, bool], int]]:
@@ -273,14 +317,17 @@ class TrialKernels(NamedTuple):
 def trial_kernels(model: ModelConfig, micro: int, recompute: str, precision: str, device: str) -> TrialKernels:
     tokens = micro * model.seq_len
     return TrialKernels(
-        layer_gemms=[(gemm(tokens, n, k, conv1d, bias, precision, device), count)
-                     for (n, k, conv1d, bias), count in trial_gemms(model, tokens)],
+        layer_gemms=[
+            (gemm(tokens, n, k, conv1d, bias, precision, device), count)
+            for (n, k, conv1d, bias), count in trial_gemms(model, tokens)
+        ],
         head=gemm(tokens, model.vocab, model.hidden, False, False, precision, device),
         attention=attention(model, micro, precision, device),
         memory_bound=memory_bound(model, tokens, precision, device),
         loss=loss(model.vocab, tokens, precision, device),
         block=block(model, micro, recompute, precision, device),
-        ends=ends(model, micro, precision, device))
+        ends=ends(model, micro, precision, device),
+    )
 
 
 def launch(device: str) -> Kernel:
@@ -323,5 +370,10 @@ def adamw(tensors: list[int], device: str) -> Kernel:
         step = lambda: optimizer.step()  # noqa: E731
         return step, step
 
-    return Kernel(f"adamw tensors={len(tensors)} elements={total}", total, build, min_rows=2**22,
-                  bytes=ADAMW_BYTES_PER_ELEMENT * total)
+    return Kernel(
+        f"adamw tensors={len(tensors)} elements={total}",
+        total,
+        build,
+        min_rows=2**22,
+        bytes=ADAMW_BYTES_PER_ELEMENT * total,
+    )

@@ -27,12 +27,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from orchestrator import network_table
+from orchestrator.compose import plain_dict
 from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.errors import ConfigError, MeasurementFailed, one_of
 from orchestrator.files import atomic_write_text
 from orchestrator.hardware import calibrated_name, calibrated_preset
 from orchestrator.host_load import available_bytes
-from orchestrator import network_table
 from orchestrator.plan.bus_table import BusRow, BusTable
 from orchestrator.plan.collectives import Level, Network, bus_factor, ring_steps, ring_time
 from orchestrator.plan.memory import GIB
@@ -97,8 +98,9 @@ def fit_level(rows: list[Measurement], backend: str) -> Level:
 MAX_NODES, MAX_RANKS_PER_NODE, MAX_MB, MAX_REPS = 4096, 64, 16384, 1000
 
 
-def check_arguments(nodes_text: str, ranks_per_node: int, max_mb: float, reps: int, partition: str | None,
-                    device: str) -> list[int]:
+def check_arguments(
+    nodes_text: str, ranks_per_node: int, max_mb: float, reps: int, partition: str | None, device: str
+) -> list[int]:
     """The node counts of `--nodes`, every argument checked before anything runs: bounds,
     srun where more than one node (or a partition) is asked, and on this machine's CPU the
     buffers of its ranks within its free memory."""
@@ -109,16 +111,23 @@ def check_arguments(nodes_text: str, ranks_per_node: int, max_mb: float, reps: i
     if not 1 <= nodes[0] <= nodes[-1] <= MAX_NODES:
         raise ConfigError("--nodes", nodes_text, f"node counts from 1 to {MAX_NODES}")
     if not 1 <= ranks_per_node <= MAX_RANKS_PER_NODE:
-        raise ConfigError("--ranks-per-node", ranks_per_node, f"1 to {MAX_RANKS_PER_NODE} (a node's GPUs); the "
-                          f"nearest valid value is {min(max(ranks_per_node, 1), MAX_RANKS_PER_NODE)}")
+        raise ConfigError(
+            "--ranks-per-node",
+            ranks_per_node,
+            f"1 to {MAX_RANKS_PER_NODE} (a node's GPUs); the "
+            f"nearest valid value is {min(max(ranks_per_node, 1), MAX_RANKS_PER_NODE)}",
+        )
     if not (math.isfinite(max_mb) and 1 <= max_mb <= MAX_MB):
         nearest = f"; the nearest valid value is {MAX_MB if max_mb > MAX_MB else 1}" if not math.isnan(max_mb) else ""
         raise ConfigError("--max-mb", max_mb, f"a buffer size in MB from 1 to {MAX_MB}{nearest}")
     if not 1 <= reps <= MAX_REPS:
         raise ConfigError("--reps", reps, f"1 to {MAX_REPS} timed calls per size")
     if nodes[-1] * ranks_per_node < 2:
-        raise ConfigError("--ranks-per-node", ranks_per_node, "at least 2 ranks in all to time a collective: "
-                          "--ranks-per-node 2, or --nodes 1,2")
+        raise ConfigError(
+            "--ranks-per-node",
+            ranks_per_node,
+            "at least 2 ranks in all to time a collective: --ranks-per-node 2, or --nodes 1,2",
+        )
     if nodes[-1] > 1 or partition:
         _check_slurm_has(nodes[-1], nodes_text, partition)
     free = available_bytes()
@@ -126,8 +135,12 @@ def check_arguments(nodes_text: str, ranks_per_node: int, max_mb: float, reps: i
     need = ranks_per_node * 2 * max_mb * 2**20
     if device == "cpu" and nodes[0] == 1 and partition is None and free is not None and need > free:
         fits = max(1, int(free / (ranks_per_node * 2 * 2**20)))
-        raise ConfigError("--max-mb", max_mb, f"buffers that fit this host's free memory ({free / GIB:.1f} GiB for "
-                          f"{ranks_per_node} rank(s), two buffers each); the nearest valid value is {fits}")
+        raise ConfigError(
+            "--max-mb",
+            max_mb,
+            f"buffers that fit this host's free memory ({free / GIB:.1f} GiB for "
+            f"{ranks_per_node} rank(s), two buffers each); the nearest valid value is {fits}",
+        )
     return nodes
 
 
@@ -135,8 +148,12 @@ def _check_slurm_has(most: int, nodes_text: str, partition: str | None) -> None:
     """SLURM answers here (sinfo) and has `most` nodes (in `partition`): found before the
     one-node measurement, not after it."""
     if shutil.which("srun") is None or shutil.which("sinfo") is None:
-        raise ConfigError("--nodes", nodes_text, "one node here (--nodes 1, no --partition), or several through "
-                          "SLURM's srun, which this machine does not have")
+        raise ConfigError(
+            "--nodes",
+            nodes_text,
+            "one node here (--nodes 1, no --partition), or several through "
+            "SLURM's srun, which this machine does not have",
+        )
     argv = ["sinfo", "--noheader", "--format=%D", *([f"--partition={partition}"] if partition else [])]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -149,24 +166,47 @@ def _check_slurm_has(most: int, nodes_text: str, partition: str | None) -> None:
         said = (proc.stderr.strip().splitlines() or ["no nodes listed"])[-1][-300:]
         raise ConfigError("--nodes", nodes_text, f"nodes SLURM has, but it does not answer here (sinfo: {said})")
     if most > sum(counts):
-        raise ConfigError("--nodes", nodes_text, f"at most the {sum(counts)} node(s) SLURM has"
-                          f"{f' in partition {partition}' if partition else ''}")
+        raise ConfigError(
+            "--nodes",
+            nodes_text,
+            f"at most the {sum(counts)} node(s) SLURM has{f' in partition {partition}' if partition else ''}",
+        )
 
 
-def measure(node_counts: list[int], ranks_per_node: int, max_mb: float, reps: int, device: str,
-            partition: str | None = None, min_bytes: int = MIN_BYTES) -> list[Measurement]:
+def measure(
+    node_counts: list[int],
+    ranks_per_node: int,
+    max_mb: float,
+    reps: int,
+    device: str,
+    partition: str | None = None,
+    min_bytes: int = MIN_BYTES,
+) -> list[Measurement]:
     """Every collective and size on each node count; one node runs here unless SLURM is asked.
     The ranks end with this process (run_group): a signal to the command ends them too."""
     out = []
     for nodes in node_counts:
         ranks = nodes * ranks_per_node
-        worker = ["-m", "orchestrator.workload.collective_timing", ",".join(map(str, sizes(max_mb, min_bytes))), str(reps), device]
+        worker = [
+            "-m",
+            "orchestrator.workload.collective_timing",
+            ",".join(map(str, sizes(max_mb, min_bytes))),
+            str(reps),
+            device,
+        ]
         if nodes == 1 and partition is None:
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *worker]
         else:
-            argv = ["srun", "--export=ALL,SUBMITIT_EXECUTOR=slurm", f"--nodes={nodes}", f"--ntasks={ranks}",
-                    f"--ntasks-per-node={ranks_per_node}", *([f"--partition={partition}"] if partition else []),
-                    sys.executable, *worker]
+            argv = [
+                "srun",
+                "--export=ALL,SUBMITIT_EXECUTOR=slurm",
+                f"--nodes={nodes}",
+                f"--ntasks={ranks}",
+                f"--ntasks-per-node={ranks_per_node}",
+                *([f"--partition={partition}"] if partition else []),
+                sys.executable,
+                *worker,
+            ]
         try:
             proc = run_group(argv, timeout=3600)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -186,21 +226,30 @@ def fit_network(rows: list[Measurement], backend: str) -> tuple[Level, Level | N
     many = [m for m in rows if m.nodes > 1]
     inside = fit_level(one, backend) if one else None
     between = fit_level(many, backend) if many else None
-    if inside is None and between is None:
+    first = inside or between
+    if first is None:
         raise ConfigError("--ranks-per-node", 1, "at least 2 ranks in all, on one node or across nodes")
-    return inside or between, between
+    return first, between
 
 
-def write_links(hardware: str, inside: Level, between: Level | None, what: str,
-                table: BusTable | None = None) -> str:
+def write_links(hardware: str, inside: Level, between: Level | None, what: str, table: BusTable | None = None) -> str:
     """The NAME-calibrated preset with its network levels (and table) replaced (created from
     NAME if new)."""
+
     def levels(data: dict) -> None:
-        data["intra_node"] = {**data.get("intra_node", {}), "busbw_gbps": round(inside.busbw / 1e9, 4),
-                              "latency_us": round(inside.latency * 1e6, 2), "name": f"{MEASURED}{what}"}
+        data["intra_node"] = {
+            **data.get("intra_node", {}),
+            "busbw_gbps": round(inside.busbw / 1e9, 4),
+            "latency_us": round(inside.latency * 1e6, 2),
+            "name": f"{MEASURED}{what}",
+        }
         if between is not None:
-            data["inter_node"] = {**data.get("inter_node", {}), "busbw_gbps": round(between.busbw / 1e9, 4),
-                                  "latency_us": round(between.latency * 1e6, 2), "name": f"{MEASURED}{what}"}
+            data["inter_node"] = {
+                **data.get("inter_node", {}),
+                "busbw_gbps": round(between.busbw / 1e9, 4),
+                "latency_us": round(between.latency * 1e6, 2),
+                "name": f"{MEASURED}{what}",
+            }
 
     return _write_preset(hardware, f"the network measured as nccl-tests does ({what})", levels, table)
 
@@ -217,12 +266,10 @@ def table_path(hardware: str) -> Path:
 
 def _write_preset(hardware: str, what: str, change, table: BusTable | None) -> str:
     path = user_conf_dir() / "hardware" / f"{calibrated_name(hardware)}.yaml"
-    if path.is_file():
-        data = calibrated_preset(hardware, user_conf_dir())  # read and checked as the plan reads it
-    else:
-        data = OmegaConf.to_container(OmegaConf.structured(build_spec([f"hardware={hardware}"]).cfg.hardware),
-                                      enum_to_str=True)
-        data["name"] = calibrated_name(hardware)
+    data = calibrated_preset(hardware, user_conf_dir()) if path.is_file() else None  # checked as the plan reads it
+    if data is None:
+        hw = OmegaConf.structured(build_spec([f"hardware={hardware}"]).cfg.hardware)
+        data = {**plain_dict(hw), "name": calibrated_name(hardware)}
     change(data)
     if table is not None:
         own = table_path(hardware)
@@ -240,8 +287,14 @@ def _write_preset(hardware: str, what: str, change, table: BusTable | None) -> s
 
 def table_of(rows: list[Measurement], what: str) -> BusTable:
     """What was measured, as the network table the plan reads (one curve per op and node count)."""
-    return BusTable([BusRow(m.op, m.nodes, m.ranks // m.nodes, m.bytes, m.busbw / 1e9) for m in rows
-                     if m.ranks > 1 and m.seconds > 0], f"measured by `orchestrator calibrate --links`: {what}")
+    return BusTable(
+        [
+            BusRow(m.op, m.nodes, m.ranks // m.nodes, m.bytes, m.busbw / 1e9)
+            for m in rows
+            if m.ranks > 1 and m.seconds > 0
+        ],
+        f"measured by `orchestrator calibrate --links`: {what}",
+    )
 
 
 def check_hardware(name: str) -> None:

@@ -18,8 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -27,9 +26,9 @@ from orchestrator.errors import MeasurementFailed
 from orchestrator.files import atomic_write_text, read_json
 from orchestrator.hardware import cache_dir, cpu_model, torch_version
 from orchestrator.links import OPS, Measurement, fit_level, measure, table_of
-from orchestrator.plan.bus_table import MAX_BUSBW_GBPS, BusTable
+from orchestrator.plan.bus_table import MAX_BUSBW_GBPS
 from orchestrator.plan.collectives import bus_factor
-from orchestrator.plan.collectives import Level
+from orchestrator.plan.inputs import LocalLinks
 
 BACKEND = "gloo"
 # 16 KB to 16 MB: ZeRO-3's persistent parameters after each step (a bias, a norm) up to a
@@ -38,13 +37,6 @@ MIN_BYTES, MAX_MB = 16 << 10, 16
 REPS = 5
 # Longer than this, a call is not a host's loopback (a stalled machine): measured again.
 MAX_CALL_S = 60.0
-
-
-@dataclass(frozen=True)
-class LocalLinks:
-    level: Level
-    table: BusTable
-    source: str  # what was measured, where and when, for the plan's assumptions
 
 
 def cache_path():
@@ -73,23 +65,31 @@ def _cached_or_measured(ranks_per_node: int) -> LocalLinks:
     """Cached, else measured now (seconds: the ranks import torch). MeasurementFailed where
     they cannot be measured."""
     cache = cache_path()
-    known = read_json(cache) or {}
+    known = k if isinstance(k := read_json(cache), dict) else {}
     entry = known.get(key(ranks_per_node))
     rows = rows_of(entry)
     if rows is None:
         # A call timed at nothing (the barriers' cost taken off a call as short as they are)
         # says nothing of the link; the others are kept.
-        rows = [m for m in measure([1], ranks_per_node, MAX_MB, REPS, "cpu", min_bytes=MIN_BYTES)
-                if m.seconds > 0 and possible(m)]
-        entry = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                 "rows": [[m.op, m.ranks, m.nodes, m.bytes, m.seconds] for m in rows]}
+        rows = [
+            m
+            for m in measure([1], ranks_per_node, MAX_MB, REPS, "cpu", min_bytes=MIN_BYTES)
+            if m.seconds > 0 and possible(m)
+        ]
+        entry = {
+            "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "rows": [[m.op, m.ranks, m.nodes, m.bytes, m.seconds] for m in rows],
+        }
         if rows_of(entry) is None:
             raise MeasurementFailed(f"{ranks_per_node} ranks of this host timed no usable call of each collective")
         known[key(ranks_per_node)] = entry
         with contextlib.suppress(OSError):  # an unusable cache costs the measurement next time, nothing else
             atomic_write_text(cache, json.dumps(known, indent=1))
-    what = (f"{BACKEND} between {ranks_per_node} ranks of this host, {MIN_BYTES >> 10} KB-{MAX_MB} MB, "
-            f"measured {entry['when']}")
+    assert isinstance(entry, dict)  # the cached one read, or the new one
+    what = (
+        f"{BACKEND} between {ranks_per_node} ranks of this host, {MIN_BYTES >> 10} KB-{MAX_MB} MB, "
+        f"measured {entry['when']}"
+    )
     try:
         level = fit_level(rows, BACKEND)
     except (ValueError, np.linalg.LinAlgError) as exc:
@@ -107,11 +107,21 @@ def rows_of(entry) -> list[Measurement] | None:
     """The cached rows where every one is a measurement this host could have made (each
     collective at least once, a time within (0, MAX_CALL_S]), else None."""
     try:
-        rows = [Measurement(str(op), int(ranks), int(nodes), int(size), float(seconds))
-                for op, ranks, nodes, size, seconds in entry["rows"]]
+        rows = [
+            Measurement(str(op), int(ranks), int(nodes), int(size), float(seconds))
+            for op, ranks, nodes, size, seconds in entry["rows"]
+        ]
         str(entry["when"])
     except (TypeError, KeyError, ValueError):
         return None
-    fine = all(m.op in OPS and m.ranks > 1 and m.nodes == 1 and m.bytes > 0
-               and math.isfinite(m.seconds) and 0 < m.seconds <= MAX_CALL_S and possible(m) for m in rows)
+    fine = all(
+        m.op in OPS
+        and m.ranks > 1
+        and m.nodes == 1
+        and m.bytes > 0
+        and math.isfinite(m.seconds)
+        and 0 < m.seconds <= MAX_CALL_S
+        and possible(m)
+        for m in rows
+    )
     return rows if fine and {m.op for m in rows} == set(OPS) else None

@@ -37,8 +37,22 @@ from orchestrator.files import read_text
 from orchestrator.plan.bus_table import MAX_BUSBW_GBPS, MIN_BUSBW_GBPS, BusRow, BusTable
 from orchestrator.plan.collectives import bus_factor
 
-TYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "half": 2, "float": 4,
-              "double": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+TYPE_BYTES = {
+    "int8": 1,
+    "uint8": 1,
+    "int32": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "half": 2,
+    "float": 4,
+    "double": 8,
+    "bfloat16": 2,
+    "f8e4m3": 1,
+    "f8e5m2": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
 PROGRAMS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather", "reduce_scatter_perf": "reduce_scatter"}
 LOG_LIMIT = 16 * 2**20  # bytes: a run of every size from 8 B to 16 GB on 1,024 ranks is under 200 kB
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+", re.ASCII)
@@ -47,8 +61,11 @@ _PROGRAM = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _NCCL_OWN = re.compile(r"\bNCCL (INFO|WARN)\b|^NCCL version\b|^Authorization required, but no authorization protocol")
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?$", re.ASCII)
 # What a launcher puts before nccl-tests' own line: mpirun --tag-output, srun -l, a timestamp, a host.
-_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s|\[?\d{4}-\d\d-\d\d[T ][\d:.,]+Z?\]?\s|"
-                     r"[A-Za-z][\w.-]*:\s)", re.ASCII)
+_PREFIX = re.compile(
+    r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s|\[?\d{4}-\d\d-\d\d[T ][\d:.,]+Z?\]?\s|"
+    r"[A-Za-z][\w.-]*:\s)",
+    re.ASCII,
+)
 _NAMED = re.compile(r"(all_?reduce|all_?gather|reduce_?scatter)", re.IGNORECASE)
 
 
@@ -100,7 +117,7 @@ def unprefixed(raw: str) -> str:
     for _ in range(3):
         if line.startswith("#") or not (m := _PREFIX.match(line)):
             break
-        line = line[m.end():].strip()
+        line = line[m.end() :].strip()
     return line
 
 
@@ -122,19 +139,27 @@ def parse_runs(text: str, where: str) -> list[Run]:
             elif (m := _RANK.match(line)) is not None:
                 run["hosts"][int(m.group(1))] = m.group(2)
             elif "FAILED" in line:
-                raise ConfigError(f"{where} line {n}", line[:80], "a run whose results nccl-tests found right; "
-                                  "this one says FAILED")
+                raise ConfigError(
+                    f"{where} line {n}", line[:80], "a run whose results nccl-tests found right; this one says FAILED"
+                )
             run["complete"] = run["complete"] or line.startswith("# Avg bus bandwidth")
             continue
         row = _row(line)
         if row is None:
             if n == len(lines) and not run["complete"] and run["rows"]:  # the run was cut mid-line
                 continue
-            raise ConfigError(f"{where} line {n}", line[:80], "nccl-tests output: '#' lines, and rows of size, count, "
-                              "type, redop, root, then time, algbw, busbw and #wrong out-of-place and in-place")
+            raise ConfigError(
+                f"{where} line {n}",
+                line[:80],
+                "nccl-tests output: '#' lines, and rows of size, count, "
+                "type, redop, root, then time, algbw, busbw and #wrong out-of-place and in-place",
+            )
         if any(w not in ("0", "N/A") for w in row.wrong):
-            raise ConfigError(f"{where} line {n}: #wrong", "/".join(row.wrong), "0: nccl-tests checked this size's "
-                              "result and found it wrong")
+            raise ConfigError(
+                f"{where} line {n}: #wrong",
+                "/".join(row.wrong),
+                "0: nccl-tests checked this size's result and found it wrong",
+            )
         run["rows"].append(row)
     found = [s for s in segments if s["rows"] or s["program"] or s["hosts"]] or segments
     for previous, segment in zip(found, found[1:]):  # a later run of the same job may not print its ranks again
@@ -156,32 +181,47 @@ def _row(line: str) -> Row | None:
     return Row(int(fields[0]), int(fields[1]), fields[2], fields[3], time_us, tuple(rest[3::4]))
 
 
-def _run(where: str, program: str | None, hosts: dict[int, str], rows: list[Row], complete: bool,
-         alone: bool) -> Run:
+def _run(where: str, program: str | None, hosts: dict[int, str], rows: list[Row], complete: bool, alone: bool) -> Run:
     if not hosts:
-        raise ConfigError("--nccl-tests", where, "an nccl-tests log with its '#  Rank N Group G Pid P on HOST device "
-                          "D' lines: the node count is read from them")
+        raise ConfigError(
+            "--nccl-tests",
+            where,
+            "an nccl-tests log with its '#  Rank N Group G Pid P on HOST device "
+            "D' lines: the node count is read from them",
+        )
     if not rows:
         raise ConfigError("--nccl-tests", where, "an nccl-tests log with at least one row of its table")
     ranks, nodes = len(hosts), len(set(hosts.values()))
     per_host = {h: list(hosts.values()).count(h) for h in set(hosts.values())}
     if len(set(per_host.values())) > 1:
-        raise ConfigError("--nccl-tests", where, "the same number of ranks on every node; this run has "
-                          + ", ".join(f"{c} on {h}" for h, c in sorted(per_host.items())))
+        raise ConfigError(
+            "--nccl-tests",
+            where,
+            "the same number of ranks on every node; this run has "
+            + ", ".join(f"{c} on {h}" for h, c in sorted(per_host.items())),
+        )
     if ranks < 2:
-        raise ConfigError("--nccl-tests", where, "a run of at least 2 ranks: one rank moves nothing between GPUs, "
-                          "so it has no bus bandwidth")
+        raise ConfigError(
+            "--nccl-tests",
+            where,
+            "a run of at least 2 ranks: one rank moves nothing between GPUs, so it has no bus bandwidth",
+        )
     collective = _collective(where, program, alone)
     for previous, row in zip(rows, rows[1:]):
         if row.bytes <= previous.bytes:
-            raise ConfigError(f"{where}: size", row.bytes, f"sizes that increase down the table (after {previous.bytes})")
+            raise ConfigError(
+                f"{where}: size", row.bytes, f"sizes that increase down the table (after {previous.bytes})"
+            )
     timed = tuple(r for r in rows if r.time_us > 0 and r.bytes > 0)
     if not timed:
         raise ConfigError("--nccl-tests", where, "a log with at least one row of a size above 0 timed above 0 us")
     for r in timed:  # what the network table's own loader would refuse, refused here, before anything is written
         if not MIN_BUSBW_GBPS <= busbw_gbps(collective, ranks, r) <= MAX_BUSBW_GBPS:
-            raise ConfigError(f"{where}: {r.bytes} B in {r.time_us:g} us", f"{busbw_gbps(collective, ranks, r):.3g} "
-                              "GB/s", f"a bus bandwidth from {MIN_BUSBW_GBPS:g} to {MAX_BUSBW_GBPS:g} GB/s")
+            raise ConfigError(
+                f"{where}: {r.bytes} B in {r.time_us:g} us",
+                f"{busbw_gbps(collective, ranks, r):.3g} GB/s",
+                f"a bus bandwidth from {MIN_BUSBW_GBPS:g} to {MAX_BUSBW_GBPS:g} GB/s",
+            )
     return Run(where, collective, ranks, nodes, timed, complete)
 
 
@@ -195,9 +235,13 @@ def _collective(where: str, program: str | None, alone: bool) -> str:
     if program is None and alone and (m := _NAMED.search(Path(where).name)):
         program = re.sub(r"(all|reduce)_?(reduce|gather|scatter)", r"\1_\2", m.group(1).lower()) + "_perf"
     if program is None:
-        raise ConfigError("--nccl-tests", where, "a log that says which program ran (its '# Collective test "
-                          "starting: NAME' line), or a file named after it (all_reduce_perf..., all_gather_perf..., "
-                          "reduce_scatter_perf...): the table alone cannot tell an all-gather from an alltoall")
+        raise ConfigError(
+            "--nccl-tests",
+            where,
+            "a log that says which program ran (its '# Collective test "
+            "starting: NAME' line), or a file named after it (all_reduce_perf..., all_gather_perf..., "
+            "reduce_scatter_perf...): the table alone cannot tell an all-gather from an alltoall",
+        )
     name = re.sub(r"_mpi$", "", Path(program).name)
     if name not in PROGRAMS:
         raise ConfigError("--nccl-tests", where, f"a log of {', '.join(PROGRAMS)}; this one is {name}")
@@ -211,9 +255,15 @@ def table_of(runs: list[Run]) -> BusTable:
     for run in runs:
         key = (run.collective, run.nodes, run.ranks_per_node)
         if key in seen:
-            raise ConfigError("--nccl-tests", run.path, f"one file per collective and node count: {seen[key]} is "
-                              f"also {run.collective} on {run.nodes} node(s) x {run.ranks_per_node} rank(s)")
+            raise ConfigError(
+                "--nccl-tests",
+                run.path,
+                f"one file per collective and node count: {seen[key]} is "
+                f"also {run.collective} on {run.nodes} node(s) x {run.ranks_per_node} rank(s)",
+            )
         seen[key] = run.path
-        rows += [BusRow(run.collective, run.nodes, run.ranks_per_node, r.bytes,
-                        busbw_gbps(run.collective, run.ranks, r)) for r in run.rows]
+        rows += [
+            BusRow(run.collective, run.nodes, run.ranks_per_node, r.bytes, busbw_gbps(run.collective, run.ranks, r))
+            for r in run.rows
+        ]
     return BusTable(rows, "nccl-tests logs: " + ", ".join(Path(r.path).name for r in runs))

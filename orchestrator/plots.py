@@ -41,12 +41,23 @@ def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> l
     if not ok:
         return []
     results_ok = [r for r, _ in ok]
-    plots = [scaling_plot(ok, paths.scaling_png), predicted_vs_measured_plot(results_ok, paths.predicted_png),
-             warmup_plot(ok, paths.warmup_png)]
-    points = [BucketPoint(series(r, label, "zero.reduce_bucket_size"), r["config"]["zero"]["reduce_bucket_size"],
-                          r["plan"]["time"]["step_s"], r["metrics"].get("step_time_s"))
-              for r, label in ok if (r.get("plan") or {}).get("parallel") and (r.get("plan") or {}).get("time")
-              and uses_reduce_buckets(r["config"])]
+    plots = [
+        scaling_plot(ok, paths.scaling_png),
+        predicted_vs_measured_plot(results_ok, paths.predicted_png),
+        warmup_plot(ok, paths.warmup_png),
+    ]
+    points = [
+        BucketPoint(
+            series(r, label, "zero.reduce_bucket_size"),
+            r["config"]["zero"]["reduce_bucket_size"],
+            r["plan"]["time"]["step_s"],
+            r["metrics"].get("step_time_s"),
+        )
+        for r, label in ok
+        if (r.get("plan") or {}).get("parallel")
+        and (r.get("plan") or {}).get("time")
+        and uses_reduce_buckets(r["config"])
+    ]
     # a line is a configuration at several bucket sizes: one that ran at one size (an engine
     # beside another, each at its own default) compares no bucket sizes, and is not drawn
     buckets: dict[str, set[int]] = defaultdict(set)
@@ -98,8 +109,14 @@ def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
     for i, (series, line) in enumerate(sorted(lines.items(), key=lambda item: natural(item[0]))):
         line.sort(key=lambda p: p.bucket)
         x = [p.bucket for p in line]
-        ax.plot(x, [p.predicted_s for p in line], linestyle="--", marker="x", color=f"C{i % 10}",
-                label=f"{series}, predicted")
+        ax.plot(
+            x,
+            [p.predicted_s for p in line],
+            linestyle="--",
+            marker="x",
+            color=f"C{i % 10}",
+            label=f"{series}, predicted",
+        )
         measured = [(p.bucket, p.measured_s) for p in line if p.measured_s is not None]
         if measured:
             ax.plot(*zip(*measured), marker="o", color=f"C{i % 10}", label=f"{series}, measured")
@@ -127,13 +144,21 @@ class ScalingPoint:
     planned_mfu: float | None
 
     @classmethod
-    def of(cls, result: dict) -> "ScalingPoint":
+    def of(cls, result: dict) -> ScalingPoint:
         plan, m = (result.get("plan") or {}).get("time") or {}, result["metrics"]
         spread = m.get("tokens_per_sec_per_gpu_spread") or {}
         tps = m["tokens_per_sec_per_gpu"]
-        return cls(result["config"]["parallel"]["dp"], tps, spread.get("ci_low", tps), spread.get("ci_high", tps),
-                   spread.get("confidence", 0.0), m.get("mfu"), bool(m.get("noisy")),
-                   plan.get("tokens_per_sec_per_gpu"), plan.get("mfu"))
+        return cls(
+            result["config"]["parallel"]["dp"],
+            tps,
+            spread.get("ci_low", tps),
+            spread.get("ci_high", tps),
+            spread.get("confidence", 0.0),
+            m.get("mfu"),
+            bool(m.get("noisy")),
+            plan.get("tokens_per_sec_per_gpu"),
+            plan.get("mfu"),
+        )
 
 
 ABOVE_100 = 100.5  # a scaling efficiency past this (past rounding) is marked: noise or another step, not a speed-up
@@ -155,11 +180,19 @@ def scaling_plot(ok: list[tuple[dict, str]], path: Path) -> Path:
         points.sort(key=lambda p: p.dp)
         above = _draw_scaling_line(panels, name, points, f"C{i % 10}") or above
     if above:
-        panels[2].axhline(100, color="grey", linestyle=":", linewidth=1,
-                          label="100 %: red above it is noise or another step, not a speed-up")
+        panels[2].axhline(
+            100,
+            color="grey",
+            linestyle=":",
+            linewidth=1,
+            label="100 %: red above it is noise or another step, not a speed-up",
+        )
     dps = sorted({r["config"]["parallel"]["dp"] for r, _ in ok})
-    for ax, title, ylabel in zip(panels, ("Throughput per GPU", "Model FLOPs utilisation", "Scaling efficiency"),
-                                 ("tokens/s/GPU", "MFU (%)", "tokens/s/GPU vs smallest DP (%)")):
+    for ax, title, ylabel in zip(
+        panels,
+        ("Throughput per GPU", "Model FLOPs utilisation", "Scaling efficiency"),
+        ("tokens/s/GPU", "MFU (%)", "tokens/s/GPU vs smallest DP (%)"),
+    ):
         ax.set(title=title, xlabel="data-parallel degree (ranks)", ylabel=ylabel)
         ax.set_xscale("log", base=2)
         ax.set_xticks(dps, [str(d) for d in dps])
@@ -173,8 +206,20 @@ def scaling_plot(ok: list[tuple[dict, str]], path: Path) -> Path:
 def _label_point(ax, text: str, x: float, y: float, colour: str, last: bool) -> None:
     """A point's figure beside it, to its left where it is a line's last (to its right it would
     run past the axes, over the next panel)."""
-    ax.annotate(text, (x, y), textcoords="offset points", xytext=(-4, 4) if last else (4, 4),
-                ha="right" if last else "left", fontsize=7, color=colour)
+    ax.annotate(
+        text,
+        (x, y),
+        textcoords="offset points",
+        xytext=(-4, 4) if last else (4, 4),
+        ha="right" if last else "left",
+        fontsize=7,
+        color=colour,
+    )
+
+
+def _known(values: list[float | None]) -> list[float] | None:
+    """Every value, or None where one is unknown: a line is drawn whole or not at all."""
+    return None if any(v is None for v in values) else [v for v in values if v is not None]
 
 
 def _draw_scaling_line(panels, name: str, points: list[ScalingPoint], colour: str) -> bool:
@@ -184,29 +229,49 @@ def _draw_scaling_line(panels, name: str, points: list[ScalingPoint], colour: st
     below, over = [max(0.0, p.tps - p.low) for p in points], [max(0.0, p.high - p.tps) for p in points]
     covered = [p.covered for p in points]
     # what the error bars cover is what the fewest timed steps give (four: 88 %), not a fixed 95 %
-    bars = f"interval of the median, {min(covered):.0%}" + (f"-{max(covered):.0%}" if max(covered) > min(covered) else "")
+    bars = f"interval of the median, {min(covered):.0%}" + (
+        f"-{max(covered):.0%}" if max(covered) > min(covered) else ""
+    )
     a.errorbar(dp, tps, yerr=[below, over], marker="o", capsize=3, color=colour, label=f"{name}, measured ({bars})")
     for x, y in zip(dp, tps):
         _label_point(a, f"{y:,.0f}", x, y, colour, last=x == dp[-1])
     if rings := [(p.dp, p.tps) for p in points if p.noisy]:
         a.scatter(*zip(*rings), s=160, facecolors="none", edgecolors="red", label="noisy: its steps scatter")
-    if all(p.mfu is not None for p in points):  # MFU is tokens/s times a constant: the same interval, scaled
-        mfu = [100 * p.mfu for p in points]
-        b.errorbar(dp, mfu, yerr=[[m * d / t for m, d, t in zip(mfu, below, tps)],
-                                  [m * u / t for m, u, t in zip(mfu, over, tps)]],
-                   marker="o", capsize=3, color=colour, label=f"{name}, measured ({bars})")
+    if (measured_mfu := _known([p.mfu for p in points])) is not None:  # tokens/s times a constant: alike scaled
+        mfu = [100 * m for m in measured_mfu]
+        b.errorbar(
+            dp,
+            mfu,
+            yerr=[[m * d / t for m, d, t in zip(mfu, below, tps)], [m * u / t for m, u, t in zip(mfu, over, tps)]],
+            marker="o",
+            capsize=3,
+            color=colour,
+            label=f"{name}, measured ({bars})",
+        )
     efficiency = [100 * t / tps[0] for t in tps]
     c.plot(dp, efficiency, marker="o", color=colour, label=f"{name}, measured")
     for x, e in zip(dp, efficiency):
         _label_point(c, f"{e:.0f} %", x, e, "red" if e > ABOVE_100 else colour, last=x == dp[-1])
-    planned = [p.planned_tps for p in points]
-    if all(planned):
+    planned = _known([p.planned_tps for p in points])
+    if planned and all(planned):
         a.plot(dp, planned, linestyle="--", marker="x", color=colour, label=f"{name}, predicted")
-        if all(p.planned_mfu is not None for p in points):
-            b.plot(dp, [100 * p.planned_mfu for p in points], linestyle="--", marker="x", color=colour,
-                   label=f"{name}, predicted")
-        c.plot(dp, [100 * t / planned[0] for t in planned], linestyle="--", marker="x", color=colour,
-               label=f"{name}, predicted")
+        if (planned_mfu := _known([p.planned_mfu for p in points])) is not None:
+            b.plot(
+                dp,
+                [100 * m for m in planned_mfu],
+                linestyle="--",
+                marker="x",
+                color=colour,
+                label=f"{name}, predicted",
+            )
+        c.plot(
+            dp,
+            [100 * t / planned[0] for t in planned],
+            linestyle="--",
+            marker="x",
+            color=colour,
+            label=f"{name}, predicted",
+        )
     return any(e > ABOVE_100 for e in efficiency)
 
 
@@ -215,8 +280,11 @@ def predicted_vs_measured_plot(ok: list[dict], path: Path) -> Path:
     fig, (a, b) = _pyplot().subplots(1, 2, figsize=(11, 5))
     memory = []
     for key, plan_key, label in (("peak_bytes", "total", "peak"), ("activation_bytes", "activations", "activations")):
-        pairs = [(r["plan"]["memory"][plan_key] / 2**20, r["metrics"]["memory"][key] / 2**20) for r in ok
-                 if r.get("plan") and r["metrics"]["memory"].get(key)]
+        pairs = [
+            (r["plan"]["memory"][plan_key] / 2**20, r["metrics"]["memory"][key] / 2**20)
+            for r in ok
+            if r.get("plan") and r["metrics"]["memory"].get(key)
+        ]
         if pairs:
             a.scatter(*zip(*pairs), label=label)
             memory += pairs
@@ -282,16 +350,26 @@ def tune_plot(ran: list[dict], path: Path) -> Path:
     a.step(range(1, len(ran) + 1), running, where="post", color="tab:green", label="best so far")
     a.set(title="The search", xlabel="candidate run (in order)", ylabel="measured tokens/s/GPU (x: failed / OOM)")
     values = []
-    for key, label in (("predicted_tokens_per_sec_per_gpu", "plan"), ("calibrated_tokens_per_sec_per_gpu",
-                                                                        "calibrated")):
-        pairs = [(r[key], r["measured_tokens_per_sec_per_gpu"]) for r in ran
-                 if r[key] and r["measured_tokens_per_sec_per_gpu"]]
+    for key, label in (
+        ("predicted_tokens_per_sec_per_gpu", "plan"),
+        ("calibrated_tokens_per_sec_per_gpu", "calibrated"),
+    ):
+        pairs = [
+            (r[key], r["measured_tokens_per_sec_per_gpu"])
+            for r in ran
+            if r[key] and r["measured_tokens_per_sec_per_gpu"]
+        ]
         if pairs:
             b.scatter(*zip(*pairs), label=label)
             values += [v for p in pairs for v in p]
     identity_line(b, values)
-    b.set(title="Predicted against measured", xlabel="predicted tokens/s/GPU", ylabel="measured tokens/s/GPU",
-          xscale="log", yscale="log")
+    b.set(
+        title="Predicted against measured",
+        xlabel="predicted tokens/s/GPU",
+        ylabel="measured tokens/s/GPU",
+        xscale="log",
+        yscale="log",
+    )
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

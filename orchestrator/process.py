@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
 
 PROGRESS = "ORCH|"
 
@@ -106,7 +107,15 @@ def leave(code: int, *streams) -> None:
     os._exit(code)
 
 
-def end_group(proc: subprocess.Popen) -> None:
+class Child(Protocol):
+    """A started process as end_group needs it: subprocess.Popen, or a forked launcher."""
+
+    pid: int
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def end_group(proc: Child) -> None:
     """SIGTERM to `proc`'s whole process group (torchrun forwards it to its ranks, srun to its
     tasks), SIGKILL to what is left after 15 s. torchrun starts each rank in a session of
     its own, outside the group, and returns once it has signalled them: a rank inside a
@@ -150,8 +159,14 @@ def run_group(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     """subprocess.run(argv) with its output captured, in its own process group (which dies
     with this process, even by SIGKILL): a signal, an exception or the timeout here ends the
     group, never leaving its ranks running."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=die_with_parent)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:  # the timeout, Ctrl-C, SIGTERM (Interrupted)
@@ -170,8 +185,10 @@ def clear_stale_build_locks(min_age_s: float = 60) -> list[Path]:
     TORCH_EXTENSIONS_DIR names the root, else in ROOT/py311_cpu/OP/ (its Python and
     accelerator) under the user's cache: both are looked at.
     """
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or
-                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions")
+    root = Path(
+        os.environ.get("TORCH_EXTENSIONS_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
+    )
     locks = [p for p in [*root.glob("*/lock"), *root.glob("*/*/lock")] if _age_s(p) > min_age_s]
     if not locks or _compiler_running():
         return []

@@ -31,11 +31,30 @@ import importlib
 import io
 import re
 import sys
-from typing import Any, Iterator, TextIO
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 MASK = "***"
-SECRET_PARTS = {"key", "apikey", "token", "password", "passwd", "pwd", "pass", "passphrase", "secret", "credential",
-                "credentials", "pat", "auth", "authorization", "cookie", "sessionid", "sig", "signature"}
+SECRET_PARTS = {
+    "key",
+    "apikey",
+    "token",
+    "password",
+    "passwd",
+    "pwd",
+    "pass",
+    "passphrase",
+    "secret",
+    "credential",
+    "credentials",
+    "pat",
+    "auth",
+    "authorization",
+    "cookie",
+    "sessionid",
+    "sig",
+    "signature",
+}
 SECRET_ENDINGS = ("password", "passwd", "passphrase", "apikey", "secret", "token")
 SECRET_PAIRS = {("session", "id"), ("session", "key"), ("session", "token")}  # session_id, SESSION-KEY
 _NAME = r"[A-Za-z_][\w.-]*"
@@ -59,11 +78,13 @@ _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@\"']*:)([^\s\"']+
 _URL_TOKEN_USER = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@\"']{16,})(@)")
 # A credential needs no name where its own format says what it is: GitHub's, Hugging Face's,
 # OpenAI's and Slack's tokens, AWS's access key ids (each service documents its prefix).
-_KNOWN_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}"
-                          r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}"
-                          r"|glpat-[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}"  # GitLab's and npm's tokens
-                          r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})\b"  # a JWT: header.payload.sig
-                          r"|hooks\.slack\.com/services/[A-Za-z0-9/]+")  # a Slack webhook's path is its credential
+_KNOWN_TOKEN = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}"
+    r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}"
+    r"|glpat-[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}"  # GitLab's and npm's tokens
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})\b"  # a JWT: header.payload.sig
+    r"|hooks\.slack\.com/services/[A-Za-z0-9/]+"
+)  # a Slack webhook's path is its credential
 
 
 # detect-secrets (Yelp) keeps detectors for credentials by their format: cloud (AWS, Azure
@@ -73,27 +94,50 @@ _KNOWN_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-
 # know. Left out: its keyword detector (the names above do that for every spelling, in any
 # text, not per file type), its entropy detectors (a run id, a hash in a directory's name,
 # a sweep's override would be masked) and public IPs (a node's address is no secret).
-_DETECTORS = ("aws.AWSKeyDetector", "artifactory.ArtifactoryDetector", "azure_storage_key.AzureStorageKeyDetector",
-              "basic_auth.BasicAuthDetector", "cloudant.CloudantDetector", "discord.DiscordBotTokenDetector",
-              "github_token.GitHubTokenDetector", "gitlab_token.GitLabTokenDetector", "ibm_cloud_iam.IbmCloudIamDetector",
-              "ibm_cos_hmac.IbmCosHmacDetector", "jwt.JwtTokenDetector", "mailchimp.MailchimpDetector",
-              "npm.NpmDetector", "openai.OpenAIDetector", "pypi_token.PypiTokenDetector", "sendgrid.SendGridDetector",
-              "slack.SlackDetector", "softlayer.SoftlayerDetector", "square_oauth.SquareOAuthDetector",
-              "stripe.StripeDetector", "telegram_token.TelegramBotTokenDetector", "twilio.TwilioKeyDetector")
+_DETECTORS = (
+    "aws.AWSKeyDetector",
+    "artifactory.ArtifactoryDetector",
+    "azure_storage_key.AzureStorageKeyDetector",
+    "basic_auth.BasicAuthDetector",
+    "cloudant.CloudantDetector",
+    "discord.DiscordBotTokenDetector",
+    "github_token.GitHubTokenDetector",
+    "gitlab_token.GitLabTokenDetector",
+    "ibm_cloud_iam.IbmCloudIamDetector",
+    "ibm_cos_hmac.IbmCosHmacDetector",
+    "jwt.JwtTokenDetector",
+    "mailchimp.MailchimpDetector",
+    "npm.NpmDetector",
+    "openai.OpenAIDetector",
+    "pypi_token.PypiTokenDetector",
+    "sendgrid.SendGridDetector",
+    "slack.SlackDetector",
+    "softlayer.SoftlayerDetector",
+    "square_oauth.SquareOAuthDetector",
+    "stripe.StripeDetector",
+    "telegram_token.TelegramBotTokenDetector",
+    "twilio.TwilioKeyDetector",
+)
 _SHORTEST_CREDENTIAL = 8  # a detector's shorter match is a part of its pattern (a quote), never a credential
 
 
 @functools.lru_cache(maxsize=1)
 def _detectors() -> tuple:
     """detect-secrets' format detectors, imported on first use (about 0.15 s: it brings requests)."""
-    return tuple(getattr(importlib.import_module(f"detect_secrets.plugins.{module}"), name)()
-                 for module, name in (d.rsplit(".", 1) for d in _DETECTORS))
+    return tuple(
+        getattr(importlib.import_module(f"detect_secrets.plugins.{module}"), name)()
+        for module, name in (d.rsplit(".", 1) for d in _DETECTORS)
+    )
 
 
 def _detected(text: str) -> str:
     """`text` with what detect-secrets' detectors find in it masked."""
-    found = {secret for detector in _detectors() for secret in detector.analyze_string(text)
-             if len(secret) >= _SHORTEST_CREDENTIAL and secret != MASK}
+    found = {
+        secret
+        for detector in _detectors()
+        for secret in detector.analyze_string(text)
+        if len(secret) >= _SHORTEST_CREDENTIAL and secret != MASK
+    }
     for secret in sorted(found, key=len, reverse=True):  # a longer one first: a shorter may be its part
         text = text.replace(secret, MASK)
     return text
@@ -107,14 +151,17 @@ def is_secret_name(name: str) -> bool:
     if name in ("PWD", "OLDPWD"):  # the shell's working directory, not ODBC's pwd= password
         return False
     # "per token" is a unit (flops.model_per_token), not a credential
-    return any((part in SECRET_PARTS or part.endswith(SECRET_ENDINGS)) and parts[i - 1:i] != ["per"]
-               for i, part in enumerate(parts)) or any(pair in SECRET_PAIRS for pair in zip(parts, parts[1:]))
+    return any(
+        (part in SECRET_PARTS or part.endswith(SECRET_ENDINGS)) and parts[i - 1 : i] != ["per"]
+        for i, part in enumerate(parts)
+    ) or any(pair in SECRET_PAIRS for pair in zip(parts, parts[1:]))
 
 
 def redact_text(text: str) -> str:
     """`text` with every secret masked, wherever it sits: a value that is not secret itself
     (logger.group=URL, --url URL) is searched again, so a credential nested inside it
     (the URL's ?api_key=..., its password) is found too."""
+
     def mask(m: re.Match) -> str:
         name, sep, value = m.groups()
         if not is_secret_name(name):

@@ -1,10 +1,10 @@
 """result.json: what one trial did, written atomically, also when it failed or was refused.
 
-Keys (docs/architecture.md, "Files of record"): status (ok | failed | oom | refused | timeout | preempted | interrupted), exit_code,
-config (resolved), plan, metrics, env, error {type, message, rank, host, log_tail} or null,
-started_at, finished_at. The workload's rank 0 supplies metrics and env (metrics.json);
-a failing rank supplies its error (errors/rank{R}.json); the launcher's outcome says
-how it ended.
+Keys (docs/architecture.md, "Files of record"): status (ok | failed | oom | refused | timeout |
+preempted | interrupted), exit_code, config (resolved), plan, metrics, env, error {type, message,
+rank, host, log_tail} or null, started_at, finished_at. The workload's rank 0 supplies metrics and
+env (metrics.json); a failing rank supplies its error (errors/rank{R}.json); the launcher's outcome
+says how it ended.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import re
 import shutil
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from orchestrator.config import OBJECTIVES
@@ -23,7 +23,7 @@ from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths, disk_full, release
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     """How a trial ended, as result.json's `status` says it (a str: it compares and
     serialises as its value)."""
 
@@ -39,8 +39,15 @@ class Status(str, Enum):
         return self.value
 
 
-EXIT_CODES = {Status.OK: 0, Status.FAILED: 1, Status.OOM: 1, Status.TIMEOUT: 1, Status.PREEMPTED: 1,
-              Status.REFUSED: 3, Status.INTERRUPTED: 130}
+EXIT_CODES = {
+    Status.OK: 0,
+    Status.FAILED: 1,
+    Status.OOM: 1,
+    Status.TIMEOUT: 1,
+    Status.PREEMPTED: 1,
+    Status.REFUSED: 3,
+    Status.INTERRUPTED: 130,
+}
 
 
 def read_result(trial_dir: Path) -> dict | None:
@@ -73,7 +80,7 @@ def exit_code_of(result: dict) -> int:
     if isinstance(code, int) and not isinstance(code, bool):
         return code
     try:
-        return EXIT_CODES[Status(result.get("status"))]
+        return EXIT_CODES[Status(str(result.get("status")))]
     except ValueError:
         return 1
 
@@ -81,6 +88,8 @@ def exit_code_of(result: dict) -> int:
 def error_record(type_: str, message: str, rank: int | None = None, log: Path | None = None, **extra) -> dict:
     """result.json's `error`: {type, message, rank, log_tail} (+ host, signal, ...), built here only."""
     return {"type": type_, "message": message, "rank": rank, "log_tail": log_tail(log) if log else "", **extra}
+
+
 PER_STEP_KEYS = ("history", "step_times_s", "losses", "global_batch_sizes")  # dropped when the disk is full
 LOG_TAIL_LINES = 40
 DISK_FULL_BYTES = 1 << 20
@@ -97,11 +106,19 @@ def objective_value(result: dict, objective: str) -> float | None:
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, status: str, started_at: str,
-                 error: dict | None = None, exit_code: int | None = None, **extra) -> dict:
+def write_result(
+    trial_dir: Path,
+    spec: TrialSpec | None,
+    plan: dict | None,
+    status: str,
+    started_at: str,
+    error: dict | None = None,
+    exit_code: int | None = None,
+    **extra,
+) -> dict:
     """extra: more top-level keys (slurm: the job id, its final state and reason). spec is
     None only for a trial interrupted before its config was written.
 
@@ -109,11 +126,20 @@ def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, sta
     system is still too full, the result is written without its per-step lists."""
     paths = TrialPaths(trial_dir)
     measured = read_json(paths.metrics) or {}
-    result = {"status": Status(status).value, "exit_code": EXIT_CODES[Status(status)] if exit_code is None else exit_code,
-              "config": spec.resolved() if spec else None, "overrides": list(spec.overrides) if spec else [],
-              "choices": spec.choices if spec else {}, "plan": plan,
-              "metrics": measured.get("metrics"), "env": measured.get("env"), "error": error,
-              "started_at": started_at, "finished_at": now(), **extra}
+    result = {
+        "status": Status(status).value,
+        "exit_code": EXIT_CODES[Status(status)] if exit_code is None else exit_code,
+        "config": spec.resolved() if spec else None,
+        "overrides": list(spec.overrides) if spec else [],
+        "choices": spec.choices if spec else {},
+        "plan": plan,
+        "metrics": measured.get("metrics"),
+        "env": measured.get("env"),
+        "error": error,
+        "started_at": started_at,
+        "finished_at": now(),
+        **extra,
+    }
     result = redact(result)  # the plan's text and the error's message hold what users named: masked
     release(trial_dir)
     try:
@@ -122,12 +148,16 @@ def write_result(trial_dir: Path, spec: TrialSpec | None, plan: dict | None, sta
         if not disk_full(exc):
             raise
         result["metrics"] = {k: v for k, v in (result["metrics"] or {}).items() if k not in PER_STEP_KEYS} or None
-        result["disk_full"] = "the file system was full: written without the per-step lists (metrics.json has them, if written)"
+        result["disk_full"] = (
+            "the file system was full: written without the per-step lists (metrics.json has them, if written)"
+        )
         atomic_write_json(paths.result, result)
     return result
 
 
-def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed: bool = False) -> tuple[str, dict | None]:
+def outcome_status(
+    trial_dir: Path, returncode: int, timed_out: bool, oom_killed: bool = False
+) -> tuple[Status, dict | None]:
     """(status, error) from how the launch ended and what the ranks left behind. oom_killed:
     the kernel's OOM killer ended a process of the trial's memory cgroup meanwhile
     (memory_cgroup.py), which is what a rank's SIGKILL then was."""
@@ -145,6 +175,7 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed
     # torchrun names one failure of forked ranks: the one that died first may be missing
     silent += sorted(r for r in paths.ranks_still_running() if r not in errors and r not in silent)
     silent += [r for r, e in errors.items() if e.get("silent")]  # recorded by a SLURM task for its rank
+    rank: int | None
     if silent:
         rank = silent[0]
     elif errors:
@@ -154,7 +185,8 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed
     if rank in errors:
         first = errors[rank]
         return (Status.OOM if first["oom"] else Status.FAILED), error_record(
-            first["type"], first["message"], rank, paths.rank_log(rank), host=first.get("host"))
+            first["type"], first["message"], rank, paths.rank_log(rank), host=first.get("host")
+        )
     log = paths.rank_log(rank)
     code = f"exit code {exits[rank]}" if rank in exits else f"launcher exit code {returncode}"
     who = f"rank {rank}" if rank is not None else "a rank (the launcher's log does not say which)"
@@ -164,13 +196,18 @@ def outcome_status(trial_dir: Path, returncode: int, timed_out: bool, oom_killed
     if rank is not None and (exits.get(rank) == -9 or rank not in exits):
         if oom_killed:
             how = "SIGKILL" if rank in exits else "it died without leaving through Python"
-            return Status.OOM, error_record("OutOfMemory", f"rank {rank} was killed by the kernel's OOM killer ({how}, "
-                                            "and its memory cgroup counted an OOM kill)", rank, log)
+            return Status.OOM, error_record(
+                "OutOfMemory",
+                f"rank {rank} was killed by the kernel's OOM killer ({how}, and its memory cgroup counted an OOM kill)",
+                rank,
+                log,
+            )
         if rank in exits:
             message += "; SIGKILL with no OOM kill counted in its memory cgroup: killed by another process or a person"
     if (free := shutil.disk_usage(trial_dir).free) < DISK_FULL_BYTES:  # it could not even write its error
         return Status.FAILED, error_record(
-            "DiskFull", f"the file system holding {trial_dir} is full ({free:,} bytes free): {message}", rank, log)
+            "DiskFull", f"the file system holding {trial_dir} is full ({free:,} bytes free): {message}", rank, log
+        )
     return Status.FAILED, error_record("ProcessExit", message, rank, log)
 
 
@@ -178,7 +215,9 @@ def _exit_codes(log: Path) -> dict[int, int]:
     """Rank -> exit code from torchrun's failure summary ('rank : 1 (local_rank: 1)' / 'exitcode : 3')."""
     if not log.is_file():
         return {}
-    pairs = re.findall(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", log.read_text(errors="replace"))
+    pairs = re.findall(
+        r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", log.read_text(errors="replace")
+    )
     return {int(rank): int(code) for rank, code in pairs}
 
 

@@ -14,29 +14,27 @@ import json
 import math
 import os
 import re
-from pathlib import Path
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator import hardware
-from orchestrator.hydra_registry import override_key
+from orchestrator import hardware, network_table
+from orchestrator.checks import at_most, check_choice, positive, typed_config, whole_number
 from orchestrator.cluster_checks import check_cluster, placement
 from orchestrator.compose import Composed, compose_trial, composing
 from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.config import KernelSource, TrialConfig
-from orchestrator.checks import (at_most, check_choice, positive, typed_config,
-                                  whole_number)
 from orchestrator.errors import ConfigError, one_of
 from orchestrator.files import read_text, read_yaml
+from orchestrator.hydra_registry import override_key
+from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.redact import redact, redact_text
 from orchestrator.token_file import check_token_file
-from orchestrator import network_table
-from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.trial_dir import TrialPaths
 
 # Bounds far past any real run that keep the plan and the ranks from building lists of
@@ -112,9 +110,14 @@ def load_spec(trial_dir: Path) -> TrialSpec:
         meta = json.loads(read_text(paths.meta))
         choices, overrides = dict(meta["choices"]), tuple(str(o) for o in meta["overrides"])
         cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.create(read_yaml(paths.config)))
+        assert isinstance(cfg, DictConfig)  # merged onto the schema's dict
     except (OSError, ValueError, KeyError, TypeError, RecursionError, OmegaConfBaseException, yaml.YAMLError) as exc:
-        raise ConfigError("trial", str(trial_dir), f"a trial directory whose {paths.config.name} and {paths.meta.name} "
-                          f"can be read ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from None
+        raise ConfigError(
+            "trial",
+            str(trial_dir),
+            f"a trial directory whose {paths.config.name} and {paths.meta.name} "
+            f"can be read ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})",
+        ) from None
     return spec_from(Composed(cfg=cfg, choices=choices, overrides=overrides, sweep_params={}))
 
 
@@ -134,11 +137,18 @@ def spec_from(composed: Composed) -> TrialSpec:
     gpus_per_node, nodes = placement(cfg, dp)
     mbs, gbs = _check_batch(cfg, dp)
     return TrialSpec(
-        cfg=cfg, choices=composed.choices, overrides=tuple(redact_text(o) for o in composed.overrides),
+        cfg=cfg,
+        choices=composed.choices,
+        overrides=tuple(redact_text(o) for o in composed.overrides),
         precision=precision,
-        world_size=dp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node,
-        micro_batch_size=mbs, grad_accum_steps=grad_accum_steps(gbs, mbs, dp),
-        global_batch_size=gbs, tokens_per_step=gbs * cfg.model.seq_len,
+        world_size=dp,
+        dp=dp,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        micro_batch_size=mbs,
+        grad_accum_steps=grad_accum_steps(gbs, mbs, dp),
+        global_batch_size=gbs,
+        tokens_per_step=gbs * cfg.model.seq_len,
         schedule=_schedule(cfg, mbs * dp),
     )
 
@@ -159,7 +169,9 @@ def _check_model(cfg: TrialConfig) -> None:
     if m.heads % m.kv_heads:
         raise ConfigError("model.kv_heads", m.kv_heads, f"must divide model.heads={m.heads} (grouped-query attention)")
     if m.arch == "gpt2" and m.kv_heads != m.heads:
-        raise ConfigError("model.kv_heads", m.kv_heads, f"GPT-2 has no grouped-query attention: must equal model.heads={m.heads}")
+        raise ConfigError(
+            "model.kv_heads", m.kv_heads, f"GPT-2 has no grouped-query attention: must equal model.heads={m.heads}"
+        )
     if m.arch == "llama" and (m.hidden // m.heads) % 2:
         raise ConfigError("model.heads", m.heads, "rotary embeddings need an even head size (hidden / heads)")
     if m.ffn_hidden is None:
@@ -180,22 +192,45 @@ def _check_model(cfg: TrialConfig) -> None:
 def _check_zero(cfg: TrialConfig) -> None:
     z = cfg.zero
     check_choice(z.stage, "zero.stage", (0, 1, 2, 3))
-    for name in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters",
-                 "sub_group_size"):
+    for name in (
+        "reduce_bucket_size",
+        "allgather_bucket_size",
+        "prefetch_bucket_size",
+        "max_live_parameters",
+        "sub_group_size",
+    ):
         setattr(z, name, whole_number(getattr(z, name), f"zero.{name}", minimum=1))
-    z.param_persistence_threshold = whole_number(z.param_persistence_threshold, "zero.param_persistence_threshold", minimum=0)
+    z.param_persistence_threshold = whole_number(
+        z.param_persistence_threshold, "zero.param_persistence_threshold", minimum=0
+    )
     if z.offload_optimizer != "none" and z.stage == 0:
-        raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "needs zero.stage 1, 2 or 3 (stage 0 keeps the optimizer on the device)")
+        raise ConfigError(
+            "zero.offload_optimizer",
+            z.offload_optimizer,
+            "needs zero.stage 1, 2 or 3 (stage 0 keeps the optimizer on the device)",
+        )
     if z.offload_param != "none" and z.stage < 3:
-        raise ConfigError("zero.offload_param", z.offload_param, f"needs zero.stage=3 (parameters are partitioned only there; stage is {z.stage})")
-
+        raise ConfigError(
+            "zero.offload_param",
+            z.offload_param,
+            f"needs zero.stage=3 (parameters are partitioned only there; stage is {z.stage})",
+        )
 
 
 # ZeRO's own knobs: DeepSpeed reads them, FSDP2 has no counterpart (it gathers and
 # reduce-scatters one block at a time, prefetching the next).
-ZERO_ONLY = ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "overlap_comm",
-             "contiguous_gradients", "reduce_scatter", "max_live_parameters", "param_persistence_threshold",
-             "sub_group_size", "grad_accum_dtype")
+ZERO_ONLY = (
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "prefetch_bucket_size",
+    "overlap_comm",
+    "contiguous_gradients",
+    "reduce_scatter",
+    "max_live_parameters",
+    "param_persistence_threshold",
+    "sub_group_size",
+    "grad_accum_dtype",
+)
 
 
 def _check_fsdp(cfg: TrialConfig) -> None:
@@ -203,17 +238,32 @@ def _check_fsdp(cfg: TrialConfig) -> None:
     no zero preset is chosen: conf/engine/fsdp.yaml)."""
     z = cfg.zero
     if cfg.engine.name == "fsdp" and z.stage not in (2, 3):
-        raise ConfigError("zero.stage", z.stage, "2 or 3 with engine=fsdp (3, its default: reshard_after_forward, "
-                          "ZeRO-3's pattern; 2: parameters kept from forward to backward); the nearest valid value is 2")
+        raise ConfigError(
+            "zero.stage",
+            z.stage,
+            "2 or 3 with engine=fsdp (3, its default: reshard_after_forward, "
+            "ZeRO-3's pattern; 2: parameters kept from forward to backward); the nearest valid value is 2",
+        )
     if z.offload_optimizer != "none" and z.offload_param == "none":
-        raise ConfigError("zero.offload_optimizer", z.offload_optimizer, "none with FSDP: FSDP2 offloads parameters, "
-                          "gradients and the optimizer step together (zero.offload_param=cpu), never the optimizer alone")
+        raise ConfigError(
+            "zero.offload_optimizer",
+            z.offload_optimizer,
+            "none with FSDP: FSDP2 offloads parameters, "
+            "gradients and the optimizer step together (zero.offload_param=cpu), never the optimizer alone",
+        )
     if cfg.engine.name == "fsdp" and z.offload_param != "none" and not cfg.hardware.device.is_gpu:
-        raise ConfigError("zero.offload_param", z.offload_param, "none on a CPU device: FSDP2's CPU offload moves "
-                          "shards between the host and a GPU, and there is none here")
+        raise ConfigError(
+            "zero.offload_param",
+            z.offload_param,
+            "none on a CPU device: FSDP2's CPU offload moves shards between the host and a GPU, and there is none here",
+        )
     if cfg.run.fp16 and cfg.engine.name == "fsdp":
-        raise ConfigError("run.fp16", True, "false with engine=fsdp: fp16 needs a sharded gradient scaler, which "
-                          "this engine has not; use run.bf16=true (or engine=accelerate, whose FSDP2 scales)")
+        raise ConfigError(
+            "run.fp16",
+            True,
+            "false with engine=fsdp: fp16 needs a sharded gradient scaler, which "
+            "this engine has not; use run.bf16=true (or engine=accelerate, whose FSDP2 scales)",
+        )
 
 
 def _check_zero_only_knobs(cfg: TrialConfig, overrides: tuple[str, ...]) -> None:
@@ -222,8 +272,12 @@ def _check_zero_only_knobs(cfg: TrialConfig, overrides: tuple[str, ...]) -> None
     for o in overrides:
         key = override_key(o)
         if key.startswith("zero.") and key.split(".", 1)[1] in ZERO_ONLY:
-            raise ConfigError(key, o.partition("=")[2], f"unset with FSDP (engine.backend=fsdp): {key} is DeepSpeed "
-                              "ZeRO's; FSDP2 moves one block's parameters and gradients at a time")
+            raise ConfigError(
+                key,
+                o.partition("=")[2],
+                f"unset with FSDP (engine.backend=fsdp): {key} is DeepSpeed "
+                "ZeRO's; FSDP2 moves one block's parameters and gradients at a time",
+            )
 
 
 def _check_grad_accum(cfg: TrialConfig, precision: str) -> None:
@@ -235,27 +289,40 @@ def _check_grad_accum(cfg: TrialConfig, precision: str) -> None:
         if z.stage == 1 and precision == "bf16":
             allowed = "null, bf16 (the training precision) or fp32 (DeepSpeed's BF16_Optimizer) at zero.stage=1"
         else:
-            allowed = (f"null or {precision} (the training precision) at zero.stage={z.stage}; fp32 accumulation "
-                       "of bf16 gradients runs at zero.stage=1 (DeepSpeed's BF16_Optimizer)")
+            allowed = (
+                f"null or {precision} (the training precision) at zero.stage={z.stage}; fp32 accumulation "
+                "of bf16 gradients runs at zero.stage=1 (DeepSpeed's BF16_Optimizer)"
+            )
         raise ConfigError("zero.grad_accum_dtype", z.grad_accum_dtype, allowed)
 
 
 def _check_engine(cfg: TrialConfig) -> None:
     if cfg.engine.backend == "fsdp" and cfg.engine.name == "deepspeed":
-        raise ConfigError("engine.backend", "fsdp", "deepspeed with engine=deepspeed; FSDP runs as engine=fsdp "
-                          "(FSDP2 under torchrun) or engine=accelerate")
+        raise ConfigError(
+            "engine.backend",
+            "fsdp",
+            "deepspeed with engine=deepspeed; FSDP runs as engine=fsdp (FSDP2 under torchrun) or engine=accelerate",
+        )
     if cfg.engine.name == "fsdp" and cfg.engine.backend != "fsdp":
         raise ConfigError("engine.backend", cfg.engine.backend, "fsdp with engine=fsdp")
     if cfg.engine.name == "accelerate" and cfg.engine.backend == "fsdp":
         if cfg.zero.stage == 1:
-            raise ConfigError("zero.stage", 1, "0 (DDP), 2 or 3 with engine.backend=fsdp: FSDP shards nothing, "
-                              "gradients and optimizer states, or everything")
+            raise ConfigError(
+                "zero.stage",
+                1,
+                "0 (DDP), 2 or 3 with engine.backend=fsdp: FSDP shards nothing, "
+                "gradients and optimizer states, or everything",
+            )
         if cfg.zero.stage and not cfg.hardware.device.is_gpu:
             # a config no machine runs as asked: plan refuses it as run does
-            raise ConfigError("engine.backend", "fsdp", f"accelerate applies FSDP only on GPUs (on a CPU it quietly "
-                              f"runs DDP instead, so zero.stage={cfg.zero.stage} would not be what runs); use "
-                              "engine=fsdp (FSDP2 itself, under torchrun), engine.backend=deepspeed, or zero.stage=0 "
-                              "for DDP")
+            raise ConfigError(
+                "engine.backend",
+                "fsdp",
+                f"accelerate applies FSDP only on GPUs (on a CPU it quietly "
+                f"runs DDP instead, so zero.stage={cfg.zero.stage} would not be what runs); use "
+                "engine=fsdp (FSDP2 itself, under torchrun), engine.backend=deepspeed, or zero.stage=0 "
+                "for DDP",
+            )
     if cfg.engine.backend == "fsdp":
         _check_fsdp(cfg)
 
@@ -267,19 +334,36 @@ def _check_run(cfg: TrialConfig) -> str:
     if not 0 <= r.seed <= MAX_SEED:
         raise ConfigError("run.seed", r.seed, f"a whole number from 0 to {MAX_SEED:,} (2^32 - 1)")
     if not 0 <= r.repeat <= MAX_REPEAT:
-        raise ConfigError("run.repeat", r.repeat, f"a whole number from 0 to {MAX_REPEAT:,} (run.repeat=range(3): "
-                          "each point three times)")
+        raise ConfigError(
+            "run.repeat",
+            r.repeat,
+            f"a whole number from 0 to {MAX_REPEAT:,} (run.repeat=range(3): each point three times)",
+        )
     if not 0 <= r.warmup_steps < r.steps:
-        raise ConfigError("run.warmup_steps", r.warmup_steps, f"0 to run.steps-1={r.steps - 1} (timing warm-up steps are not measured)")
+        raise ConfigError(
+            "run.warmup_steps",
+            r.warmup_steps,
+            f"0 to run.steps-1={r.steps - 1} (timing warm-up steps are not measured)",
+        )
     if r.min_timed_steps < 1 or r.steps - r.warmup_steps < r.min_timed_steps:
-        raise ConfigError("run.steps", r.steps, f"at least run.warmup_steps + run.min_timed_steps = "
-                          f"{r.warmup_steps + max(r.min_timed_steps, 1)} (run.min_timed_steps={r.min_timed_steps} "
-                          "timed steps after the warm-up; it must be 1 or more)")
+        raise ConfigError(
+            "run.steps",
+            r.steps,
+            f"at least run.warmup_steps + run.min_timed_steps = "
+            f"{r.warmup_steps + max(r.min_timed_steps, 1)} (run.min_timed_steps={r.min_timed_steps} "
+            "timed steps after the warm-up; it must be 1 or more)",
+        )
     if r.timing_ci is not None and not 0 < r.timing_ci < 1:
-        raise ConfigError("run.timing_ci", r.timing_ci, "a share of the median in (0, 1), e.g. 0.05: step on until "
-                          "the median's 95 % interval is within 5 % of it; null: run every run.steps")
+        raise ConfigError(
+            "run.timing_ci",
+            r.timing_ci,
+            "a share of the median in (0, 1), e.g. 0.05: step on until "
+            "the median's 95 % interval is within 5 % of it; null: run every run.steps",
+        )
     if r.bf16 and r.fp16:
-        raise ConfigError("run.fp16", True, "run.bf16 is on too; choose one precision (set the other false; both false is fp32)")
+        raise ConfigError(
+            "run.fp16", True, "run.bf16 is on too; choose one precision (set the other false; both false is fp32)"
+        )
     if r.lr <= 0:
         raise ConfigError("run.lr", r.lr, "a learning rate > 0")
     if r.grad_clip < 0:
@@ -294,8 +378,11 @@ def _check_run(cfg: TrialConfig) -> str:
     if r.timeout_min is not None and r.timeout_min <= 0:
         raise ConfigError("run.timeout_min", r.timeout_min, "minutes > 0, or null for no limit")
     if r.collective_timeout_s is not None and not 0 < r.collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
-        raise ConfigError("run.collective_timeout_s", r.collective_timeout_s,
-                          f"seconds above 0 and at most {MAX_COLLECTIVE_TIMEOUT_S:,} (a day), or null for torch's default")
+        raise ConfigError(
+            "run.collective_timeout_s",
+            r.collective_timeout_s,
+            f"seconds above 0 and at most {MAX_COLLECTIVE_TIMEOUT_S:,} (a day), or null for torch's default",
+        )
     if r.fail_at_step is not None and not 0 <= r.fail_rank < cfg.parallel.dp:
         raise ConfigError("run.fail_rank", r.fail_rank, f"a rank from 0 to parallel.dp-1={cfg.parallel.dp - 1}")
     if r.data is not None and cfg.cluster.name == "local":  # on SLURM it may exist only on the cluster
@@ -306,25 +393,39 @@ def _check_run(cfg: TrialConfig) -> str:
 def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
     hw = cfg.hardware
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}", hw.name) or ".." in hw.name:
-        raise ConfigError("hardware.name", hw.name, "a plain name of up to 100 letters, digits and - _ . + "
-                          "(it names the calibrated preset's file, so no path)")
+        raise ConfigError(
+            "hardware.name",
+            hw.name,
+            "a plain name of up to 100 letters, digits and - _ . + (it names the calibrated preset's file, so no path)",
+        )
     if not hw.device.is_gpu:
         if precision == "fp16":
             raise ConfigError("run.fp16", True, "DeepSpeed's CPU accelerator has no fp16; use run.bf16=true or fp32")
     else:
         peak = getattr(hw.peak_tflops, precision)
         if peak is None and hw.kernels == KernelSource.measured:  # timed kernels: MFU unknown, time predicted
-            if cfg.run.objective.endswith("mfu"):
-                raise ConfigError("run.objective", cfg.run.objective, "tokens_per_sec_per_gpu or step_time_s: this GPU "
-                                  f"has no published {precision} peak (hardware.peak_tflops.{precision}), so no MFU")
+            if str(cfg.run.objective).endswith("mfu"):
+                raise ConfigError(
+                    "run.objective",
+                    cfg.run.objective,
+                    "tokens_per_sec_per_gpu or step_time_s: this GPU "
+                    f"has no published {precision} peak (hardware.peak_tflops.{precision}), so no MFU",
+                )
         elif peak is None or peak <= 0:
             known = hw.name in presets("hardware")
-            raise ConfigError(f"hardware.peak_tflops.{precision}", peak,
-                              f"{'preset' if known else 'unknown hardware'} '{hw.name}' needs its dense {precision} peak in TFLOPS; "
-                              "MFU never uses a guessed peak")
+            raise ConfigError(
+                f"hardware.peak_tflops.{precision}",
+                peak,
+                f"{'preset' if known else 'unknown hardware'} '{hw.name}' needs its dense {precision} peak in TFLOPS; "
+                "MFU never uses a guessed peak",
+            )
         if hw.memory_gib is None:  # a GPU's capacity cannot be read from here
-            raise ConfigError("hardware.memory_gib", None, "the GPU's memory in GiB: hardware=auto reads it from the "
-                              "device where the trial runs; with a preset named, give it (e.g. hardware.memory_gib=80)")
+            raise ConfigError(
+                "hardware.memory_gib",
+                None,
+                "the GPU's memory in GiB: hardware=auto reads it from the "
+                "device where the trial runs; with a preset named, give it (e.g. hardware.memory_gib=80)",
+            )
     hardware.check_plausible(hw)  # every figure's range, memory_gib and gemm_cache_mb among them
 
 
@@ -343,8 +444,11 @@ def _check_logger(cfg: TrialConfig) -> None:
         if not 1 <= len(tag) <= MAX_TAG:
             raise ConfigError("logger.tags", repr(tag), f"each tag 1 to {MAX_TAG} characters long (W&B's limit)")
     if cfg.logger.mode == "online" and not _wandb_key_available():
-        raise ConfigError("logger.mode", "online", "needs WANDB_API_KEY in the environment (or `wandb login`); "
-                          "use logger.mode=offline and `wandb sync` later")
+        raise ConfigError(
+            "logger.mode",
+            "online",
+            "needs WANDB_API_KEY in the environment (or `wandb login`); use logger.mode=offline and `wandb sync` later",
+        )
 
 
 def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
@@ -355,19 +459,26 @@ def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
         b.global_batch_size = unit
     gbs = positive(b.global_batch_size, "batch.global_batch_size")
     if gbs % unit:
-        raise ConfigError("batch.global_batch_size", gbs, f"a multiple of micro_batch_size x dp = {mbs} x {dp} = {unit}")
+        raise ConfigError(
+            "batch.global_batch_size", gbs, f"a multiple of micro_batch_size x dp = {mbs} x {dp} = {unit}"
+        )
     w = b.warmup
     if w is None:
         return mbs, gbs
     if w.end != gbs:
-        raise ConfigError("batch.warmup.end", w.end, f"the global batch after the warm-up, batch.global_batch_size={gbs}")
+        raise ConfigError(
+            "batch.warmup.end", w.end, f"the global batch after the warm-up, batch.global_batch_size={gbs}"
+        )
     w.start = unit if w.start is None else positive(w.start, "batch.warmup.start")
     if w.start > w.end:
         raise ConfigError("batch.warmup.start", w.start, f"at most batch.warmup.end={w.end}")
     if w.ramp_tokens is None:  # the ramp in sequences (Megatron's samples): the same warm-up for every model
         if w.ramp_samples is None:
-            raise ConfigError("batch.warmup.ramp_tokens", None, "a number of tokens > 0, or "
-                              "batch.warmup.ramp_samples, the ramp in sequences")
+            raise ConfigError(
+                "batch.warmup.ramp_tokens",
+                None,
+                "a number of tokens > 0, or batch.warmup.ramp_samples, the ramp in sequences",
+            )
         w.ramp_tokens = positive(w.ramp_samples, "batch.warmup.ramp_samples") * cfg.model.seq_len
     if w.ramp_tokens <= 0:
         raise ConfigError("batch.warmup.ramp_tokens", w.ramp_tokens, "a number of tokens > 0")
@@ -375,8 +486,11 @@ def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
         raise ConfigError("batch.warmup.start", w.start, f"a multiple of micro_batch_size x dp = {unit}")
     w.increment = unit if w.increment is None else positive(w.increment, "batch.warmup.increment")
     if w.increment % unit or (w.end - w.start) % w.increment:
-        raise ConfigError("batch.warmup.increment", w.increment,
-                          f"a multiple of micro_batch_size x dp = {unit} that divides end - start = {w.end - w.start}")
+        raise ConfigError(
+            "batch.warmup.increment",
+            w.increment,
+            f"a multiple of micro_batch_size x dp = {unit} that divides end - start = {w.end - w.start}",
+        )
     return mbs, gbs
 
 
@@ -384,26 +498,35 @@ def _check_batch(cfg: TrialConfig, dp: int) -> tuple[int, int]:
 
 
 def _schedule(cfg: TrialConfig, unit: int) -> Schedule:
-    b = cfg.batch
-    if b.warmup is None:
+    b, w = cfg.batch, cfg.batch.warmup
+    if w is None:
+        assert b.global_batch_size is not None  # set by _check_batch
         return [(0, b.global_batch_size)]
-    return warmup_schedule(b.warmup.start, b.warmup.end, b.warmup.increment, b.warmup.ramp_tokens)
+    assert w.start is not None and w.increment is not None and w.ramp_tokens is not None  # set by _check_batch
+    return warmup_schedule(w.start, w.end, w.increment, w.ramp_tokens)
 
 
 def _resolve_auto_hardware(composed: Composed) -> Composed:
     """hardware=auto: the local GPU's preset, or cpu; never a guess for a remote cluster."""
     presets_known = [p for p in presets("hardware") if p != "auto"]
     if composed.cfg.cluster.name != "local":
-        raise ConfigError("hardware", "auto", f"on cluster={composed.cfg.cluster.name} the compute nodes cannot be "
-                          f"seen from here; choose one of {one_of(presets_known)} (with hardware.kernels=measured "
-                          "its kernels are timed on the allocated node before the ranks start)")
+        raise ConfigError(
+            "hardware",
+            "auto",
+            f"on cluster={composed.cfg.cluster.name} the compute nodes cannot be "
+            f"seen from here; choose one of {one_of(presets_known)} (with hardware.kernels=measured "
+            "its kernels are timed on the allocated node before the ranks start)",
+        )
     gpu = hardware.local_gpu_name()
     preset = "cpu" if gpu is None else hardware.preset_for_gpu(gpu)
     # A GPU without a preset is planned from its timed kernels and its own memory size;
     # with no published peak its MFU is unknown (conf/hardware/gpu.yaml).
     given = {override_key(o) for o in composed.overrides}
-    unknown = [] if preset or "hardware.memory_gib" in given else [
-        f"hardware.memory_gib={hardware.local_gpu_memory_gib():.2f}"]
+    unknown = (
+        []
+        if preset or "hardware.memory_gib" in given
+        else [f"hardware.memory_gib={hardware.local_gpu_memory_gib():.2f}"]
+    )
     preset = preset or "gpu"
     if hardware.calibrated_preset(preset, user_conf_dir()) is not None:  # written by `orchestrator calibrate`
         preset = hardware.calibrated_name(preset)

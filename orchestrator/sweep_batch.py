@@ -18,14 +18,14 @@ trial (result.json, slurm.json), which the command reads when Hydra returns.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.compose import swept_values
+from orchestrator.compose import plain_dict, swept_values
 from orchestrator.display import console
 from orchestrator.errors import ConfigError
 from orchestrator.files import atomic_write_text
@@ -81,9 +81,14 @@ class SweepBatch:
     def __post_init__(self) -> None:
         # What a point tried: the values that differ within the batch, and every override the
         # command line did not fix (a tune round of one candidate tried its whole key, not nothing).
-        self.swept = [{o.partition("=")[0]: whole_numbers(o.partition("=")[2]) for o in point
-                       if o.partition("=")[0] in differ or o not in self.fixed}
-                      for point, differ in zip(self.overrides, swept_values(self.overrides))]
+        self.swept = [
+            {
+                o.partition("=")[0]: whole_numbers(o.partition("=")[2])
+                for o in point
+                if o.partition("=")[0] in differ or o not in self.fixed
+            }
+            for point, differ in zip(self.overrides, swept_values(self.overrides))
+        ]
 
     @property
     def job_id(self) -> str:
@@ -124,8 +129,13 @@ class SweepBatch:
         number = masked_point(self.base, {k: v for k, v in self.swept[i].items() if k != REPEAT})
         if number is not None:
             name = f"{name} #{number}"
-        return {"group": self.group, "name": fit_name(name), "index": self.first + i, "swept": swept,
-                **({"masked_point": number} if number is not None else {})}
+        return {
+            "group": self.group,
+            "name": fit_name(name),
+            "index": self.first + i,
+            "swept": swept,
+            **({"masked_point": number} if number is not None else {}),
+        }
 
     def _start(self, cfg: DictConfig) -> tuple[TrialSpec | None, Path, dict | None]:
         """Claim the point's directory, write its .hydra/, validate it: (spec, directory,
@@ -142,8 +152,15 @@ class SweepBatch:
         try:
             return build_spec(list(HydraConfig.get().overrides.task)), trial_dir, None
         except ConfigError as exc:  # only a sampled point can be invalid here: recorded, a failed trial
-            result = write_result(trial_dir, None, None, Status.REFUSED, now(), error_record("ConfigError", str(exc)),
-                                  exit_code=exc.exit_code)
+            result = write_result(
+                trial_dir,
+                None,
+                None,
+                Status.REFUSED,
+                now(),
+                error_record("ConfigError", str(exc)),
+                exit_code=exc.exit_code,
+            )
             console().print(f"[red]invalid point[/red] {trial_dir.name}: {exc}")
             return None, trial_dir, result
 
@@ -173,8 +190,12 @@ def inside_the_sweep(trial_dir: Path, sweep_dir: Path) -> None:
     be any interpolation, and a swept value any string): else ConfigError, before anything
     is written there."""
     if trial_dir.resolve().parent != sweep_dir.resolve():
-        raise ConfigError("hydra.sweep.subdir", str(trial_dir), f"one directory name inside the sweep's directory "
-                          f"{sweep_dir}, with no / or .. in it (the default, NUM_OVERRIDES, makes one)")
+        raise ConfigError(
+            "hydra.sweep.subdir",
+            str(trial_dir),
+            f"one directory name inside the sweep's directory "
+            f"{sweep_dir}, with no / or .. in it (the default, NUM_OVERRIDES, makes one)",
+        )
 
 
 def write_hydra_files(trial_dir: Path, cfg: DictConfig, subdir: str | None) -> None:
@@ -182,11 +203,13 @@ def write_hydra_files(trial_dir: Path, cfg: DictConfig, subdir: str | None) -> N
     with every secret masked (redact.py): Hydra's own copy would hold the values typed."""
     if subdir is None:
         return
-    hydra_cfg = OmegaConf.to_container(HydraConfig.get(), resolve=False)
-    hydra_cfg["output_subdir"] = subdir
+    hydra_cfg = {**plain_dict(HydraConfig.get(), resolve=False), "output_subdir": subdir}
     paths = TrialPaths(trial_dir).hydra_files(subdir)
-    files = {"config": OmegaConf.to_container(cfg, resolve=False, enum_to_str=True), "hydra": {"hydra": hydra_cfg},
-             "overrides": list(HydraConfig.get().overrides.task)}
+    files = {
+        "config": plain_dict(cfg, resolve=False),
+        "hydra": {"hydra": hydra_cfg},
+        "overrides": list(HydraConfig.get().overrides.task),
+    }
     paths["config"].parent.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         atomic_write_text(paths[name], OmegaConf.to_yaml(OmegaConf.create(redact(data))))

@@ -46,8 +46,10 @@ class Spread:
     def noisy(self, threshold: float = NOISY_RELATIVE_IQR) -> str | None:
         """Why these measurements cannot be trusted as one figure, or None."""
         if self.relative_iqr > threshold:
-            return (f"the timed steps scatter: their interquartile range is {self.relative_iqr:.0%} of the median "
-                    f"(quiet runs stayed within {threshold:.0%} in 70 of 72 trials); was the machine busy?")
+            return (
+                f"the timed steps scatter: their interquartile range is {self.relative_iqr:.0%} of the median "
+                f"(quiet runs stayed within {threshold:.0%} in 70 of 72 trials); was the machine busy?"
+            )
         return None
 
     def as_dict(self) -> dict:
@@ -93,8 +95,15 @@ def spread(values: list[float]) -> Spread:
     if not values:
         raise ValueError("no values to summarise")
     low, high, coverage = median_interval(values)
-    return Spread(median=quantile(values, 0.5), q1=quantile(values, 0.25), q3=quantile(values, 0.75),
-                  ci_low=low, ci_high=high, confidence=coverage, n=len(values))
+    return Spread(
+        median=quantile(values, 0.5),
+        q1=quantile(values, 0.25),
+        q3=quantile(values, 0.75),
+        ci_low=low,
+        ci_high=high,
+        confidence=coverage,
+        n=len(values),
+    )
 
 
 def beyond_noise(a: Spread, b: Spread) -> bool:

@@ -31,16 +31,24 @@ def check_token_file(path: str, dtype: str, seq_len: int, vocab: int) -> int:
     if size == 0:
         raise ConfigError("run.data", path, "a file of token ids, but it is empty")
     if size % item:
-        raise ConfigError("run.data", path, f"a whole number of {dtype} ids ({item} bytes each), but it holds {size} "
-                          f"bytes; is run.data_dtype={dtype} the type it was written with?")
-    ids = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        raise ConfigError(
+            "run.data",
+            path,
+            f"a whole number of {dtype} ids ({item} bytes each), but it holds {size} "
+            f"bytes; is run.data_dtype={dtype} the type it was written with?",
+        )
+    ids: np.ndarray = np.memmap(path, dtype=np.dtype(dtype), mode="r")
     if len(ids) < seq_len:
-        raise ConfigError("run.data", path, f"at least one window of model.seq_len={seq_len} ids, but it holds {len(ids)}")
+        raise ConfigError(
+            "run.data", path, f"at least one window of model.seq_len={seq_len} ids, but it holds {len(ids)}"
+        )
     for start in range(0, len(ids), SCAN_CHUNK):
-        chunk = ids[start:start + SCAN_CHUNK]
+        chunk = ids[start : start + SCAN_CHUNK]
         if int(chunk.max()) >= vocab:
             at = start + int(np.argmax(chunk >= vocab))
-            raise ConfigError("run.data", path, f"ids below model.vocab={vocab}, but id {int(ids[at])} is at position {at:,}")
+            raise ConfigError(
+                "run.data", path, f"ids below model.vocab={vocab}, but id {int(ids[at])} is at position {at:,}"
+            )
     return len(ids)
 
 
@@ -49,5 +57,7 @@ def few_windows_warning(path: str, dtype: str, seq_len: int, global_batch: int) 
     n = windows(os.path.getsize(path) // np.dtype(dtype).itemsize, seq_len)
     if n >= global_batch:
         return None
-    return (f"run.data holds {n} distinct window(s) of model.seq_len={seq_len}, fewer than one global batch of "
-            f"{global_batch} sequences: every batch repeats sequences (the loss says little)")
+    return (
+        f"run.data holds {n} distinct window(s) of model.seq_len={seq_len}, fewer than one global batch of "
+        f"{global_batch} sequences: every batch repeats sequences (the loss says little)"
+    )

@@ -34,17 +34,36 @@ from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload.wandb_compat import import_wandb
 
 HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_sec_per_gpu", "global_batch_size", "lr", "tokens_seen")
-SUMMARY_KEYS = ("tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "hfu", "step_time_s",
-                "tokens", "loss_first", "loss_last", "peak_tflops")
+SUMMARY_KEYS = (
+    "tokens_per_sec",
+    "tokens_per_sec_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "step_time_s",
+    "tokens",
+    "loss_first",
+    "loss_last",
+    "peak_tflops",
+)
 
 
 def run_config(spec: TrialSpec) -> dict:
     """The resolved trial, nested as its config groups, once; the presets chosen; and the
     numbers derived from it that a user compares runs on."""
-    return {**spec.resolved(), "choices": dict(spec.choices),
-            "derived": {"world_size": spec.world_size, "nodes": spec.nodes, "precision": spec.precision,
-                        "micro_batch_size": spec.micro_batch_size, "grad_accum_steps": spec.grad_accum_steps,
-                        "global_batch_size": spec.global_batch_size, "tokens_per_step": spec.tokens_per_step}}
+    return {
+        **spec.resolved(),
+        "choices": dict(spec.choices),
+        "derived": {
+            "world_size": spec.world_size,
+            "nodes": spec.nodes,
+            "precision": spec.precision,
+            "micro_batch_size": spec.micro_batch_size,
+            "grad_accum_steps": spec.grad_accum_steps,
+            "global_batch_size": spec.global_batch_size,
+            "tokens_per_step": spec.tokens_per_step,
+        },
+    }
 
 
 def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
@@ -63,8 +82,14 @@ def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
         if steps := metrics.get("nonfinite_loss_steps"):
             out.update({"perf/nonfinite_loss_steps": len(steps), "perf/nonfinite_loss_first_step": steps[0] + 1})
     if plan:
-        out.update({"plan/parameters": plan["parameters"], "plan/fits": plan["memory"]["fits"],
-                    "plan/memory_total": plan["memory"]["total"], "plan/activations": plan["memory"]["activations"]})
+        out.update(
+            {
+                "plan/parameters": plan["parameters"],
+                "plan/fits": plan["memory"]["fits"],
+                "plan/memory_total": plan["memory"]["total"],
+                "plan/activations": plan["memory"]["activations"],
+            }
+        )
         out.update({f"plan/{k}": v for k, v in plan["time"].items()})
     return out
 
@@ -95,14 +120,30 @@ class Tracker:
         if logger.mode == "disabled":
             return
         wandb = import_wandb(logger.mode)
+        assert wandb is not None  # only a disabled logger has none
         self.run = wandb.init(  # names and tags masked as the config is (redact.py)
-            id=run_id(trial_dir), resume="allow",
-            project=logger.project, entity=logger.entity, dir=str(trial_dir), mode=logger.mode,
-            group=redact(logger.group or sweep.get("group")), job_type=point_type(sweep),
+            id=run_id(trial_dir),
+            resume="allow",
+            project=logger.project,
+            entity=logger.entity,
+            dir=str(trial_dir),
+            mode=logger.mode,
+            group=redact(logger.group or sweep.get("group")),
+            job_type=point_type(sweep),
             name=redact(run_name(spec, trial_dir, sweep)),
-            tags=redact([*logger.tags, spec.choices.get("model", ""), f"zero{spec.cfg.zero.stage}", spec.cfg.engine.name,
-                         f"cluster:{spec.cfg.cluster.name}", *([f"sweep:{sweep['group']}"] if sweep.get("group") else [])]),
-            config=run_config(spec), settings=wandb.Settings(console="off"))
+            tags=redact(
+                [
+                    *logger.tags,
+                    spec.choices.get("model", ""),
+                    f"zero{spec.cfg.zero.stage}",
+                    spec.cfg.engine.name,
+                    f"cluster:{spec.cfg.cluster.name}",
+                    *([f"sweep:{sweep['group']}"] if sweep.get("group") else []),
+                ]
+            ),
+            config=run_config(spec),
+            settings=wandb.Settings(console="off"),
+        )
         # The step history against tokens seen, so runs with different batch sizes line up.
         self.run.define_metric("train/tokens_seen")
         self.run.define_metric("train/*", step_metric="train/tokens_seen")
@@ -122,7 +163,9 @@ class Tracker:
         self.run.summary.update(summary(metrics, plan, status))
         load = read_json(TrialPaths(self.trial_dir).node_load) or {}  # written by the launcher before the ranks
         if (share := real_number(load.get("busy_share"))) is not None:
-            self.run.summary["perf/host_busy_share"] = share  # a steady load slows every step alike: no scatter shows it
+            self.run.summary["perf/host_busy_share"] = (
+                share  # a steady load slows every step alike: no scatter shows it
+            )
         self.run.finish(exit_code=0 if status == "ok" else 1)
         self.run = None
 
@@ -151,6 +194,9 @@ def sync_hint(trial_dirs: list[Path]) -> str | None:
     if not runs:
         return None
     wandb = TrialPaths(Path()).wandb_dir.name
-    pattern = f"{trial_dirs[0].parent}/*/{wandb}/offline-run-*" if len(trial_dirs) > 1 \
+    pattern = (
+        f"{trial_dirs[0].parent}/*/{wandb}/offline-run-*"
+        if len(trial_dirs) > 1
         else f"{trial_dirs[0]}/{wandb}/offline-run-*"
+    )
     return f"W&B: {len(runs)} offline run(s) written; upload them with: wandb sync {pattern}"

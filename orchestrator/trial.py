@@ -8,6 +8,7 @@ finished job into its result.json.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -18,32 +19,36 @@ from pathlib import Path
 
 from rich.console import Console
 
+from orchestrator import hardware, host_load, memory_cgroup
+from orchestrator.display import show_progress, show_result, trial_label
+from orchestrator.errors import ConfigError, Interrupted
+from orchestrator.files import atomic_write_json, read_json, read_text
 from orchestrator.launchers import slurm
 from orchestrator.launchers.local import run_local
-from orchestrator import hardware, host_load, memory_cgroup
-from orchestrator.errors import ConfigError, Interrupted
-from orchestrator.display import show_plan, show_progress, show_result, trial_label
-from orchestrator.plan.memory import GIB
-from orchestrator.planning import plan_trial
 from orchestrator.plan.batch import batch_sizes_per_step
+from orchestrator.plan.memory import GIB
 from orchestrator.plan.prediction import Plan, planned_steps_s
-from orchestrator.files import atomic_write_json, read_json, read_text
+from orchestrator.plan_display import show_plan
+from orchestrator.planning import plan_trial
 from orchestrator.results import Status, error_record, now, outcome_status, read_result, write_result
 from orchestrator.spec import TrialSpec, load_spec
-from orchestrator.trial_dir import TrialPaths, claimant_gone, reserve, trials_below
 from orchestrator.translate import TrialFiles, write_trial_files
+from orchestrator.trial_dir import TrialPaths, claimant_gone, reserve, trials_below
 
 
-def refusal(spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = None,
-            free_bytes: int | None = None) -> str | None:
+def refusal(
+    spec: TrialSpec, plan: Plan, nodes: list[slurm.NodeShape] | None = None, free_bytes: int | None = None
+) -> str | None:
     """Why the plan (or, for SLURM, the partition's `nodes` from sinfo; for a local CPU
     trial, the host's `free_bytes`) refuses this trial, or None."""
     if spec.cfg.run.force:
         return None
     if not plan.fits:
-        return (f"does not fit: predicted {plan.memory.total / GIB:.2f} GiB per rank > "
-                f"{plan.memory.capacity / GIB:.2f} GiB capacity; {plan.fitting_changes}; "
-                "run.force=true launches anyway")
+        return (
+            f"does not fit: predicted {plan.memory.total / GIB:.2f} GiB per rank > "
+            f"{plan.memory.capacity / GIB:.2f} GiB capacity; {plan.fitting_changes}; "
+            "run.force=true launches anyway"
+        )
     if why := host_memory_refusal(spec, plan, free_bytes):
         return why
     if nodes is not None and (why := slurm.partition_refusal(spec, nodes)):
@@ -57,21 +62,25 @@ def host_memory_refusal(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> 
     a GPU trial's as built and offloaded (plan.host_memory) against what the node grants, and
     here also against what this host has free."""
     host = plan.host_memory
-    if host is not None and not host.fits:
-        return (f"the node's host memory: {host.ranks_per_node} rank(s) x {host.per_rank / GIB:.2f} GiB = "
-                f"{host.per_node / GIB:.2f} GiB > {host.capacity / GIB:.2f} GiB ({host.capacity_source}), each rank "
-                f"building the model in fp32 ({host.built / GIB:.2f} GiB)"
-                f"{' and keeping what offload moves' if host.offloaded else ''}; zero=stage3 with engine=deepspeed "
-                "builds it partitioned, or ask SLURM for more (cluster.mem_gb); run.force=true launches anyway")
+    if host is not None and host.capacity is not None and not host.fits:
+        return (
+            f"the node's host memory: {host.ranks_per_node} rank(s) x {host.per_rank / GIB:.2f} GiB = "
+            f"{host.per_node / GIB:.2f} GiB > {host.capacity / GIB:.2f} GiB ({host.capacity_source}), each rank "
+            f"building the model in fp32 ({host.built / GIB:.2f} GiB)"
+            f"{' and keeping what offload moves' if host.offloaded else ''}; zero=stage3 with engine=deepspeed "
+            "builds it partitioned, or ask SLURM for more (cluster.mem_gb); run.force=true launches anyway"
+        )
     if spec.cfg.cluster.name != "local" or free_bytes is None:
         return None
     each = host.per_rank if host else plan.memory.total
     need = each * spec.gpus_per_node
     if need <= free_bytes:
         return None
-    return (f"the host has {free_bytes / GIB:.2f} GiB free and the plan needs {need / GIB:.2f} GiB "
-            f"({spec.gpus_per_node} rank(s) x {each / GIB:.2f} GiB): the kernel's OOM killer would end it; "
-            "free memory, or run.force=true launches anyway")
+    return (
+        f"the host has {free_bytes / GIB:.2f} GiB free and the plan needs {need / GIB:.2f} GiB "
+        f"({spec.gpus_per_node} rank(s) x {each / GIB:.2f} GiB): the kernel's OOM killer would end it; "
+        "free memory, or run.force=true launches anyway"
+    )
 
 
 def cost_line(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> str:
@@ -83,11 +92,16 @@ def cost_line(spec: TrialSpec, plan: Plan, free_bytes: int | None) -> str:
     a_step = f"{each[0]:.3g}" if min(each) == max(each) else f"{min(each):.3g}-{max(each):.3g}"
     warm = "" if min(each) == max(each) else " as the batch warms up"
     when = f"{total / 3600:.1f} h" if total >= 7200 else f"{total / 60:.1f} min" if total >= 120 else f"{total:.3g} s"
-    where = (f"of {m.capacity / GIB:.2f} GiB" if spec.cfg.hardware.device.is_gpu or spec.cfg.cluster.name != "local"
-             else f"x {spec.gpus_per_node} rank(s) on a host with {(free_bytes or 0) / GIB:.2f} GiB free")
+    where = (
+        f"of {m.capacity / GIB:.2f} GiB"
+        if spec.cfg.hardware.device.is_gpu or spec.cfg.cluster.name != "local"
+        else f"x {spec.gpus_per_node} rank(s) on a host with {(free_bytes or 0) / GIB:.2f} GiB free"
+    )
     up_to = "up to " if spec.cfg.run.timing_ci is not None else ""
-    return (f"planned: {a_step} s a step{warm}, about {when} for {up_to}{steps} steps (start-up not counted); "
-            f"peak {m.total / GIB:.2f} GiB per rank {where}")
+    return (
+        f"planned: {a_step} s a step{warm}, about {when} for {up_to}{steps} steps (start-up not counted); "
+        f"peak {m.total / GIB:.2f} GiB per rank {where}"
+    )
 
 
 def check_runnable_here(spec: TrialSpec, visible_gpus: int | None = None) -> None:
@@ -98,23 +112,40 @@ def check_runnable_here(spec: TrialSpec, visible_gpus: int | None = None) -> Non
         return
     gpus = hardware.local_gpu_count() if visible_gpus is None else visible_gpus
     if gpus == 0:
-        raise ConfigError("hardware", spec.cfg.hardware.name, "this machine has no GPU to run it on; use hardware=auto "
-                          "or cpu here (plan and translate take any hardware)")
+        raise ConfigError(
+            "hardware",
+            spec.cfg.hardware.name,
+            "this machine has no GPU to run it on; use hardware=auto "
+            "or cpu here (plan and translate take any hardware)",
+        )
     if spec.world_size > gpus:
-        raise ConfigError("parallel.dp", spec.dp, f"at most {gpus}, the GPUs this host makes visible (one a rank; "
-                          "CUDA_VISIBLE_DEVICES narrows them): two ranks on one GPU would each time the other's "
-                          f"kernels and share its memory; the nearest valid value is parallel.dp={gpus}")
+        raise ConfigError(
+            "parallel.dp",
+            spec.dp,
+            f"at most {gpus}, the GPUs this host makes visible (one a rank; "
+            "CUDA_VISIBLE_DEVICES narrows them): two ranks on one GPU would each time the other's "
+            f"kernels and share its memory; the nearest valid value is parallel.dp={gpus}",
+        )
     numa = spec.cfg.numa.mode
     if numa != "none" and spec.cfg.engine.name != "accelerate" and shutil.which("numactl") is None:
-        raise ConfigError("numa.mode", numa, "none, or install numactl first (apt-get install numactl): torchrun's "
-                          "--numa-binding runs each rank under the numactl command, which this host lacks")
+        raise ConfigError(
+            "numa.mode",
+            numa,
+            "none, or install numactl first (apt-get install numactl): torchrun's "
+            "--numa-binding runs each rank under the numactl command, which this host lacks",
+        )
     if numa != "none" and spec.cfg.engine.name == "accelerate" and importlib.util.find_spec("pynvml") is None:
-        raise ConfigError("numa.mode", numa, "none, or install nvidia-ml-py first (pip install nvidia-ml-py): "
-                          "accelerate launch --enable_cpu_affinity reads each GPU's NUMA node through NVML")
+        raise ConfigError(
+            "numa.mode",
+            numa,
+            "none, or install nvidia-ml-py first (pip install nvidia-ml-py): "
+            "accelerate launch --enable_cpu_affinity reads each GPU's NUMA node through NVML",
+        )
 
 
-def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None,
-            nodes: list[slurm.NodeShape] | None = None) -> tuple[dict | None, TrialFiles | None, dict]:
+def plan_and_write(
+    spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None, nodes: list[slurm.NodeShape] | None = None
+) -> tuple[dict | None, TrialFiles | None, dict]:
     """Plan the trial and write its files: (the refused result if the plan says no, files, plan)."""
     started = now()
     reserve(trial_dir, spec.cfg.run.steps)
@@ -126,8 +157,9 @@ def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict |
             out.print(f"[red]refused:[/red] {message}")
         else:
             out.print(f"[red]refused:[/red] {trial_label(spec)}: {message} (its plan: result.json in {trial_dir})")
-        refused = write_result(trial_dir, spec, plan.as_dict(), Status.REFUSED, started,
-                               error_record("PlanRefused", message))
+        refused = write_result(
+            trial_dir, spec, plan.as_dict(), Status.REFUSED, started, error_record("PlanRefused", message)
+        )
         return refused, None, plan.as_dict()
     files = write_trial_files(spec, trial_dir, plan=plan.as_dict(), sweep=sweep)
     out.print(f"[dim]{cost_line(spec, plan, free)}[/dim]")
@@ -136,14 +168,21 @@ def plan_and_write(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict |
     return None, files, plan.as_dict()
 
 
+def _progress(last: dict, out: Console, progress: dict) -> None:
+    """Rank 0's progress line: kept (an interruption says how far it got) and shown."""
+    last.update(progress)
+    show_progress(progress, out)
+
+
 def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None = None) -> dict:
     """Run a local trial (in the directory claimed for it) to its end. sweep: the point's
     W&B group, name and swept values. Interrupted (Ctrl-C, SIGTERM) ends the ranks, records
     the trial as interrupted and goes on up to the command."""
     started = now()
     refused, files, plan = plan_and_write(spec, trial_dir, out, sweep)
-    if refused:
-        return refused
+    if refused or files is None:
+        return refused or {}
+    assert files.command is not None  # a local trial's files hold its command
     out.print(f"[bold]run[/bold] {trial_dir}")
     load = host_load.measure()
     atomic_write_json(TrialPaths(trial_dir).node_load, load.as_dict())  # rank 0 logs it with the run (W&B)
@@ -153,21 +192,43 @@ def run_trial(spec: TrialSpec, trial_dir: Path, out: Console, sweep: dict | None
     last: dict = {}
     kills = memory_cgroup.oom_kills()
     try:
-        outcome = run_local(files.command, trial_dir, timeout, lambda p: (last.update(p), show_progress(p, out)))
+        outcome = run_local(files.command, trial_dir, timeout, functools.partial(_progress, last, out))
     except Interrupted as exc:
         done = f"after step {last['step'] + 1} of {spec.cfg.run.steps}" if last else "before its first step"
-        error = error_record("Interrupted", f"interrupted by {exc} {done}", log=TrialPaths(trial_dir).launcher_log,
-                             signal=str(exc), last_step=last.get("step"))
-        show_result(write_result(trial_dir, spec, plan, Status.INTERRUPTED, started, error, exit_code=exc.exit_code,
-                                 host_load=load.as_dict()), trial_dir, out)
+        error = error_record(
+            "Interrupted",
+            f"interrupted by {exc} {done}",
+            log=TrialPaths(trial_dir).launcher_log,
+            signal=str(exc),
+            last_step=last.get("step"),
+        )
+        show_result(
+            write_result(
+                trial_dir,
+                spec,
+                plan,
+                Status.INTERRUPTED,
+                started,
+                error,
+                exit_code=exc.exit_code,
+                host_load=load.as_dict(),
+            ),
+            trial_dir,
+            out,
+        )
         raise
     after = memory_cgroup.oom_kills()
-    status, error = outcome_status(trial_dir, outcome.returncode, outcome.timed_out,
-                                   oom_killed=kills is not None and after is not None and after > kills)
-    if status == Status.OOM and error and error["type"] == "OutOfMemory":  # what it had reached
-        error["message"] += (f", after step {last['step'] + 1} of {spec.cfg.run.steps}" if last
-                             else ", before its first step")
-    result = write_result(trial_dir, spec, plan, status, started, error, host_load=load.as_dict())
+    status, failure = outcome_status(
+        trial_dir,
+        outcome.returncode,
+        outcome.timed_out,
+        oom_killed=kills is not None and after is not None and after > kills,
+    )
+    if status == Status.OOM and failure and failure["type"] == "OutOfMemory":  # what it had reached
+        failure["message"] += (
+            f", after step {last['step'] + 1} of {spec.cfg.run.steps}" if last else ", before its first step"
+        )
+    result = write_result(trial_dir, spec, plan, status, started, failure, host_load=load.as_dict())
     show_result(result, trial_dir, out)
     return result
 
@@ -221,8 +282,11 @@ def collect_state(trial_dir: Path, known: dict[str, tuple[str, str]] | None = No
             return _local_state(trial_dir)
         job = str(json.loads(read_text(path))["job_id"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        return "unreadable", {"status": "unreadable", "exit_code": 1, "error": {
-            "type": "UnreadableFile", "message": f"{path}: {type(exc).__name__}: {exc}", "rank": None}}
+        return "unreadable", {
+            "status": "unreadable",
+            "exit_code": 1,
+            "error": {"type": "UnreadableFile", "message": f"{path}: {type(exc).__name__}: {exc}", "rank": None},
+        }
     state, reason = (known or {}).get(job) or slurm.job_state(job)  # asked once per poll: finalize decides from it
     if result := slurm.finalize(trial_dir, state, reason):
         return result["status"], result
@@ -246,12 +310,24 @@ def _local_state(trial_dir: Path) -> tuple[str, dict | None]:
     except (ConfigError, OSError, ValueError, KeyError, TypeError):
         spec = None  # its config.yaml is corrupt too: the result says what is known
     pid = claimed.get("pid")
-    who = f"pid {pid} on {claimed.get('host')}" if isinstance(pid, int) and pid > 0 else \
-        f"{paths.claim} names no process: pid {pid!r}"
-    message = f"the orchestrator that ran it ({who}) ended without recording a result: it was killed, or its machine went down"
-    started = claimed.get("started_at") if isinstance(claimed.get("started_at"), str) else now()
-    result = write_result(trial_dir, spec, read_json(paths.plan), Status.INTERRUPTED, started, error_record(
-        "Interrupted", message, log=paths.launcher_log, signal=None))
+    who = (
+        f"pid {pid} on {claimed.get('host')}"
+        if isinstance(pid, int) and pid > 0
+        else f"{paths.claim} names no process: pid {pid!r}"
+    )
+    message = (
+        f"the orchestrator that ran it ({who}) ended without recording a result: "
+        "it was killed, or its machine went down"
+    )
+    started = s if isinstance(s := claimed.get("started_at"), str) else now()
+    result = write_result(
+        trial_dir,
+        spec,
+        read_json(paths.plan),
+        Status.INTERRUPTED,
+        started,
+        error_record("Interrupted", message, log=paths.launcher_log, signal=None),
+    )
     return "interrupted", result
 
 
@@ -262,7 +338,7 @@ def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: floa
     while True:
         states = collect_states(trials_below(directory))
         for d, (state, result) in states.items():
-            if state == "unreadable" and d not in warned:
+            if state == "unreadable" and result and d not in warned:
                 out.print(f"[yellow]warning:[/yellow] skipped {result['error']['message']}")
                 warned.add(d)
         waiting = [d for d, (_, result) in states.items() if result is None]
@@ -271,7 +347,7 @@ def wait_for(directory: Path, out: Console, poll_s: float = 2.0, timeout_s: floa
             out.print(f"  {line}")
             shown = line
         if not waiting:
-            return [result for _, result in states.values()]
+            return [result for _, result in states.values() if result is not None]
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"{len(waiting)} trial(s) still not done below {directory}")
         time.sleep(poll_s)

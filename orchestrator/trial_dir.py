@@ -2,9 +2,10 @@
 
 `claim(path)` makes the directory this run's, atomically: a new directory is created
 with mkdir (of two runs racing for one path, exactly one succeeds), an existing empty one
-is taken by creating claim.json (sweep.json for a sweep's directory) with O_EXCL. A directory that holds a trial already is
-refused (TrialDirHeld, exit 2) unless the user asks to replace it (`--overwrite`): the old
-trial is then moved aside and deleted before the new one starts, so old and new never mix.
+is taken by creating claim.json (sweep.json for a sweep's directory) with O_EXCL. A directory that
+holds a trial already is refused (TrialDirHeld, exit 2) unless the user asks to replace it
+(`--overwrite`): the old trial is then moved aside and deleted before the new one starts, so old and
+new never mix.
 
 claim.json says who runs the trial (pid, host, start). A local trial whose claim names a
 process that is gone and which has no result.json was interrupted without a record (the
@@ -42,8 +43,9 @@ class TrialPaths:
 
     Written before launch (translate): config.yaml, trial.json, plan.json, ds_config.json,
     accelerate_config.yaml, launch.json, launch.sh, EXPLAIN.md, and .hydra/ (Hydra's names,
-    masked); while it runs: plan-at-submit.json (SLURM), node-load.json, claim.json, result.reserve, logs/, errors/, checkpoint/,
-    metrics.json (rank 0), slurm.json, wandb_run.json, wandb/, profile/; at its end: result.json."""
+    masked); while it runs: plan-at-submit.json (SLURM), node-load.json, claim.json, result.reserve,
+    logs/, errors/, checkpoint/, metrics.json (rank 0), slurm.json, wandb_run.json, wandb/,
+    profile/; at its end: result.json."""
 
     root: Path
 
@@ -171,13 +173,26 @@ def check_path(path: Path, field: str) -> Path:
     """`path` if the file system can hold it, else ConfigError naming the part that is too long."""
     long_part = next((p for p in Path(path).parts if len(p.encode()) > NAME_MAX), None)
     if long_part is not None or len(str(path).encode()) > PATH_MAX:
-        what = f"one name in it is {len(long_part.encode())} bytes" if long_part else f"it is {len(str(path).encode())} bytes"
-        raise ConfigError(field, str(path), f"a path of names of at most {NAME_MAX} bytes, at most {PATH_MAX} in all; {what}")
+        what = (
+            f"one name in it is {len(long_part.encode())} bytes"
+            if long_part
+            else f"it is {len(str(path).encode())} bytes"
+        )
+        raise ConfigError(
+            field, str(path), f"a path of names of at most {NAME_MAX} bytes, at most {PATH_MAX} in all; {what}"
+        )
     return path
 
 
-def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False, marker: str = CLAIM,
-          resume: bool = False, others_files: bool = False) -> Path:
+def claim(
+    path: Path,
+    field: str,
+    overwrite: bool = False,
+    unique: bool = False,
+    marker: str = CLAIM,
+    resume: bool = False,
+    others_files: bool = False,
+) -> Path:
     """Make `path` this run's trial (or sweep) directory and return it.
 
     field: how the user named it (--out) for messages. unique: a default path
@@ -191,18 +206,27 @@ def claim(path: Path, field: str, overwrite: bool = False, unique: bool = False,
     check_room(path, field)
     inside = next((p for p in path.absolute().parents if holds_trial(p)), None)
     if inside is not None:  # its status, report and --overwrite would take this one along
-        raise ConfigError(field, str(path), f"a directory outside any trial, but {inside} is a trial's; "
-                          "choose a directory beside it")
+        raise ConfigError(
+            field, str(path), f"a directory outside any trial, but {inside} is a trial's; choose a directory beside it"
+        )
     if not (others_files or resume or holds_trial(path) or SweepPaths(path).claim.exists()):
         if path.is_dir() and (own := sorted(p.name for p in path.iterdir())):
-            raise ConfigError(field, str(path), f"a new or empty directory, but it holds {len(own)} file(s) of "
-                              f"another kind ({', '.join(own[:3])}{', ...' if len(own) > 3 else ''}); "
-                              "choose another directory")
+            raise ConfigError(
+                field,
+                str(path),
+                f"a new or empty directory, but it holds {len(own)} file(s) of "
+                f"another kind ({', '.join(own[:3])}{', ...' if len(own) > 3 else ''}); "
+                "choose another directory",
+            )
     if resume:
         held = path / marker
         if held.exists() and not claimant_gone(read_json(held) or {}):
-            raise TrialDirHeld(field, str(path), "a directory no other run is using, but a run that is still alive "
-                               f"holds it ({held}); wait for it, or choose another directory")
+            raise TrialDirHeld(
+                field,
+                str(path),
+                "a directory no other run is using, but a run that is still alive "
+                f"holds it ({held}); wait for it, or choose another directory",
+            )
         held.unlink(missing_ok=True)
         return _claim(path, field, False, marker, check_held=False)
     if not unique:
@@ -222,8 +246,12 @@ def _claim(path: Path, field: str, overwrite: bool, marker: str, check_held: boo
     if check_held and (holds_trial(path) or SweepPaths(path).claim.exists() or below):
         if not overwrite:
             held = "a trial" if holds_trial(path) else f"a sweep of {len(below)} trial(s)" if below else "a sweep"
-            raise TrialDirHeld(field, str(path), f"a directory no earlier run used, but it holds {held}; choose "
-                               "another directory, or add --overwrite to delete what it holds and run this in its place")
+            raise TrialDirHeld(
+                field,
+                str(path),
+                f"a directory no earlier run used, but it holds {held}; choose "
+                "another directory, or add --overwrite to delete what it holds and run this in its place",
+            )
         _remove(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -233,8 +261,11 @@ def _claim(path: Path, field: str, overwrite: bool, marker: str, check_held: boo
             pass  # an existing empty directory: claim.json decides below
         fd = os.open(path / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        raise TrialDirHeld(field, str(path), "a directory no other run is using, but another run claimed it a moment "
-                           "ago; choose another directory") from None
+        raise TrialDirHeld(
+            field,
+            str(path),
+            "a directory no other run is using, but another run claimed it a moment ago; choose another directory",
+        ) from None
     except OSError as exc:
         raise ConfigError(field, str(path), f"a directory this user can create and write ({exc.strerror})") from None
     with os.fdopen(fd, "w") as f:
@@ -272,14 +303,22 @@ def check_room(path: Path, field: str) -> None:
     except OSError:
         return
     if free < MIN_FREE_BYTES:
-        raise ConfigError(field, str(path), f"a directory on a file system with room for a trial (at least "
-                          f"{MIN_FREE_BYTES >> 20} MB free for its files and result.json); {existing} has "
-                          f"{free >> 10:,} KB free")
+        raise ConfigError(
+            field,
+            str(path),
+            f"a directory on a file system with room for a trial (at least "
+            f"{MIN_FREE_BYTES >> 20} MB free for its files and result.json); {existing} has "
+            f"{free >> 10:,} KB free",
+        )
 
 
 def claim_record() -> dict:
-    return {"pid": os.getpid(), "pid_start": start_ticks(os.getpid()), "host": socket.gethostname(),
-            "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "pid": os.getpid(),
+        "pid_start": start_ticks(os.getpid()),
+        "host": socket.gethostname(),
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
 
 
 def claimant_gone(record: dict) -> bool:

@@ -21,7 +21,7 @@ from orchestrator.kernel_cache import Cache
 from orchestrator.kernel_timing import KernelTimingError
 from orchestrator.links import MEASURED
 from orchestrator.local_links import local_links
-from orchestrator.plan.inputs import LocalLinks, MachineFacts, Measurements, MeasuredKernels
+from orchestrator.plan.inputs import LocalLinks, MachineFacts, MeasuredKernels, Measurements
 from orchestrator.plan.params import parameter_tensors
 from orchestrator.plan.planner import compute_assumption
 from orchestrator.spec import TrialSpec
@@ -33,7 +33,10 @@ def machine_facts(spec: TrialSpec) -> MachineFacts:
     hw = spec.cfg.hardware
     peak, peak_note = hardware.peak_tflops(hw, spec.precision, spec.threads_per_rank)
     if hw.memory_bandwidth_gbps:
-        bandwidth, bandwidth_note = float(hw.memory_bandwidth_gbps), f"{hw.memory_bandwidth_gbps:g} GB/s ({hw.name}, published)"
+        bandwidth, bandwidth_note = (
+            float(hw.memory_bandwidth_gbps),
+            f"{hw.memory_bandwidth_gbps:g} GB/s ({hw.name}, published)",
+        )
     elif not hw.device.is_gpu:  # the ranks on a node share its memory bandwidth
         node = hardware.measured_cpu_bandwidth_gbps(os.cpu_count() or 1)
         bandwidth = node / spec.gpus_per_node
@@ -41,13 +44,21 @@ def machine_facts(spec: TrialSpec) -> MachineFacts:
     else:
         bandwidth, bandwidth_note = None, "no memory bandwidth given (hardware.memory_bandwidth_gbps), so not counted"
     # the k x n GEMM layout's kernel runs on one thread (planner.rates): its peak, where it matters
-    one_thread = (hardware.peak_tflops(hw, spec.precision, 1)[0]
-                  if not hw.device.is_gpu and hw.gemm_kn_efficiency is not None and spec.threads_per_rank > 1 else None)
-    return MachineFacts(peak_tflops=peak, peak_note=peak_note, bandwidth_gbps=bandwidth, bandwidth_note=bandwidth_note,
-                        host_memory_bytes=hardware.host_memory_bytes(),
-                        gpu_driver_present=hw.device.is_gpu and hardware.gpu_driver_present(),
-                        network_table=network_table.load(hw.network) if hw.network else None,
-                        peak_tflops_one_thread=one_thread)
+    one_thread = (
+        hardware.peak_tflops(hw, spec.precision, 1)[0]
+        if not hw.device.is_gpu and hw.gemm_kn_efficiency is not None and spec.threads_per_rank > 1
+        else None
+    )
+    return MachineFacts(
+        peak_tflops=peak,
+        peak_note=peak_note,
+        bandwidth_gbps=bandwidth,
+        bandwidth_note=bandwidth_note,
+        host_memory_bytes=hardware.host_memory_bytes(),
+        gpu_driver_present=hw.device.is_gpu and hardware.gpu_driver_present(),
+        network_table=network_table.load(hw.network) if hw.network else None,
+        peak_tflops_one_thread=one_thread,
+    )
 
 
 def measure_for_trial(spec: TrialSpec, facts: MachineFacts, here: bool, refused: bool) -> Measurements:
@@ -56,13 +67,19 @@ def measure_for_trial(spec: TrialSpec, facts: MachineFacts, here: bool, refused:
     plan refuses it for its memory, so nothing is worth timing (a 175B model's kernels on a
     slow CPU take most of a minute)."""
     links, links_note = measured_links(spec, here=here, refused=refused)
-    kernels, source = measured_kernels(spec, here=here, refused=refused, peak_tflops=facts.peak_tflops,
-                                       bandwidth_gbps=facts.bandwidth_gbps)
+    kernels, source = measured_kernels(
+        spec, here=here, refused=refused, peak_tflops=facts.peak_tflops, bandwidth_gbps=facts.bandwidth_gbps
+    )
     return Measurements(kernels=kernels, compute_source=source, links=links, links_note=links_note)
 
 
-def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False, peak_tflops: float | None = None,
-                     bandwidth_gbps: float | None = None) -> tuple[MeasuredKernels | None, str]:
+def measured_kernels(
+    spec: TrialSpec,
+    here: bool,
+    refused: bool = False,
+    peak_tflops: float | None = None,
+    bandwidth_gbps: float | None = None,
+) -> tuple[MeasuredKernels | None, str]:
     """The trial's kernels timed on this machine's device where hardware.kernels=measured
     and the trial runs `here` (None otherwise, where the plan will refuse the trial for its
     memory, or where timing failed), and where the compute times come from."""
@@ -72,24 +89,31 @@ def measured_kernels(spec: TrialSpec, here: bool, refused: bool = False, peak_tf
     if refused:
         return None, f"{compute_assumption(hw)}; kernels not timed: the trial does not fit (run.force=true times them)"
     if not here:  # a login node times nothing of a compute node's
-        return None, f"{compute_assumption(hw)}, until the kernels are timed on the allocated node before the ranks start"
+        return (
+            None,
+            f"{compute_assumption(hw)}, until the kernels are timed on the allocated node before the ranks start",
+        )
     device = hw.device.value
     threads = spec.threads_per_rank if not hw.device.is_gpu else 1
-    shares = [p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)]
+    shares = [
+        p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)
+    ]
     try:
         if hw.device.is_gpu and hardware.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
         args = (spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares, spec.cfg.recompute.mode)
         peak = peak_tflops * 1e12 if peak_tflops else None  # what no timed GEMM can beat
-        limits = {"peak_flops": peak, "bandwidth": bandwidth_gbps * 1e9 if bandwidth_gbps else None}
+        bandwidth = bandwidth_gbps * 1e9 if bandwidth_gbps else None
         with engine_timing.EngineTiming(engine_settings(spec), threads, sum(shares), device) as engine:
             if hw.device.is_gpu:  # in a process of its own: the planner keeps no CUDA context for the ranks to meet
                 engine.imported()
-                m, discarded = kernel_timing.measure_apart(*args, **limits)
+                m, discarded = kernel_timing.measure_apart(*args, peak_flops=peak, bandwidth=bandwidth)
             else:
-                m, discarded = (kernel_timing.measure(*args, before_timing=engine.imported, **limits),
-                                Cache.take_discarded())
-            m = dataclasses.replace(engine.apply(m, limits["bandwidth"]), discarded=discarded)
+                m, discarded = (
+                    kernel_timing.measure(*args, before_timing=engine.imported, peak_flops=peak, bandwidth=bandwidth),
+                    Cache.take_discarded(),
+                )
+            m = dataclasses.replace(engine.apply(m, bandwidth), discarded=discarded)
     except KernelTimingError as exc:
         return None, f"measured kernels failed ({exc}), so {compute_assumption(hw)}"
     on = f", {threads} thread(s) per rank" if not hw.device.is_gpu else ""
@@ -103,8 +127,15 @@ def measured_links(spec: TrialSpec, here: bool, refused: bool) -> tuple[LocalLin
     it and its preset's inside-node level is not a measured one (local_links.py); where
     they cannot be measured, None and what the plan says instead."""
     hw = spec.cfg.hardware
-    if (hw.device.is_gpu or hw.kernels != KernelSource.measured or not here or refused or spec.gpus_per_node < 2
-            or hw.network or hw.intra_node.name.startswith(MEASURED)):
+    if (
+        hw.device.is_gpu
+        or hw.kernels != KernelSource.measured
+        or not here
+        or refused
+        or spec.gpus_per_node < 2
+        or hw.network
+        or hw.intra_node.name.startswith(MEASURED)
+    ):
         return None, ""
     try:
         return local_links(spec.gpus_per_node), ""
@@ -120,8 +151,13 @@ def engine_settings(spec: TrialSpec) -> dict | None:
     if cfg.zero.offload_optimizer != "none" or cfg.zero.offload_param != "none":
         return None
     modules = [(p.module, p.numel) for p in parameter_tensors(cfg.model)]  # proportions: timed at a fixed size
-    common = {"precision": spec.precision, "grad_clip": cfg.run.grad_clip, "optimizer": optimizer_section(spec),
-              "modules": modules, "device": cfg.hardware.device.value}
+    common = {
+        "precision": spec.precision,
+        "grad_clip": cfg.run.grad_clip,
+        "optimizer": optimizer_section(spec),
+        "modules": modules,
+        "device": cfg.hardware.device.value,
+    }
     if runs_as(cfg.engine.backend, cfg.zero.stage) == Sharding.zero:  # engine=deepspeed, or accelerate's DeepSpeed
         # Bucket sizes left out: on one rank they change little, and a sweep of them would
         # time the engine again at every size (the plan's buckets are in its communication).

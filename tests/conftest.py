@@ -35,9 +35,11 @@ def logging_kept():
     """A command run in-process lets Hydra configure logging (process-wide, as it must for a
     real command); the handlers it leaves write to a captured stream that is gone once the
     test ends. Logging is put back as it was found."""
+
     def loggers():
-        return [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                        if isinstance(lg, logging.Logger)]
+        return [logging.getLogger()] + [
+            lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+        ]
 
     saved = {lg: (lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers()}
     try:
@@ -58,8 +60,14 @@ def _logging_as_it_was():
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
     """`python -m orchestrator ARGS` in a fresh process, as a user would type it."""
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
 
 
 def run_in_process(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -113,8 +121,17 @@ PRESET_KERNELS = "hardware.kernels=preset"
 # the drift points' bf16 memory and FSDP2's mixed precision keep bf16: there it is the point.
 FP32 = "run.bf16=false"
 # A two-rank trial on one node of it, a few steps.
-SLURM_SMALL = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, FP32, "cluster.gpus_per_node=2",
-               "cluster.cpus_per_task=1", "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
+SLURM_SMALL = [
+    "cluster=slurm",
+    "hardware=cpu",
+    PRESET_KERNELS,
+    FP32,
+    "cluster.gpus_per_node=2",
+    "cluster.cpus_per_task=1",
+    "run.steps=3",
+    "run.warmup_steps=1",
+    "logger.mode=disabled",
+]
 # The same with one rank, where the number of ranks is not the point (a rank costs ~7 s of CPU).
 ONE_RANK = ["parallel.dp=1", "cluster.gpus_per_node=1"]
 _STATE = Path(os.environ.get("ORCH_SLURM_STATE", "/var/lib/orchestrator-slurm"))
@@ -137,14 +154,22 @@ def pytest_sessionstart(session):
     if not hasattr(session.config, "workerinput"):
         import compileall
 
-        for folder in ("orchestrator", "launchers", "hydra_plugins"):
+        for folder in ("orchestrator", "hydra_plugins"):
             compileall.compile_dir(Path(__file__).resolve().parent.parent / folder, quiet=1)
         _compile_what_ranks_import()
 
 
 # What a rank or a test imports first, of the libraries (torch alone is over a thousand modules).
-RANK_LIBRARIES = ("torch", "torch.distributed.run", "deepspeed", "accelerate", "transformers.models.gpt2.modeling_gpt2",
-                  "transformers.models.llama.modeling_llama", "hydra", "wandb")
+RANK_LIBRARIES = (
+    "torch",
+    "torch.distributed.run",
+    "deepspeed",
+    "accelerate",
+    "transformers.models.gpt2.modeling_gpt2",
+    "transformers.models.llama.modeling_llama",
+    "hydra",
+    "wandb",
+)
 
 
 def _compile_what_ranks_import() -> None:
@@ -174,6 +199,7 @@ def pytest_collection_modifyitems(items):
         if item.get_closest_marker("slurm"):
             return 0
         return 1 if item.get_closest_marker("slow") else 2
+
     first = {}
     for item in items:
         first[item.path] = min(first.get(item.path, 2), weight(item))
@@ -256,10 +282,20 @@ def wandb_summary(trial_dir: Path) -> dict:
     """The trial's offline W&B run as wandb's own reader sees it: summary, history, run and metric records."""
     (run_dir,) = (trial_dir / "wandb").glob("offline-run-*")
     wandb_cli = Path(sys.executable).parent / "wandb"
-    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(run_dir)],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    records = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(run_dir)], capture_output=True,
-                             text=True, timeout=60, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--summary", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    records = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
     summary = json.loads(out)
     summary["history_records"] = sum('"type":"history"' in r for r in records)
     summary["run_record"] = next(json.loads(r)["run"] for r in records if '"type":"run"' in r)
@@ -269,10 +305,13 @@ def wandb_summary(trial_dir: Path) -> dict:
 
 def squeue(job: str, fmt: str) -> str:
     """What squeue says of a job in FORMAT (%T: its state, %r: why it waits)."""
-    return subprocess.run(["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True, timeout=30).stdout.strip()
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
 
 
 def sacct(job_id: str, *fields: str) -> list[list[str]]:
-    out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", ",".join(fields)], capture_output=True, text=True,
-                         timeout=60).stdout
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-n", "-P", "-o", ",".join(fields)], capture_output=True, text=True, timeout=60
+    ).stdout
     return [line.split("|") for line in out.splitlines()]

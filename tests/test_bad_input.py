@@ -62,11 +62,19 @@ def token_files(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("name,said", [("empty", "it is empty"), ("odd", "holds 3 bytes"),
-                                       ("short", "it holds 100"), ("oov", "id 60000 is at position 50,000")])
+@pytest.mark.parametrize(
+    "name,said",
+    [
+        ("empty", "it is empty"),
+        ("odd", "holds 3 bytes"),
+        ("short", "it holds 100"),
+        ("oov", "id 60000 is at position 50,000"),
+    ],
+)
 def test_a_token_file_that_cannot_feed_the_model_is_refused_before_launch(token_files, name, said, capsys):
-    assert main(["run", "model=tiny", f"run.data={token_files / f'{name}.bin'}", "--out",
-                 str(token_files / "never")]) == 2
+    assert (
+        main(["run", "model=tiny", f"run.data={token_files / f'{name}.bin'}", "--out", str(token_files / "never")]) == 2
+    )
     err = capsys.readouterr().err
     assert "run.data=" in err and said in err
     assert not (token_files / "never").exists()  # nothing claimed, nothing written

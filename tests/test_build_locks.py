@@ -49,6 +49,7 @@ def test_the_plan_clears_a_stale_lock_before_it_times_the_engine(tmp_path, monke
     stale.touch()
     os.utime(stale, (time.time() - 600,) * 2)
     seen = []
+
     def started(*args, **kwargs):
         seen.append(stale.exists())
         raise FileNotFoundError("stand-in: no process started")
@@ -75,5 +76,6 @@ def test_a_lock_released_between_the_search_and_its_age_is_passed_over(tmp_path,
         if path == released:
             released.unlink()  # the build ends here, between the glob and the stat
         return real_age(path)
+
     monkeypatch.setattr(process, "_age_s", age_after_release)
     assert clear_stale_build_locks() == [stale] and not stale.exists()

@@ -16,8 +16,18 @@ pytestmark = pytest.mark.slow
 
 def test_calibrate_fits_measured_trials_and_the_plan_uses_the_preset(cli, tmp_path):
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
-    sweep = ["run", "-m", "--out", str(tmp_path / "runs"), "parallel.dp=1", "run.steps=6", "run.warmup_steps=2", FP32,
-             "logger.mode=disabled", "batch.micro_batch_size=1,8"]
+    sweep = [
+        "run",
+        "-m",
+        "--out",
+        str(tmp_path / "runs"),
+        "parallel.dp=1",
+        "run.steps=6",
+        "run.warmup_steps=2",
+        FP32,
+        "logger.mode=disabled",
+        "batch.micro_batch_size=1,8",
+    ]
     proc = run_cli(*sweep, env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     done = cli("calibrate", str(tmp_path / "runs"), env=env)
@@ -39,8 +49,11 @@ def test_calibrate_fits_measured_trials_and_the_plan_uses_the_preset(cli, tmp_pa
     # error, what its search minimises, keeping the best it saw), as calibrate's table shows
     # them (before, after). Not against the trials' own plans: those time the kernels on this
     # machine and may already be closer; how close either comes is bench/calibration_check.py's.
-    ratios = [[float(x) for x in re.findall(r"\d+\.\d+", line)[-2:]] for line in done.stdout.splitlines()
-              if line.startswith("│") and "run.steps=6" in line]
+    ratios = [
+        [float(x) for x in re.findall(r"\d+\.\d+", line)[-2:]]
+        for line in done.stdout.splitlines()
+        if line.startswith("│") and "run.steps=6" in line
+    ]
     assert len(ratios) == 2 and all(len(r) == 2 for r in ratios), done.stdout
     before, after = (sum(math.log(r[i]) ** 2 for r in ratios) for i in (0, 1))
     assert after <= before + 0.02, ratios  # the table's two decimals

@@ -12,8 +12,15 @@ import yaml
 from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
-BASE = {"model": "gpt2-350m", "hardware": "h100-sxm", "cluster": "slurm", "zero": "stage1",
-        "batch.micro_batch_size": 4, "zero.reduce_bucket_size": 5000000, "logger.mode": "disabled"}
+BASE = {
+    "model": "gpt2-350m",
+    "hardware": "h100-sxm",
+    "cluster": "slurm",
+    "zero": "stage1",
+    "batch.micro_batch_size": 4,
+    "zero.reduce_bucket_size": 5000000,
+    "logger.mode": "disabled",
+}
 TRUE_NETWORK = ["hardware.inter_node.busbw_gbps=40", "hardware.inter_node.latency_us=30"]
 
 
@@ -46,27 +53,44 @@ def test_calibrate_csv_recovers_the_network_a_dp_sweep_measured(cli, tmp_path):
     assert preset["inter_node"]["busbw_gbps"] == pytest.approx(40, rel=0.15)
     # A hop's latency and the fixed cost per call both cost per call: the rows cannot tell
     # them apart, so what must hold is that together they reproduce every row.
-    fitted = [f"hardware.{k}={preset[k]}" for k in ("compute_efficiency", "gemm_half_dim", "attention_efficiency",
-                                                    "attention_backward_efficiency", "memory_efficiency",
-                                                    "op_overhead_us", "collective_overhead_us")]
-    fitted += [f"hardware.{level}.{k}={preset[level][k]}" for level in ("intra_node", "inter_node")
-               for k in ("busbw_gbps", "latency_us")]
+    fitted = [
+        f"hardware.{k}={preset[k]}"
+        for k in (
+            "compute_efficiency",
+            "gemm_half_dim",
+            "attention_efficiency",
+            "attention_backward_efficiency",
+            "memory_efficiency",
+            "op_overhead_us",
+            "collective_overhead_us",
+        )
+    ]
+    fitted += [
+        f"hardware.{level}.{k}={preset[level][k]}"
+        for level in ("intra_node", "inter_node")
+        for k in ("busbw_gbps", "latency_us")
+    ]
     for row in rows:
         point = {k: v for k, v in row.items() if k != "tokens_per_sec_per_gpu"}
         spec = build_spec([f"{k}={v}" for k, v in point.items()] + fitted)
         assert plan_trial(spec).time.tokens_per_sec_per_gpu == pytest.approx(row["tokens_per_sec_per_gpu"], rel=0.03)
-    assert preset["inter_node"]["latency_us"] + preset.get("collective_overhead_us", 0) > 20  # the preset's 9.6 us is not it
+    assert (
+        preset["inter_node"]["latency_us"] + preset.get("collective_overhead_us", 0) > 20
+    )  # the preset's 9.6 us is not it
     assert preset["compute_efficiency"] == pytest.approx(0.62, rel=0.05)  # the one-node rows pin the compute
     assert preset["calibrated_on"].startswith("7 trials")
 
 
-@pytest.mark.parametrize("column,value,says", [
-    ("model.hiden", "1024", "model.hiden"),  # no such field
-    ("parallel.dp", "0", "parallel.dp=0"),  # out of range
-    ("zero", "stage9", "zero=stage9"),  # no such preset
-    ("tokens_per_sec_per_gpu", "", "a measurement in every row"),
-    ("tokens_per_sec_per_gpu", "fast", "a positive number"),
-])
+@pytest.mark.parametrize(
+    "column,value,says",
+    [
+        ("model.hiden", "1024", "model.hiden"),  # no such field
+        ("parallel.dp", "0", "parallel.dp=0"),  # out of range
+        ("zero", "stage9", "zero=stage9"),  # no such preset
+        ("tokens_per_sec_per_gpu", "", "a measurement in every row"),
+        ("tokens_per_sec_per_gpu", "fast", "a positive number"),
+    ],
+)
 def test_a_bad_row_fails_before_fitting_naming_the_row_and_the_field(cli, tmp_path, column, value, says):
     rows = [{**BASE, "parallel.dp": 8, "tokens_per_sec_per_gpu": 1000.0} for _ in range(3)]
     rows[1][column] = value

@@ -95,7 +95,7 @@ def test_help_lists_every_group_and_its_presets():
     result = run_cli("--help")
     assert result.returncode == 0
     for group in GROUPS:
-        line = next(l for l in result.stdout.splitlines() if l.strip().startswith(group + " "))
+        line = next(x for x in result.stdout.splitlines() if x.strip().startswith(group + " "))
         assert all(p in line for p in presets(group)), group
     for command in ("run", "plan", "translate", "report"):
         assert command in result.stdout

@@ -43,8 +43,12 @@ def test_the_collector_is_off_inside_and_as_it_was_after():
 @pytest.mark.parametrize("as_program", [True, False])
 def test_the_program_freezes_its_objects_at_exit_after_its_handlers_and_a_callers_call_does_not(tmp_path, as_program):
     written = tmp_path / "handler.txt"
-    proc = subprocess.run([sys.executable, "-c", EXIT.format(as_program=as_program, written=str(written))],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT.format(as_program=as_program, written=str(written))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     frozen = int(proc.stdout.rsplit("frozen at exit:", 1)[1])
     if as_program:

@@ -6,11 +6,11 @@ import math
 import pytest
 
 from orchestrator.plan import comm
-from orchestrator.plan.collectives import RING_BASE_US, TREE_HOP_US, call_time, network, ring_time, tree_time
 from orchestrator.plan.batch import batch_sizes_per_step
+from orchestrator.plan.collectives import RING_BASE_US, TREE_HOP_US, call_time, network, ring_time, tree_time
 from orchestrator.plan.planner import wire_dtype
-from orchestrator.planning import plan_trial
 from orchestrator.plan.prediction import planned_for_timed_steps, planned_steps_s, step_s_at
+from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 from orchestrator.trial import cost_line
 
@@ -22,9 +22,18 @@ def _net(ranks, nodes, backend="nccl", call_us=0.0, **links):
 
 
 def _schedule(stage, n=10**9, bucket=5 * 10**8, overlap=True, wire=2, ddp=False, tensors=None, persistence=0):
-    return comm.Schedule(stage=stage, tensors=tensors or [n // 2, n - n // 2], param_bytes=2, wire_bytes=wire,
-                         reduce_bucket=bucket, allgather_bucket=5 * 10**8, prefetch_bucket=5 * 10**7,
-                         overlap_comm=overlap, ddp=ddp, persistence_threshold=persistence)
+    return comm.Schedule(
+        stage=stage,
+        tensors=tensors or [n // 2, n - n // 2],
+        param_bytes=2,
+        wire_bytes=wire,
+        reduce_bucket=bucket,
+        allgather_bucket=5 * 10**8,
+        prefetch_bucket=5 * 10**7,
+        overlap_comm=overlap,
+        ddp=ddp,
+        persistence_threshold=persistence,
+    )
 
 
 def _step(stage, dp, ga=1, nodes=1, **kw):
@@ -82,8 +91,13 @@ def test_a_fixed_cost_per_call_makes_many_small_buckets_slower_than_few_large_on
 
     def step(bucket, call_us):
         net = _net(2, 2, backend="gloo", call_us=call_us, inter_busbw_gbps=1, inter_latency_us=20)
-        return comm.step_time(_schedule(2, bucket=bucket, overlap=False, wire=4, tensors=tensors), grad_accum=1,
-                              fwd_s=0.01, bwd_s=0.02, net=net).step_s
+        return comm.step_time(
+            _schedule(2, bucket=bucket, overlap=False, wire=4, tensors=tensors),
+            grad_accum=1,
+            fwd_s=0.01,
+            bwd_s=0.02,
+            net=net,
+        ).step_s
 
     assert step(1000, 5000) - step(10**6, 5000) == pytest.approx(199 * 5e-3 + step(1000, 0) - step(10**6, 0))
 
@@ -94,7 +108,9 @@ def test_a_fixed_cost_per_call_makes_many_small_buckets_slower_than_few_large_on
 @pytest.mark.parametrize("stage,factor", [(0, 2), (1, 3), (2, 3), (3, 3)])
 def test_communication_volume_is_2x_3x_3x_3x_the_parameter_bytes(stage, factor):
     dp, n = 64, 10**9
-    assert comm.bytes_per_rank_per_step(_step(stage, dp, n=n).collectives) == pytest.approx(factor * 2 * n * (dp - 1) / dp)
+    assert comm.bytes_per_rank_per_step(_step(stage, dp, n=n).collectives) == pytest.approx(
+        factor * 2 * n * (dp - 1) / dp
+    )
 
 
 def test_fp32_gradients_on_the_wire_double_the_reduced_bytes_not_the_gathered_ones():
@@ -125,8 +141,13 @@ def test_zero3_gathers_each_persistent_parameter_after_step_in_a_call_of_its_own
     assert after.phase.startswith("after step()") and after.op == "all_gather" and after.calls == 3  # once a step
     assert after.exposed_s == after.time_s > 3 * 100e-6  # each call pays its own fixed cost, behind nothing
     assert kept.step_s == pytest.approx(none.step_s + after.time_s) and len(none.collectives) == 3
-    one_rank = comm.step_time(_schedule(3, tensors=tensors, persistence=1000), grad_accum=4, fwd_s=0.1, bwd_s=0.2,
-                              net=_net(1, 1, backend="gloo"))
+    one_rank = comm.step_time(
+        _schedule(3, tensors=tensors, persistence=1000),
+        grad_accum=4,
+        fwd_s=0.1,
+        bwd_s=0.2,
+        net=_net(1, 1, backend="gloo"),
+    )
     assert not any(c.phase.startswith("after step()") for c in one_rank.collectives)
 
 
@@ -174,8 +195,17 @@ def test_the_wire_dtype_reaches_the_plan_as_deepspeed_decides_it():
 # --- a warm-up's steps ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", [["zero=stage0"], ["zero=stage1"], ["zero=stage2"], ["zero=stage3"],
-                                    ["engine=fsdp", "zero=stage3"], ["engine=fsdp", "zero=stage2"]])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        ["zero=stage0"],
+        ["zero=stage1"],
+        ["zero=stage2"],
+        ["zero=stage3"],
+        ["engine=fsdp", "zero=stage3"],
+        ["engine=fsdp", "zero=stage2"],
+    ],
+)
 def test_a_warm_up_step_is_planned_as_the_same_trial_at_that_global_batch(engine):
     """A step of fewer micro batches (the warm-up's first) costs what the plan of a trial
     whose whole run had that batch says: the step models are lines in the micro batches."""
@@ -188,9 +218,21 @@ def test_a_warm_up_step_is_planned_as_the_same_trial_at_that_global_batch(engine
 
 
 def test_the_cost_before_launch_adds_up_the_warm_up_steps_at_their_own_batches():
-    spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2",
-                       "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32",
-                       "batch.warmup.ramp_samples=128", "run.steps=6", "run.warmup_steps=1"])
+    spec = build_spec(
+        [
+            "model=gpt2-1.3b",
+            "hardware=h100-sxm",
+            "parallel.dp=8",
+            "batch.micro_batch_size=2",
+            "zero=stage2",
+            "batch=warmup",
+            "batch.global_batch_size=128",
+            "batch.warmup.start=32",
+            "batch.warmup.ramp_samples=128",
+            "run.steps=6",
+            "run.warmup_steps=1",
+        ]
+    )
     plan = plan_trial(spec)
     sizes = batch_sizes_per_step(spec.schedule, 6, spec.cfg.model.seq_len)
     assert sizes[0] == 32 and sizes[-1] == 128  # the schedule warms up inside the run
@@ -202,11 +244,25 @@ def test_the_cost_before_launch_adds_up_the_warm_up_steps_at_their_own_batches()
 
 
 def test_the_plan_of_a_warm_up_trial_is_compared_at_the_steps_it_timed():
-    spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2",
-                       "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"])
+    spec = build_spec(
+        [
+            "model=gpt2-1.3b",
+            "hardware=h100-sxm",
+            "parallel.dp=8",
+            "batch.micro_batch_size=2",
+            "zero=stage2",
+            "batch=warmup",
+            "batch.global_batch_size=128",
+            "batch.warmup.start=32",
+        ]
+    )
     plan = plan_trial(spec).as_dict()
-    history = [{"timed": False, "global_batch_size": 32}, {"timed": True, "global_batch_size": 32},
-               {"timed": True, "global_batch_size": 64}, {"timed": True, "global_batch_size": 64}]
+    history = [
+        {"timed": False, "global_batch_size": 32},
+        {"timed": True, "global_batch_size": 32},
+        {"timed": True, "global_batch_size": 64},
+        {"timed": True, "global_batch_size": 64},
+    ]
     got = planned_for_timed_steps(plan, history)
     assert got["step_s"] == pytest.approx(step_s_at(plan, 64)) and not got["at_full_batch"]
     # the rate is that of the timed steps' tokens over their planned time, not the full batch's
@@ -218,8 +274,18 @@ def test_the_plan_of_a_warm_up_trial_is_compared_at_the_steps_it_timed():
 def test_calibrate_fits_a_warm_up_trial_at_the_batches_it_timed():
     from orchestrator.calibrate import Measured, current_params, log_error
 
-    spec = build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "batch.micro_batch_size=2",
-                       "zero=stage2", "batch=warmup", "batch.global_batch_size=128", "batch.warmup.start=32"])
+    spec = build_spec(
+        [
+            "model=gpt2-1.3b",
+            "hardware=h100-sxm",
+            "parallel.dp=8",
+            "batch.micro_batch_size=2",
+            "zero=stage2",
+            "batch=warmup",
+            "batch.global_batch_size=128",
+            "batch.warmup.start=32",
+        ]
+    )
     params = current_params(spec.cfg.hardware)
     # a measurement exactly as planned at the warm-up's batch, under the parameters that plan used
     at_32 = step_s_at(plan_trial(spec).as_dict(), 32)

@@ -6,14 +6,32 @@ import dataclasses
 import pytest
 
 from orchestrator.config import ModelConfig
-from orchestrator.plan.compute import (ENDS_KERNELS, LAYER_KERNELS, KernelTimes, Rates, attention_time, estimated_kernels, gemm_time,
-                                       kernel_counts, micro_batch_time)
+from orchestrator.plan.compute import (
+    ENDS_KERNELS,
+    LAYER_KERNELS,
+    KernelTimes,
+    Rates,
+    attention_time,
+    estimated_kernels,
+    gemm_time,
+    kernel_counts,
+    micro_batch_time,
+)
 from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 
-H100 = Rates(peak_flops=989e12, compute_efficiency=0.6, kn_efficiency=0.6, gemm_half_dim=128, cache_bytes=float("inf"),
-             saturate_on_reduction=False, attention_efficiency=0.35,
-             attention_backward_efficiency=0.25, memory_bytes_per_s=3350e9 * 0.7, op_overhead_s=5e-6)
+H100 = Rates(
+    peak_flops=989e12,
+    compute_efficiency=0.6,
+    kn_efficiency=0.6,
+    gemm_half_dim=128,
+    cache_bytes=float("inf"),
+    saturate_on_reduction=False,
+    attention_efficiency=0.35,
+    attention_backward_efficiency=0.25,
+    memory_bytes_per_s=3350e9 * 0.7,
+    op_overhead_s=5e-6,
+)
 
 
 def achieved(m, n, k, r=H100):
@@ -33,7 +51,9 @@ def test_a_large_gemm_nears_the_ceiling_and_skinny_or_small_ones_fall_far_below(
 def test_a_k_by_n_right_operand_runs_at_its_own_rate_where_each_model_has_one():
     def gemms(arch, kn):
         model = ModelConfig(arch=arch, hidden=1024, heads=16, n_layers=4, vocab=8192, seq_len=512, max_positions=512)
-        t = micro_batch_time(model, 4, "none", estimated_kernels(model, 4, dataclasses.replace(H100, kn_efficiency=kn), 2))
+        t = micro_batch_time(
+            model, 4, "none", estimated_kernels(model, 4, dataclasses.replace(H100, kn_efficiency=kn), 2)
+        )
         return t.gemm_s, t.forward_s
 
     # A GPU runs every layout alike: the backward's two products are a forward's each.
@@ -48,8 +68,9 @@ def test_a_k_by_n_right_operand_runs_at_its_own_rate_where_each_model_has_one():
 
 
 def test_one_cpu_thread_saturates_on_the_reduction_length_alone():
-    cpu = dataclasses.replace(H100, peak_flops=10e9, gemm_half_dim=200, saturate_on_reduction=True,
-                              memory_bytes_per_s=20e9)
+    cpu = dataclasses.replace(
+        H100, peak_flops=10e9, gemm_half_dim=200, saturate_on_reduction=True, memory_bytes_per_s=20e9
+    )
     # Measured on this CI machine, bf16, one thread: (512 x 64) @ (64 x 256) at 3 GFLOPS and
     # (512 x 256) @ (256 x 64) at 9: a short k, not a narrow output, is what is slow.
     assert achieved(512, 256, 64, cpu) < 0.5 * achieved(512, 64, 256, cpu)
@@ -80,8 +101,15 @@ def test_fused_causal_attention_skips_half_the_square_and_its_backward_recompute
 
 def test_micro_batch_size_changes_the_predicted_throughput():
     def tokens_per_s(micro):
-        spec = build_spec(["model=gpt2-125m", "hardware=h100-sxm", "parallel.dp=8",
-                           f"batch.micro_batch_size={micro}", "batch.global_batch_size=512"])
+        spec = build_spec(
+            [
+                "model=gpt2-125m",
+                "hardware=h100-sxm",
+                "parallel.dp=8",
+                f"batch.micro_batch_size={micro}",
+                "batch.global_batch_size=512",
+            ]
+        )
         return plan_trial(spec).time.tokens_per_sec_per_gpu
 
     rates = [tokens_per_s(m) for m in (1, 4, 16)]
@@ -99,7 +127,9 @@ def test_long_sequences_spend_their_time_in_attention():
 
 def test_full_recompute_runs_the_forward_again_and_selective_less():
     model = ModelConfig(hidden=4096, heads=32, n_layers=32, vocab=50368, seq_len=2048, max_positions=2048)
-    none, sel, full = (micro_batch_time(model, 4, mode, estimated_kernels(model, 4, H100, 2)) for mode in ("none", "selective", "full"))
+    none, sel, full = (
+        micro_batch_time(model, 4, mode, estimated_kernels(model, 4, H100, 2)) for mode in ("none", "selective", "full")
+    )
     assert none.forward_s == full.forward_s
     # full: the layers' forward once more (the lm_head and loss are outside the checkpoints)
     assert full.total_s - none.total_s == pytest.approx(none.forward_s, rel=0.1)
@@ -172,8 +202,16 @@ def test_on_a_gpu_the_engines_hooks_run_on_the_host_beside_the_device():
     own time). The engine's hooks add to the host's side only: hidden behind a long device
     phase, paid where the host already sets the pace."""
     model = ModelConfig(n_layers=4)
-    timed = dict(layer_gemms=(1e-3, 2e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4), memory_bound=(1e-4, 2e-4),
-                 loss=(1e-4, 1e-4), launch_s=2e-6, block=(2e-3, 4e-3), ends=(2e-3, 3e-3))
+    timed = dict(
+        layer_gemms=(1e-3, 2e-3),
+        head=(1e-3, 2e-3),
+        attention=(1e-4, 2e-4),
+        memory_bound=(1e-4, 2e-4),
+        loss=(1e-4, 1e-4),
+        launch_s=2e-6,
+        block=(2e-3, 4e-3),
+        ends=(2e-3, 3e-3),
+    )
     fast_host = KernelTimes(**timed, host_block=(2e-4, 4e-4), host_ends=(1e-4, 2e-4))
     slow_host = KernelTimes(**timed, host_block=(4e-3, 8e-3), host_ends=(1e-3, 2e-3))
     device_bound = micro_batch_time(model, 2, "none", fast_host, timed=True, engine=(1e-3, 2e-3))
@@ -209,9 +247,12 @@ def test_eager_memory_traffic_is_what_the_workloads_own_block_moves(arch):
 def test_torch_compile_is_planned_as_fused_kernels_and_fewer_launches():
     """run.compile=true: a Llama block's norms, rotary and SwiGLU fused (fewer bytes, a third
     of the kernels); GPT-2's LayerNorm and GELU are single kernels already, so less changes."""
+
     def micro(arch: str, compiled: bool):
         base = ["model=llama3-8b", "model.n_layers=8"] if arch == "llama" else ["model=gpt2-350m"]
-        return plan_trial(build_spec([*base, "hardware=h100-sxm", f"run.compile={str(compiled).lower()}"])).time.micro_batch
+        return plan_trial(
+            build_spec([*base, "hardware=h100-sxm", f"run.compile={str(compiled).lower()}"])
+        ).time.micro_batch
 
     eager, fused = micro("llama", False), micro("llama", True)
     # (the loss over a 128k vocabulary is the same kernels either way)

@@ -34,8 +34,14 @@ print(rss() - base)
 def held(env: dict[str, str], before: str = "") -> int:
     """Bytes a fresh process keeps resident after freeing 49 blocks of 4 MiB."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", HEAP_PATTERN.format(before=before)], env={**clean, **env},
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", HEAP_PATTERN.format(before=before)],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     return int(out.split()[-1])
 
 
@@ -67,8 +73,7 @@ def test_a_cpu_ranks_freed_activations_go_back_to_the_system(tmp_path):
 def test_a_process_timing_a_cpu_trials_kernels_allocates_as_the_ranks():
     # The planner's kernel timing fixes its own threshold (mallopt: its process has started,
     # too late for the variable), so its kernels pay the ranks' page faults.
-    before = ("from orchestrator.cpu_allocator import allocate_as_the_ranks\n"
-              "allocate_as_the_ranks()")
+    before = "from orchestrator.cpu_allocator import allocate_as_the_ranks\nallocate_as_the_ranks()"
     assert held({}, before) < 16 << 20
 
 

@@ -28,8 +28,13 @@ print(json.dumps({"asked_for": asked_for, "muon_asked": muon_asked, "imported": 
 
 
 def test_muon_is_imported_uncompiled_without_torchs_inductor_and_only_for_another_optimizer():
-    proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+    )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["asked_for"] is False and seen["muon_asked"] is False  # a Muon trial compiles it as DeepSpeed does
@@ -53,7 +58,8 @@ probed = "__compatible_ops__" in vars(deepspeed.ops)
 was = leave_shm_comm_unbuilt()
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # what a CPU rank starts
 backend = deepspeed.comm.comm.cdb
-built = sorted(os.listdir(os.environ["TORCH_EXTENSIONS_DIR"])) if os.path.isdir(os.environ["TORCH_EXTENSIONS_DIR"]) else []
+extensions = os.environ["TORCH_EXTENSIONS_DIR"]
+built = sorted(os.listdir(extensions)) if os.path.isdir(extensions) else []
 print(json.dumps({"was": was, "op": repr(backend.shm_comm_op), "built": built, "world": deepspeed.comm.get_world_size(),
                   "probed": probed}), flush=True)
 os._exit(0)
@@ -64,9 +70,17 @@ def test_a_cpu_ranks_deepspeed_backend_starts_without_compiling_its_shared_memor
     """The launcher server probes the ops (probe_ops), each forked rank marks its copy. Without
     the mark DeepSpeed compiles deepspeed_shm_comm into TORCH_EXTENSIONS_DIR (an empty
     one here, so it would be built: ~110 s of CPU) and keeps it as the backend's shm_comm_op."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DS_ACCELERATOR": "cpu",
-           "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "DS_ACCELERATOR": "cpu",
+        "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
     proc = subprocess.run([sys.executable, "-c", SHM_CHECK], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     *_, child, parent = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

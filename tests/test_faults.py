@@ -25,8 +25,13 @@ LONG = ["model=tiny", PRESET_KERNELS, FP32, "run.steps=3000", "parallel.dp=1"]
 
 def start(*args: str) -> subprocess.Popen:
     """`orchestrator ARGS` in its own session, as a terminal would run it."""
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_step(proc: subprocess.Popen, step: int, timeout: float = 180) -> list[str]:
@@ -63,6 +68,7 @@ def gone(trial_dir: Path, within: float = 30) -> bool:
 def strict(path: Path) -> dict:
     def no_constant(name):
         raise ValueError(f"{path} holds {name}: not strict JSON")
+
     return json.loads(path.read_text(), parse_constant=no_constant)
 
 
@@ -140,8 +146,10 @@ def _claim_default(base: str, queue) -> None:
 
 def test_default_directories_claimed_at_the_same_second_differ(tmp_path):
     queue = multiprocessing.get_context("fork").Queue()
-    procs = [multiprocessing.get_context("fork").Process(target=_claim_default, args=(str(tmp_path / "12-00-00"), queue))
-             for _ in range(4)]
+    procs = [
+        multiprocessing.get_context("fork").Process(target=_claim_default, args=(str(tmp_path / "12-00-00"), queue))
+        for _ in range(4)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -157,7 +165,9 @@ def test_reusing_a_trial_directory_is_refused_unless_asked_and_never_mixes(defau
     again = run_cli("run", "model=tiny", PRESET_KERNELS, "run.steps=3", "--out", str(tmp_path))
     assert again.returncode == 2 and "--overwrite" in again.stderr
     assert (tmp_path / "result.json").read_bytes() == before  # nothing of the old trial touched
-    refused = run_cli("run", "model=tiny", PRESET_KERNELS, "hardware.memory_gib=0.01", "--overwrite", "--out", str(tmp_path))
+    refused = run_cli(
+        "run", "model=tiny", PRESET_KERNELS, "hardware.memory_gib=0.01", "--overwrite", "--out", str(tmp_path)
+    )
     assert refused.returncode == 3, refused.stdout + refused.stderr
     r = strict(tmp_path / "result.json")
     assert r["status"] == "refused" and r["metrics"] is None  # not the old run's figures
@@ -211,9 +221,24 @@ def test_a_full_disk_still_leaves_a_result(mount):
     # of it computes (40 steps of 0.1 s were 14 CPU-s of the rank).
     full = mount("4M")
     trial = full / "trial"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "model=tiny", PRESET_KERNELS, "run.steps=12",
-                             "run.step_sleep_s=0.4", "parallel.dp=1", "--out", str(trial)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            "model=tiny",
+            PRESET_KERNELS,
+            "run.steps=12",
+            "run.step_sleep_s=0.4",
+            "parallel.dp=1",
+            "--out",
+            str(trial),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while not list((trial / "wandb").glob("offline-run-*/*.wandb")):
         assert proc.poll() is None and time.monotonic() < deadline, "the trial never started training"
@@ -227,13 +252,37 @@ def test_a_full_disk_still_leaves_a_result(mount):
 
 
 def test_a_diverging_loss_is_flagged_and_stops_the_trial(tmp_path):
-    stopped = run_in_process("run", "model=tiny", PRESET_KERNELS, "run.lr=1e6", "run.steps=8", FP32,
-                             "logger.mode=disabled", "parallel.dp=1", "--out", str(tmp_path / "stop"))
+    stopped = run_in_process(
+        "run",
+        "model=tiny",
+        PRESET_KERNELS,
+        "run.lr=1e6",
+        "run.steps=8",
+        FP32,
+        "logger.mode=disabled",
+        "parallel.dp=1",
+        "--out",
+        str(tmp_path / "stop"),
+    )
     assert stopped.returncode == 1 and "not finite" in stopped.stdout, stopped.stdout
     r = strict(tmp_path / "stop" / "result.json")
-    assert r["status"] == "failed" and r["error"]["type"] == "NonFiniteLoss" and "run.lr=1000000.0" in r["error"]["message"]
-    kept = run_in_process("run", "model=tiny", PRESET_KERNELS, "run.lr=1e6", "run.steps=8", FP32,
-                          "parallel.dp=1", "run.stop_on_nonfinite_loss=false", "--out", str(tmp_path / "keep"))
+    assert (
+        r["status"] == "failed"
+        and r["error"]["type"] == "NonFiniteLoss"
+        and "run.lr=1000000.0" in r["error"]["message"]
+    )
+    kept = run_in_process(
+        "run",
+        "model=tiny",
+        PRESET_KERNELS,
+        "run.lr=1e6",
+        "run.steps=8",
+        FP32,
+        "parallel.dp=1",
+        "run.stop_on_nonfinite_loss=false",
+        "--out",
+        str(tmp_path / "keep"),
+    )
     assert kept.returncode == 0, kept.stdout
     r = strict(tmp_path / "keep" / "result.json")
     steps = r["metrics"]["nonfinite_loss_steps"]
@@ -274,7 +323,7 @@ def _memory_cgroup(name: str) -> Path | None:
     """A child of this process's v1 memory cgroup (the CI machine's kind), or None where there is none to make."""
     from orchestrator import memory_cgroup
 
-    line = next((l for l in Path("/proc/self/cgroup").read_text().splitlines() if ":memory:" in l), None)
+    line = next((x for x in Path("/proc/self/cgroup").read_text().splitlines() if ":memory:" in x), None)
     if line is None:
         return None
     parent = memory_cgroup.ROOT / "memory" / line.split(":", 2)[2].lstrip("/")
@@ -296,11 +345,29 @@ def test_a_rank_the_oom_killer_ends_is_recorded_oom_with_the_step_it_reached(tmp
         pytest.skip("no memory cgroup to make here (needs root and the v1 memory controller)")
     try:
         (group / "memory.limit_in_bytes").write_text(str(4 << 30))
-        proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--out", str(tmp_path / "t"), "model=tiny",
-                               PRESET_KERNELS, f"parallel.dp={dp}", f"run.fail_rank={dp - 1}", "run.steps=4",
-                               "run.warmup_steps=1", "run.fail_at_step=2",
-                               "run.fail_mode=grow", "logger.mode=disabled"], capture_output=True, text=True,
-                              timeout=300, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator",
+                "run",
+                "--out",
+                str(tmp_path / "t"),
+                "model=tiny",
+                PRESET_KERNELS,
+                f"parallel.dp={dp}",
+                f"run.fail_rank={dp - 1}",
+                "run.steps=4",
+                "run.warmup_steps=1",
+                "run.fail_at_step=2",
+                "run.fail_mode=grow",
+                "logger.mode=disabled",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+        )
         r = json.loads((tmp_path / "t" / "result.json").read_text())
         assert r["status"] == "oom" and r["error"]["type"] == "OutOfMemory", (r["error"], proc.stdout[-2000:])
         assert r["error"]["rank"] == dp - 1
@@ -318,17 +385,32 @@ def test_a_library_that_fails_to_import_is_the_ranks_recorded_failure(tmp_path):
     broken = tmp_path / "broken" / "deepspeed"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text('raise ImportError("this deepspeed cannot be imported (the test\'s)")\n')
-    proc = run_cli("run", "--out", str(tmp_path / "t"), "model=tiny", PRESET_KERNELS, "parallel.dp=1",
-                   "logger.mode=disabled", env={"PYTHONPATH": str(broken.parent)}, timeout=300)
+    proc = run_cli(
+        "run",
+        "--out",
+        str(tmp_path / "t"),
+        "model=tiny",
+        PRESET_KERNELS,
+        "parallel.dp=1",
+        "logger.mode=disabled",
+        env={"PYTHONPATH": str(broken.parent)},
+        timeout=300,
+    )
     r = json.loads((tmp_path / "t" / "result.json").read_text())
     assert r["status"] == "failed" and r["error"]["type"] == "ImportError" and r["error"]["rank"] == 0, r["error"]
     assert "this deepspeed cannot be imported" in r["error"]["message"]
     assert "Traceback" not in proc.stdout
 
 
-@pytest.mark.parametrize("other, expected", [(None, "interrupted"), ({"type": "RuntimeError", "oom": False}, "failed"),
-                                             ({"type": "OutOfMemoryError", "oom": True}, "oom"),
-                                             ({"type": "Interrupted", "oom": False}, "interrupted")])
+@pytest.mark.parametrize(
+    "other, expected",
+    [
+        (None, "interrupted"),
+        ({"type": "RuntimeError", "oom": False}, "failed"),
+        ({"type": "OutOfMemoryError", "oom": True}, "oom"),
+        ({"type": "Interrupted", "oom": False}, "interrupted"),
+    ],
+)
 def test_a_rank_ended_because_another_failed_records_that_failure(tmp_path, other, expected):
     """torchrun SIGTERMs the survivors once a rank fails; rank 0, which holds the W&B run,
     may see that SIGTERM before the failed collective (a race a slow host loses): its run
@@ -367,8 +449,11 @@ def test_a_rank_gone_without_python_is_the_cause_even_where_torchrun_names_anoth
     paths.logs.mkdir()
     paths.launcher_log.write_text(TORCHRUN_NAMES_RANK_0)
     paths.errors.mkdir()
-    paths.rank_error(0).write_text(json.dumps({"type": "RuntimeError", "message": "Connection reset by peer",
-                                               "rank": 0, "oom": False, "time": 2.0}))
+    paths.rank_error(0).write_text(
+        json.dumps(
+            {"type": "RuntimeError", "message": "Connection reset by peer", "rank": 0, "oom": False, "time": 2.0}
+        )
+    )
     if not rank1_left_through_python:
         paths.rank_running(1).touch()
     status, error = outcome_status(tmp_path, returncode=1, timed_out=False)
@@ -391,8 +476,9 @@ time.sleep(600)
 def test_ending_a_launcher_ends_the_ranks_it_started_in_sessions_of_their_own():
     from orchestrator.process import end_group
 
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
-                                start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     lines = [launcher.stdout.readline().strip() for _ in range(2)]
     rank = int(next(line for line in lines if line != "up"))
     assert os.getpgid(rank) != os.getpgid(launcher.pid)  # out of the launcher's group: killpg misses it

@@ -50,6 +50,7 @@ def set_step(value):
     def change(r):
         r["metrics"]["step_time_s"] = value
         return r
+
     return change
 
 
@@ -92,8 +93,14 @@ def test_calibrate_report_and_wait_skip_each_trial_with_bad_figures_or_files_and
         assert f"skipped {spoiled['result a list'] / 'result.json'}" in said(proc), (command, said(proc))
 
 
-CORRUPT_PRESETS = {"empty": b"", "comment only": b"# only the comment header\n", "truncated": b"[1, 2",
-                   "a word": b"a word", "a list": b"- 1\n- 2\n", "binary": b"\x00\xff\xfe binary"}
+CORRUPT_PRESETS = {
+    "empty": b"",
+    "comment only": b"# only the comment header\n",
+    "truncated": b"[1, 2",
+    "a word": b"a word",
+    "a list": b"- 1\n- 2\n",
+    "binary": b"\x00\xff\xfe binary",
+}
 
 
 def test_a_calibrated_preset_that_is_not_one_is_refused_by_its_file_name(cli, ok_trial, tmp_path):
@@ -125,8 +132,16 @@ def test_calibrate_checks_its_config_dir_before_fitting_and_writes_nowhere_else(
 def test_two_calibrates_at_once_never_both_say_they_wrote(ok_trial, tmp_path):
     sweep_of(ok_trial, tmp_path / "sweep", n=4)
     env = {**os.environ, "ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
-    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", "calibrate", str(tmp_path / "sweep")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "calibrate", str(tmp_path / "sweep")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [(p.communicate(timeout=300)[0], p.returncode) for p in procs]
     wrote = [code for out, code in outs if code == 0 and "wrote" in out]
     refused = [code for out, code in outs if code == 2 and "one calibrate at a time" in " ".join(out.split())]
@@ -141,11 +156,18 @@ def live_claim() -> dict:
     return {"pid": os.getpid(), "pid_start": start_ticks(os.getpid()), "host": socket.gethostname()}
 
 
-@pytest.mark.parametrize("claim", [
-    [1, 2], {"pid": "x", "host": socket.gethostname()}, {"pid": -4, "host": "another-host"}, "not json",
-    # a live process, but not the claimant: pid 1 (started long before), a pid reused since
-    {"pid": 1, "host": socket.gethostname(), "started_at": "2026-01-01T00:00:00+00:00"},
-    {"pid": os.getpid(), "pid_start": 1, "host": socket.gethostname()}])
+@pytest.mark.parametrize(
+    "claim",
+    [
+        [1, 2],
+        {"pid": "x", "host": socket.gethostname()},
+        {"pid": -4, "host": "another-host"},
+        "not json",
+        # a live process, but not the claimant: pid 1 (started long before), a pid reused since
+        {"pid": 1, "host": socket.gethostname(), "started_at": "2026-01-01T00:00:00+00:00"},
+        {"pid": os.getpid(), "pid_start": 1, "host": socket.gethostname()},
+    ],
+)
 def test_a_claim_no_live_process_can_hold_is_resolved_not_waited_for(tmp_path, claim):
     trial = tmp_path / "sweep" / "0_x"
     trial.mkdir(parents=True)
@@ -191,8 +213,13 @@ def test_report_reads_no_result_through_a_link_nor_past_its_size_limit(cli, ok_t
 
 
 def test_tune_budgets_are_checked_by_their_flag_before_a_directory_is_made(cli, tmp_path):
-    for flag, value in (("--trials", "0"), ("--trials", "-1"), ("--minutes", "0"), ("--minutes", "-1"),
-                        ("--minutes", "nan")):
+    for flag, value in (
+        ("--trials", "0"),
+        ("--trials", "-1"),
+        ("--minutes", "0"),
+        ("--minutes", "-1"),
+        ("--minutes", "nan"),
+    ):
         proc = cli("tune", flag, value, "--out", str(tmp_path / "t"))
         assert proc.returncode == 2 and f"{flag}={value}" in said(proc), said(proc)
         assert not (tmp_path / "t").exists()
@@ -200,10 +227,26 @@ def test_tune_budgets_are_checked_by_their_flag_before_a_directory_is_made(cli, 
 
 def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refused(cli, tmp_path):
     out = tmp_path / "tune"
-    space = ["logger.mode=disabled", PRESET_KERNELS, FP32, "run.steps=4", "run.warmup_steps=1", "run.step_sleep_s=2",
-             "parallel.dp=1", "zero=stage0", "batch.micro_batch_size=1,2", "recompute=none", "zero.offload_optimizer=none"]
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "tune", "--trials", "1", "--out", str(out), *space],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    space = [
+        "logger.mode=disabled",
+        PRESET_KERNELS,
+        FP32,
+        "run.steps=4",
+        "run.warmup_steps=1",
+        "run.step_sleep_s=2",
+        "parallel.dp=1",
+        "zero=stage0",
+        "batch.micro_batch_size=1,2",
+        "recompute=none",
+        "zero.offload_optimizer=none",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "tune", "--trials", "1", "--out", str(out), *space],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -216,8 +259,14 @@ def test_a_tune_interrupted_in_its_first_trial_resumes_and_another_space_is_refu
     # Ctrl-C needs a program of its own; what follows reads and resumes its files in this process.
     proc = cli("tune", "--trials", "1", "--out", str(out), *changed)
     assert proc.returncode == 2 and "batch.micro_batch_size" in said(proc) and "then" in said(proc), said(proc)
-    proc = cli("tune", "--trials", "1", "--out", str(out), *[o.replace("run.step_sleep_s=2", "run.step_sleep_s=0")
-                                                              for o in space])
+    proc = cli(
+        "tune",
+        "--trials",
+        "1",
+        "--out",
+        str(out),
+        *[o.replace("run.step_sleep_s=2", "run.step_sleep_s=0") for o in space],
+    )
     assert proc.returncode == 2 and "run.step_sleep_s" in said(proc)  # a fixed override is part of the space too
     proc = cli("tune", "--trials", "1", "--out", str(out), *space)
     assert proc.returncode == 0 and "Traceback" not in said(proc), said(proc)
@@ -229,8 +278,18 @@ def test_a_tune_record_of_the_wrong_shape_is_refused_or_read_as_far_as_it_is_rig
     out = tmp_path / "tune"
     out.mkdir()
     (out / "tune.json").write_text(json.dumps(record))
-    proc = cli("tune", "--trials", "1", "--out", str(out), "batch.micro_batch_size=1,2", "zero=stage0",
-               "parallel.dp=1", PRESET_KERNELS, FP32)
+    proc = cli(
+        "tune",
+        "--trials",
+        "1",
+        "--out",
+        str(out),
+        "batch.micro_batch_size=1,2",
+        "zero=stage0",
+        "parallel.dp=1",
+        PRESET_KERNELS,
+        FP32,
+    )
     assert proc.returncode == 2 and "tune.json" in said(proc) or "--out" in said(proc), said(proc)
     assert "Traceback" not in said(proc)
 
@@ -247,14 +306,26 @@ def test_directories_that_are_not_a_new_trial_are_never_claimed(ok_trial, tmp_pa
     proc = run_cli(*run[:1], "-m", *run[1:], "run.seed=1,2", f"hydra.sweep.dir={trial}/inner")
     assert proc.returncode == 2 and "is a trial's" in said(proc) and not (trial / "inner").exists()
     (trial / "tune.json").write_text("{}")  # a trial with a tune.json is not a tune to take over
-    proc = run_cli("tune", "--out", str(trial), "batch.micro_batch_size=1,2", "zero=stage0", "parallel.dp=1",
-                   PRESET_KERNELS, FP32)
+    proc = run_cli(
+        "tune", "--out", str(trial), "batch.micro_batch_size=1,2", "zero=stage0", "parallel.dp=1", PRESET_KERNELS, FP32
+    )
     assert proc.returncode == 2 and (trial / "result.json").is_file()
 
 
-@pytest.mark.parametrize("args", [["run", "--out", "L"], ["run", "hydra.run.dir=L"], ["translate", "--out", "L"],
-                                  ["calibrate", "L"], ["report", "L"], ["status", "L"], ["plan", "model=L"],
-                                  ["plan", "K=1"], ["plan", "model=../config"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--out", "L"],
+        ["run", "hydra.run.dir=L"],
+        ["translate", "--out", "L"],
+        ["calibrate", "L"],
+        ["report", "L"],
+        ["status", "L"],
+        ["plan", "model=L"],
+        ["plan", "K=1"],
+        ["plan", "model=../config"],
+    ],
+)
 def test_names_past_the_file_systems_limits_or_out_of_the_tree_exit_2(cli, tmp_path, args):
     long = str(tmp_path / ("a" * 300))
     args = [a.replace("L", long) if a.endswith("L") else a.replace("K", "k" * 100_000) for a in args]
@@ -275,8 +346,15 @@ def test_a_sweep_says_its_size_and_a_huge_one_is_refused_unless_asked(cli, tmp_p
 
 
 CACHE_POISONS = {  # what a damaged or hostile kernels.json may hold where a time should be
-    "negative": -29.0, "zero": 0.0, "NaN": float("nan"), "infinite": float("inf"), "denormal": 1e-300,
-    "a day": 86400.0, "text": "fast", "true": True}
+    "negative": -29.0,
+    "zero": 0.0,
+    "NaN": float("nan"),
+    "infinite": float("inf"),
+    "denormal": 1e-300,
+    "a day": 86400.0,
+    "text": "fast",
+    "true": True,
+}
 
 
 def test_cached_kernel_times_no_device_could_take_are_timed_again_and_said(tmp_path, monkeypatch):
@@ -292,10 +370,14 @@ def test_cached_kernel_times_no_device_could_take_are_timed_again_and_said(tmp_p
     path = kernel_cache.cache_path()
     path.parent.mkdir(parents=True)
     poisoned = {f"dev|sw|gemm {name}": [value, 1e-3, "2026-01-01T00:00:00Z"] for name, value in CACHE_POISONS.items()}
-    good = {"dev|sw|gemm good": [2e-3, 4e-3, "2026-01-01T00:00:00Z"], "dev|sw|optimizer": [5e-3, 0.0, "2026-01-01"],
-            "dev|sw|engine step_s": [-0.01, 2e-8, "2026-01-01"]}  # a fitted line may start below 0
-    path.write_text(json.dumps({**poisoned, **good, "dev|sw|gemm short": [1e-3], "dev|sw|gemm bwd NaN":
-                                [1e-3, float("nan"), "x"]}))  # bare NaN, as a careless writer leaves it
+    good = {
+        "dev|sw|gemm good": [2e-3, 4e-3, "2026-01-01T00:00:00Z"],
+        "dev|sw|optimizer": [5e-3, 0.0, "2026-01-01"],
+        "dev|sw|engine step_s": [-0.01, 2e-8, "2026-01-01"],
+    }  # a fitted line may start below 0
+    path.write_text(
+        json.dumps({**poisoned, **good, "dev|sw|gemm short": [1e-3], "dev|sw|gemm bwd NaN": [1e-3, float("nan"), "x"]})
+    )  # bare NaN, as a careless writer leaves it
     timed_again = []
 
     def measure():
@@ -306,7 +388,10 @@ def test_cached_kernel_times_no_device_could_take_are_timed_again_and_said(tmp_p
         assert Cache.get(key, measure)[:2] == (1e-3, 2e-3), key
     assert Cache.get_whole("dev|sw|block", measure)[0] == (1e-3, 2e-3)  # absent: timed
     assert [Cache.get(k, measure, plausible_line if "engine" in k else None)[:2] for k in good] == [
-        (2e-3, 4e-3), (5e-3, 0.0), (-0.01, 2e-8)]  # plausible: used as cached, never timed
+        (2e-3, 4e-3),
+        (5e-3, 0.0),
+        (-0.01, 2e-8),
+    ]  # plausible: used as cached, never timed
     assert len(timed_again) == len(poisoned) + 3
     said = Cache.take_discarded()
     assert f"{len(poisoned) + 2} cached time(s) in {path}" in said and "timed again" in said
@@ -325,8 +410,8 @@ def test_an_engines_line_no_engine_could_take_is_dropped_cached_or_just_timed(tm
     from orchestrator import engine_timing
     from orchestrator.engine_timing import EngineTiming, plausible_line
     from orchestrator.kernel_cache import Cache
-    from orchestrator.plan.inputs import MeasuredKernels
     from orchestrator.plan.compute import KernelTimes
+    from orchestrator.plan.inputs import MeasuredKernels
 
     assert plausible_line(0.002, 2.5e-9, 10e9) and plausible_line(-0.01, 2e-8, 10e9)  # as this CPU's engines time
     assert plausible_line(-0.0446, 1.12e-6, 10e9)  # FSDP2's step on this 2-core CPU, per-tensor Python and all
@@ -337,11 +422,21 @@ def test_an_engines_line_no_engine_could_take_is_dropped_cached_or_just_timed(tm
     engine = EngineTiming.__new__(EngineTiming)  # its key and share, without its process
     engine.engine, engine.elements, engine.proc, engine.key = {"engine": "deepspeed"}, 10**6, None, "dev|sw|engine"
     Cache.known().update({f"dev|sw|engine {part}": [3000.0, 0.0, "2026-01-01"] for part in engine_timing.PARTS})
-    timings = iter([{part: (1e-3, 1e-9) for part in engine_timing.PARTS},  # what a quiet machine times
-                    {part: (1e-3, 1e-3) for part in engine_timing.PARTS}])  # 1,000 s for 1M elements: a busy one
+    timings = iter(
+        [
+            {part: (1e-3, 1e-9) for part in engine_timing.PARTS},  # what a quiet machine times
+            {part: (1e-3, 1e-3) for part in engine_timing.PARTS},
+        ]
+    )  # 1,000 s for 1M elements: a busy one
     monkeypatch.setattr(EngineTiming, "timed", lambda self: next(timings))
-    measured = MeasuredKernels(kernels=KernelTimes((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), 1e-5),
-                        optimizer_s=0.01, device="dev", software="sw", timed_at="2026-01-01", optimizer="torch's AdamW")
+    measured = MeasuredKernels(
+        kernels=KernelTimes((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), 1e-5),
+        optimizer_s=0.01,
+        device="dev",
+        software="sw",
+        timed_at="2026-01-01",
+        optimizer="torch's AdamW",
+    )
     applied = engine.apply(measured, bandwidth=10e9)
     assert applied.optimizer_s == pytest.approx(1e-3 + 1e-3) and "own step" in applied.optimizer
     for part in engine_timing.PARTS:
@@ -351,8 +446,9 @@ def test_an_engines_line_no_engine_could_take_is_dropped_cached_or_just_timed(tm
     assert not any(k.startswith("dev|sw|engine") for k in Cache.known())  # not kept: timed again next plan
 
 
-@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "a list", "a string", "negative", "NaN", "text",
-                                  "cache is a file"])
+@pytest.mark.parametrize(
+    "kind", ["fifo", "link to /dev/zero", "a list", "a string", "negative", "NaN", "text", "cache is a file"]
+)
 def test_a_cached_cpu_peak_is_read_bounded_and_checked_before_use(tmp_path, monkeypatch, kind):
     """cpu_peak.json as hostile as kernels.json: never a hang, an unbounded read or a
     traceback; a figure out of what a CPU can reach is measured again with a warning. (The
@@ -373,12 +469,20 @@ def test_a_cached_cpu_peak_is_read_bounded_and_checked_before_use(tmp_path, monk
         shutil.rmtree(cache_home)
         cache_home.write_text("not a directory")
     else:
-        path.write_text({"a list": "[1, 2]", "a string": '"fast"', "negative": json.dumps({key: -1.0}),
-                         "NaN": f'{{"{key}": NaN}}', "text": json.dumps({key: "fast"})}[kind])
+        path.write_text(
+            {
+                "a list": "[1, 2]",
+                "a string": '"fast"',
+                "negative": json.dumps({key: -1.0}),
+                "NaN": f'{{"{key}": NaN}}',
+                "text": json.dumps({key: "fast"}),
+            }[kind]
+        )
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
     got = []
-    reader = threading.Thread(target=lambda: got.append(
-        hardware._measured_once(key, 1, lambda: 0.25, hardware.PLAUSIBLE_TFLOPS)), daemon=True)
+    reader = threading.Thread(
+        target=lambda: got.append(hardware._measured_once(key, 1, lambda: 0.25, hardware.PLAUSIBLE_TFLOPS)), daemon=True
+    )
     reader.start()
     reader.join(timeout=30)
     assert got == [0.25], f"{kind}: no answer in 30 s" if not got else got
@@ -386,11 +490,21 @@ def test_a_cached_cpu_peak_is_read_bounded_and_checked_before_use(tmp_path, monk
         assert json.loads(path.read_text())[key] == 0.25
 
 
-@pytest.mark.parametrize("args, field", [
-    (["--max-mb", "inf"], "--max-mb"), (["--max-mb", "nan"], "--max-mb"), (["--max-mb", "1e9"], "--max-mb"),
-    (["--max-mb", "0"], "--max-mb"), (["--nodes", "1,100000"], "--nodes"), (["--nodes", "0"], "--nodes"),
-    (["--ranks-per-node", "100000"], "--ranks-per-node"), (["--reps", "0"], "--reps"),
-    (["--reps", "10000000"], "--reps"), (["--nodes", "1,2,3000"], "--nodes")])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["--max-mb", "inf"], "--max-mb"),
+        (["--max-mb", "nan"], "--max-mb"),
+        (["--max-mb", "1e9"], "--max-mb"),
+        (["--max-mb", "0"], "--max-mb"),
+        (["--nodes", "1,100000"], "--nodes"),
+        (["--nodes", "0"], "--nodes"),
+        (["--ranks-per-node", "100000"], "--ranks-per-node"),
+        (["--reps", "0"], "--reps"),
+        (["--reps", "10000000"], "--reps"),
+        (["--nodes", "1,2,3000"], "--nodes"),
+    ],
+)
 def test_calibrate_links_checks_every_argument_before_it_measures(cli, tmp_path, args, field):
     """Each bound of calibrate --links, before any rank starts: an infinite buffer would loop
     forever, NaN would write a 0 us latency; node counts are checked against the SLURM
@@ -404,8 +518,13 @@ def test_calibrate_links_buffers_past_the_hosts_free_memory_are_refused(cli, tmp
     from orchestrator.host_load import available_bytes
 
     too_many_mb = int(available_bytes() / 2**20)  # two ranks, two buffers each: four times what is free
-    proc = cli("calibrate", "--links", "--max-mb", str(min(too_many_mb, 16384)),
-               env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    proc = cli(
+        "calibrate",
+        "--links",
+        "--max-mb",
+        str(min(too_many_mb, 16384)),
+        env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")},
+    )
     assert proc.returncode == 2 and "free memory" in proc.stderr and "nearest valid value" in proc.stderr
 
 
@@ -440,13 +559,20 @@ def test_calibrate_links_stopped_by_sigterm_ends_its_ranks(tmp_path):
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "calibrate", "--links", "--max-mb", "4",
-                             "--reps", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "calibrate", "--links", "--max-mb", "4", "--reps", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")},
+    )
     deadline, below = time.monotonic() + 120, set()
     while time.monotonic() < deadline and proc.poll() is None:
-        below |= {p for p in descendants(proc.pid)
-                  if b"collective_timing" in Path(f"/proc/{p}/cmdline").read_bytes()} if alive(proc.pid) else set()
+        below |= (
+            {p for p in descendants(proc.pid) if b"collective_timing" in Path(f"/proc/{p}/cmdline").read_bytes()}
+            if alive(proc.pid)
+            else set()
+        )
         if len(below) >= 3:  # torchrun and its two ranks
             break
         time.sleep(0.5)
@@ -470,8 +596,11 @@ def test_calibrate_csv_reads_its_file_as_trial_files_are_read(cli, tmp_path, kin
     """--csv FILE is a regular file read to a bound: a FIFO is not waited on, a link (to
     /dev/zero or anywhere) is not followed."""
     path = tmp_path / "runs.csv"
-    {"fifo": lambda: os.mkfifo(path), "link to /dev/zero": lambda: path.symlink_to("/dev/zero"),
-     "a directory": lambda: path.mkdir()}[kind]()
+    {
+        "fifo": lambda: os.mkfifo(path),
+        "link to /dev/zero": lambda: path.symlink_to("/dev/zero"),
+        "a directory": lambda: path.mkdir(),
+    }[kind]()
     proc = cli("calibrate", "--csv", str(path), env={"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")})
     assert proc.returncode == 2 and "--csv" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
@@ -511,8 +640,10 @@ def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_
     os.close(fd)
     shutil.copytree(ok_trial, bottom / "t1")
     bomb = sweep_of(ok_trial, tmp_path / "bomb", 2)[1] / "config.yaml"
-    bomb.write_text("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
-        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)))
+    bomb.write_text(
+        "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+        + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10))
+    )
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
     for command in (["status"], ["report"], ["wait", "--timeout", "5"], ["calibrate"]):
         proc = run_cli(*command, str(deep), env=env, timeout=120)
@@ -528,16 +659,20 @@ def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_
     assert not deep.exists()
 
 
-@pytest.mark.parametrize("override, says", [
-    ("hardware.inter_node.busbw_gbps=1e-320", "nearest valid value is 0.01"),  # planned an infinite step
-    ("hardware.intra_node.busbw_gbps=1e300", "nearest valid value is 10000"),
-    ("hardware.inter_node.latency_us=-3", "nearest valid value is 0"),
-    ("hardware.compute_efficiency=1e-9", "nearest valid value is 0.02"),
-    ("hardware.op_overhead_us=1e12", "nearest valid value is 2000"),
-    ("hardware.memory_bandwidth_gbps=1e-30", "nearest valid value is 0.1"),
-    ("hardware.collective_overhead_us=inf", "finite"),
-    ("hardware.intra_node.latency_us=nan", "finite"),
-    ("zero=stage1 zero.grad_accum_dtype=fp16", "or fp32 (DeepSpeed's BF16_Optimizer) at zero.stage=1")])
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("hardware.inter_node.busbw_gbps=1e-320", "nearest valid value is 0.01"),  # planned an infinite step
+        ("hardware.intra_node.busbw_gbps=1e300", "nearest valid value is 10000"),
+        ("hardware.inter_node.latency_us=-3", "nearest valid value is 0"),
+        ("hardware.compute_efficiency=1e-9", "nearest valid value is 0.02"),
+        ("hardware.op_overhead_us=1e12", "nearest valid value is 2000"),
+        ("hardware.memory_bandwidth_gbps=1e-30", "nearest valid value is 0.1"),
+        ("hardware.collective_overhead_us=inf", "finite"),
+        ("hardware.intra_node.latency_us=nan", "finite"),
+        ("zero=stage1 zero.grad_accum_dtype=fp16", "or fp32 (DeepSpeed's BF16_Optimizer) at zero.stage=1"),
+    ],
+)
 def test_a_figure_no_device_has_is_refused_before_planning(cli, override, says):
     """Every hardware figure within what a device can be (hardware.PLAUSIBLE: the ranges
     calibrate fits within too), and DeepSpeed's dtype mixes as its own check says."""

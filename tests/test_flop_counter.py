@@ -20,16 +20,18 @@ from orchestrator.workload.model import build_model
 
 SHAPES = {
     "gpt2": dict(arch="gpt2", n_layers=2, hidden=128, heads=4, kv_heads=4, ffn_hidden=512, vocab=1024),
-    "llama": dict(arch="llama", n_layers=2, hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=1024,
-                  tie_embeddings=False),
+    "llama": dict(
+        arch="llama", n_layers=2, hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=1024, tie_embeddings=False
+    ),
 }
 
 
 @pytest.mark.parametrize("seq_len", [64, 256, 512])
 @pytest.mark.parametrize("arch", SHAPES)
 def test_model_flops_within_3_percent_of_flop_counter(arch, seq_len):
-    m = dataclasses.replace(build_spec([]).cfg.model, **SHAPES[arch], attention="eager", seq_len=seq_len,
-                            max_positions=max(seq_len, 512))
+    m = dataclasses.replace(
+        build_spec([]).cfg.model, **SHAPES[arch], attention="eager", seq_len=seq_len, max_positions=max(seq_len, 512)
+    )
     torch.manual_seed(0)
     model = build_model(m)
     batch = 2

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.compose import expand_sweep
 from orchestrator.plan.collectives import network
 from orchestrator.plan.fsdp import fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.params import parameter_tensors
 from orchestrator.planning import plan_trial
-from orchestrator.compose import expand_sweep
 from orchestrator.spec import build_spec
 from tests.conftest import run_in_process
 
@@ -66,8 +66,9 @@ def test_gathers_every_micro_batch_and_reduce_scatters_once_a_step():
 def test_only_the_first_gather_and_the_last_reduce_scatters_show_under_long_compute():
     f = layout(dp=64)
     long = fsdp_step_time(f, fwd_s=100.0, bwd_s=200.0, net=NET)
-    first = [c for c in long.collectives if "root" in c.phase][0].time_s / 1 + \
-        [c for c in long.collectives if c.op == "all_gather"][0].time_s / len(f.blocks)
+    first = [c for c in long.collectives if "root" in c.phase][0].time_s / 1 + [
+        c for c in long.collectives if c.op == "all_gather"
+    ][0].time_s / len(f.blocks)
     assert long.exposed_s < 3 * first  # the rest hides behind blocks' compute
     short = fsdp_step_time(f, fwd_s=1e-6, bwd_s=2e-6, net=NET)
     assert short.step_s == pytest.approx(short.comm_s, rel=0.01)  # nothing to hide behind
@@ -78,11 +79,21 @@ def test_only_the_first_gather_and_the_last_reduce_scatters_show_under_long_comp
 def test_on_a_cpu_device_no_collective_hides_behind_compute():
     # FSDP2 overlaps through CUDA streams; on a CPU each collective blocks the rank.
     f = layout(dp=64, grad_accum=2)
-    cpu = layout_of(parameter_tensors(build_spec(["model=gpt2-1.3b", "hardware=cpu"]).cfg.model), 64, 2, 2, True, 2,
-                    False, adam_foreach=False, overlap=False)
+    cpu = layout_of(
+        parameter_tensors(build_spec(["model=gpt2-1.3b", "hardware=cpu"]).cfg.model),
+        64,
+        2,
+        2,
+        True,
+        2,
+        False,
+        adam_foreach=False,
+        overlap=False,
+    )
     gpu, blocking = (fsdp_step_time(x, fwd_s=100.0, bwd_s=200.0, net=NET) for x in (f, cpu))
     assert blocking.step_s == pytest.approx(600.0 + blocking.comm_s) and blocking.exposed_s == pytest.approx(
-        blocking.comm_s)
+        blocking.comm_s
+    )
     assert gpu.exposed_s < 0.2 * gpu.comm_s
     spec = build_spec(["engine=fsdp", "zero=stage3", "hardware=cpu", "parallel.dp=2"])
     time = plan_trial(spec).as_dict()["time"]
@@ -91,23 +102,27 @@ def test_on_a_cpu_device_no_collective_hides_behind_compute():
 
 def test_both_routes_to_fsdp2_describe_the_same_sharding():
     own = plan_trial(build_spec([*GPU, "engine=fsdp", "zero=stage3", "parallel.dp=16"]))
-    via_accelerate = plan_trial(build_spec([*GPU, "engine=accelerate", "engine.backend=fsdp", "zero=stage3",
-                                           "parallel.dp=16"]))
+    via_accelerate = plan_trial(
+        build_spec([*GPU, "engine=accelerate", "engine.backend=fsdp", "zero=stage3", "parallel.dp=16"])
+    )
     zero3 = plan_trial(build_spec([*GPU, "engine=deepspeed", "zero=stage3", "parallel.dp=16"]))
     assert own.memory.total == via_accelerate.memory.total and own.time.step_s == via_accelerate.time.step_s
     assert own.memory.total != zero3.memory.total  # planned as FSDP2, not as ZeRO-3
 
 
-@pytest.mark.parametrize("overrides,field", [
-    (["zero=stage1"], "zero.stage"),
-    (["zero=stage0"], "zero.stage"),
-    (["zero=stage3", "zero.reduce_bucket_size=1e6"], "zero.reduce_bucket_size"),
-    (["zero=stage3", "zero.prefetch_bucket_size=1e6"], "zero.prefetch_bucket_size"),
-    (["zero=stage3", "zero.offload_optimizer=cpu"], "zero.offload_optimizer"),
-    (["zero=stage3", "run.bf16=false", "run.fp16=true", *GPU], "run.fp16"),
-    (["zero=stage3", "engine.backend=deepspeed"], "engine.backend"),
-    (["zero=stage3", "zero.offload_param=cpu", "hardware=cpu"], "zero.offload_param"),  # nothing to offload from
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        (["zero=stage1"], "zero.stage"),
+        (["zero=stage0"], "zero.stage"),
+        (["zero=stage3", "zero.reduce_bucket_size=1e6"], "zero.reduce_bucket_size"),
+        (["zero=stage3", "zero.prefetch_bucket_size=1e6"], "zero.prefetch_bucket_size"),
+        (["zero=stage3", "zero.offload_optimizer=cpu"], "zero.offload_optimizer"),
+        (["zero=stage3", "run.bf16=false", "run.fp16=true", *GPU], "run.fp16"),
+        (["zero=stage3", "engine.backend=deepspeed"], "engine.backend"),
+        (["zero=stage3", "zero.offload_param=cpu", "hardware=cpu"], "zero.offload_param"),  # nothing to offload from
+    ],
+)
 def test_what_fsdp2_cannot_do_exits_2_naming_the_field(cli, overrides, field):
     proc = cli("plan", "engine=fsdp", *overrides)
     assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -132,9 +147,20 @@ def test_choosing_fsdp2_alone_shards_fully_and_a_stage_given_is_kept(cli):
 def side_by_side(tmp_path_factory) -> Path:
     """DeepSpeed ZeRO-3 and FSDP2 in one sweep, two micro batches a step."""
     out = tmp_path_factory.mktemp("zero3-fsdp2") / "sweep"
-    proc = run_in_process("run", "-m", "engine=deepspeed,fsdp", "zero=stage3", "model=tiny", "run.steps=4",
-                          "run.warmup_steps=1", "batch.global_batch_size=8", "batch.micro_batch_size=2",
-                          "logger.mode=disabled", "--out", str(out))
+    proc = run_in_process(
+        "run",
+        "-m",
+        "engine=deepspeed,fsdp",
+        "zero=stage3",
+        "model=tiny",
+        "run.steps=4",
+        "run.warmup_steps=1",
+        "batch.global_batch_size=8",
+        "batch.micro_batch_size=2",
+        "logger.mode=disabled",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -153,8 +179,18 @@ def fsdp2_trial(request, side_by_side, tmp_path) -> tuple[int, Path]:
     if stage == 3:
         (point,) = [p.parent for p in side_by_side.rglob("result.json") if "engine=fsdp" in p.parent.name]
         return stage, point
-    proc = run_in_process("run", "engine=fsdp", "zero=stage2", "model=tiny", "run.steps=4", "run.warmup_steps=1",
-                          "logger.mode=disabled", "zero.communication_dtype=fp32", "--out", str(tmp_path))
+    proc = run_in_process(
+        "run",
+        "engine=fsdp",
+        "zero=stage2",
+        "model=tiny",
+        "run.steps=4",
+        "run.warmup_steps=1",
+        "logger.mode=disabled",
+        "zero.communication_dtype=fp32",
+        "--out",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return stage, tmp_path
 
@@ -183,8 +219,10 @@ def test_what_runs_the_model_is_decided_once_from_the_backend_and_stage():
 
     assert [runs_as("deepspeed", s) for s in range(4)] == [Sharding.zero] * 4
     assert [runs_as("fsdp", s) for s in (0, 2, 3)] == [Sharding.ddp, Sharding.fsdp2, Sharding.fsdp2]
-    for overrides, sharding in ((["engine=fsdp", "zero=stage2"], Sharding.fsdp2),
-                                (["engine=accelerate", "engine.backend=fsdp", "zero=stage0"], Sharding.ddp),
-                                (["engine=accelerate", "zero=stage3"], Sharding.zero)):
+    for overrides, sharding in (
+        (["engine=fsdp", "zero=stage2"], Sharding.fsdp2),
+        (["engine=accelerate", "engine.backend=fsdp", "zero=stage0"], Sharding.ddp),
+        (["engine=accelerate", "zero=stage3"], Sharding.zero),
+    ):
         spec = build_spec([*GPU, *overrides])
         assert runs_as(spec.cfg.engine.backend, spec.cfg.zero.stage) == sharding, overrides

@@ -56,8 +56,10 @@ def test_a_sigkilled_rank_is_oom_only_where_its_cgroup_counted_an_oom_kill(tmp_p
 
     log = TrialPaths(tmp_path).launcher_log
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-25_17:00:00\n"
-                   "  host      : localhost\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 4242)\n")
+    log.write_text(
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-25_17:00:00\n"
+        "  host      : localhost\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 4242)\n"
+    )
     status, error = outcome_status(tmp_path, 1, False, oom_killed=False)
     assert status == "failed" and error["rank"] == 1 and "no OOM kill counted" in error["message"]
     status, error = outcome_status(tmp_path, 1, False, oom_killed=True)
@@ -68,8 +70,9 @@ def test_a_sigkilled_rank_is_oom_only_where_its_cgroup_counted_an_oom_kill(tmp_p
     log.write_text(log.read_text().replace("rank      : 1", "rank      : 0").replace("-9 (pid", "1 (pid"))
     paths = TrialPaths(tmp_path)
     paths.errors.mkdir(parents=True, exist_ok=True)
-    paths.rank_error(0).write_text('{"rank": 0, "type": "DistBackendError", "message": "Connection reset by peer", '
-                                   '"time": 1.0, "oom": false}')
+    paths.rank_error(0).write_text(
+        '{"rank": 0, "type": "DistBackendError", "message": "Connection reset by peer", "time": 1.0, "oom": false}'
+    )
     paths.rank_running(1).write_text("")
     status, error = outcome_status(tmp_path, 1, False, oom_killed=True)
     assert status == "oom" and error["rank"] == 1 and "OOM killer" in error["message"], error

@@ -9,7 +9,6 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.compose import expand_sweep
-
 from tests.conftest import FP32, PRESET_KERNELS, run_cli, run_in_process
 
 FAST = ["run.steps=1", "run.warmup_steps=0", "logger.mode=disabled", "parallel.dp=1", PRESET_KERNELS, FP32]
@@ -25,8 +24,11 @@ FLAGS = [
     (["run", "--cfg", "job", "--resolve", "model=llama3-8b"], ["arch: llama", "hidden: 4096"], []),
     (["plan", "--info"], ["Config search path", "orchestrator"], []),
     (["plan", "--info", "defaults"], ["model/tiny", "hydra/launcher/orchestrator"], []),
-    (["run", "--help"], ["--out", "--overwrite", "--multirun", "OVERRIDE", "model: ", "gpt2-350m", "Exit codes"],
-     ["--json", "--trials"]),
+    (
+        ["run", "--help"],
+        ["--out", "--overwrite", "--multirun", "OVERRIDE", "model: ", "gpt2-350m", "Exit codes"],
+        ["--json", "--trials"],
+    ),
     # each command's help shows its own flags, not another's
     (["plan", "--help"], ["plan's own flags", "--json", "--max-points"], ["--trials", "--overwrite", "--out DIR"]),
     (["tune", "--help"], ["tune's own flags", "--trials N", "--minutes M", "--out DIR"], ["--json"]),
@@ -48,9 +50,11 @@ def test_a_hydra_flag_gives_hydras_output(argv, present, absent, capsys):
 
 def test_config_name_and_config_dir_choose_the_tree(tmp_path, capsys):
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "mine.yaml").write_text("arch: gpt2\nn_layers: 3\nhidden: 96\nheads: 4\nkv_heads: 4\n"
-                                                  "ffn_hidden: 384\nvocab: 512\nseq_len: 64\nmax_positions: 64\n"
-                                                  "tie_embeddings: true\n")
+    (tmp_path / "model" / "mine.yaml").write_text(
+        "arch: gpt2\nn_layers: 3\nhidden: 96\nheads: 4\nkv_heads: 4\n"
+        "ffn_hidden: 384\nvocab: 512\nseq_len: 64\nmax_positions: 64\n"
+        "tie_embeddings: true\n"
+    )
     assert main(["plan", "--json", "-cd", str(tmp_path), "model=mine", PRESET_KERNELS]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["parameters"] == 512 * 96 + 64 * 96 + 3 * (12 * 96 * 96 + 13 * 96) + 2 * 96
@@ -66,8 +70,11 @@ def test_glob_range_and_choice_expand_as_in_hydra():
     assert expand_sweep(["zero=glob(*,exclude=stage0)"]) == [[f"zero=stage{s}"] for s in (1, 2, 3)]
     assert expand_sweep(["parallel.dp=range(1,4)"]) == [["parallel.dp=1"], ["parallel.dp=2"], ["parallel.dp=3"]]
     assert expand_sweep(["parallel.dp=choice(1,2)", "zero=stage1,stage2"]) == [
-        ["parallel.dp=1", "zero=stage1"], ["parallel.dp=1", "zero=stage2"],
-        ["parallel.dp=2", "zero=stage1"], ["parallel.dp=2", "zero=stage2"]]
+        ["parallel.dp=1", "zero=stage1"],
+        ["parallel.dp=1", "zero=stage2"],
+        ["parallel.dp=2", "zero=stage1"],
+        ["parallel.dp=2", "zero=stage2"],
+    ]
 
 
 def test_plan_sweeps_a_glob(capsys):
@@ -115,8 +122,9 @@ def test_run_dir_and_sweep_dir_follow_hydra_with_hydra_subdirs(tmp_path):
 
     sweep = tmp_path / "sweep"
     # Two one-rank points (the sweep's layout is the point, not the ranks).
-    proc = run_in_process("run", "-m", *FAST, "run.seed=1,2", f"hydra.sweep.dir={sweep}",
-                          "hydra.sweep.subdir=seed${run.seed}")
+    proc = run_in_process(
+        "run", "-m", *FAST, "run.seed=1,2", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=seed${run.seed}"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["seed1", "seed2"]
     for seed in (1, 2):
@@ -133,8 +141,9 @@ SECRET = "s3cr3t-hydra"
 def default_layout_sweep(tmp_path_factory):
     """`run -m` with no --out, from a fresh directory, with a secret in a setup line."""
     cwd = tmp_path_factory.mktemp("cwd")
-    proc = run_cli("run", "-m", *FAST, "run.seed=1,2", f"cluster.setup=['export HF_TOKEN={SECRET}']", cwd=cwd,
-                   timeout=600)
+    proc = run_cli(
+        "run", "-m", *FAST, "run.seed=1,2", f"cluster.setup=['export HF_TOKEN={SECRET}']", cwd=cwd, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return cwd, proc
 
@@ -157,10 +166,22 @@ def test_an_optuna_study_maximises_measured_tokens_per_second(tmp_path):
     """Four trials sampled by Hydra's Optuna sweeper. Micro batch 8 with dp 2 cannot make
     the global batch of 8: such a point is refused, recorded, and a failed Optuna trial."""
     sweep = tmp_path / "study"
-    proc = run_in_process("run", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=1",
-                          "hydra.sweeper.sampler.seed=3", "batch.micro_batch_size=choice(1,2,4,8)",
-                          "zero.reduce_bucket_size=choice(100000,1000000)", "batch.global_batch_size=8",
-                          "run.steps=2", "run.warmup_steps=1", "logger.mode=disabled", "--out", str(sweep))
+    proc = run_in_process(
+        "run",
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=1",
+        "hydra.sweeper.sampler.seed=3",
+        "batch.micro_batch_size=choice(1,2,4,8)",
+        "zero.reduce_bucket_size=choice(100000,1000000)",
+        "batch.global_batch_size=8",
+        "run.steps=2",
+        "run.warmup_steps=1",
+        "logger.mode=disabled",
+        "--out",
+        str(sweep),
+    )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/result.json"))]
     assert len(results) == 4
@@ -207,12 +228,14 @@ def test_a_swept_value_that_is_a_path_names_one_point_inside_its_sweep(tmp_path)
     assert sorted(p.name for p in root.iterdir()) == ["sweep"]
 
     out = tmp_path / "sweep2"
-    proc = run_in_process("run", "-m", *FAST, "logger.group=../victim", "hydra.sweep.subdir=${logger.group}",
-                          "--out", str(out))
+    proc = run_in_process(
+        "run", "-m", *FAST, "logger.group=../victim", "hydra.sweep.subdir=${logger.group}", "--out", str(out)
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "hydra.sweep.subdir" in proc.stderr and "Traceback" not in proc.stderr
     assert (victim / "config.yaml").read_text() == "mine: true\n" and sorted(p.name for p in victim.iterdir()) == [
-        "config.yaml"]
+        "config.yaml"
+    ]
 
 
 def test_a_point_name_cut_to_fit_keeps_two_points_apart():

@@ -10,8 +10,9 @@ from importlib.metadata import version
 import pytest
 from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import setup_globals
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import setup_globals
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from orchestrator import config
@@ -35,11 +36,13 @@ def test_hydra_arguments_reads_a_command_line_as_hydra_main_does():
 def test_apply_value_changes_checks_types_against_the_schema():
     cfg = OmegaConf.structured(config.TrialConfig)
     parsed = OverridesParser.create().parse_overrides(["zero.stage=2", "run.lr=0.5", "run.extra=1"])
-    with pytest.raises(Exception):  # the schema is closed: run.extra is not a field (only +run.extra adds one)
+    with pytest.raises(
+        ConfigCompositionException
+    ):  # the schema is closed: run.extra is not a field (only +run.extra adds one)
         apply_value_changes(parsed, cfg)
     apply_value_changes(parsed[:2], cfg)
     assert cfg.zero.stage == 2 and cfg.run.lr == 0.5
-    with pytest.raises(Exception):  # a string where the schema wants an int
+    with pytest.raises(ConfigCompositionException):  # a string where the schema wants an int
         apply_value_changes(OverridesParser.create().parse_overrides(["zero.stage=two"]), cfg)
 
 
@@ -65,15 +68,29 @@ def test_the_oldest_hydra_core_allowed_passes_these_tests_too(tmp_path):
     """hydra-core 1.3.2, the bottom of pyproject's range, installed beside the current one
     and put first on the path of a child pytest that runs this file's other tests."""
     target = tmp_path / "hydra-1.3.2"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                          "hydra-core==1.3.2"], capture_output=True, text=True, timeout=300)
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), "hydra-core==1.3.2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if pip.returncode != 0:
         pytest.skip(f"hydra-core 1.3.2 could not be installed here: {pip.stderr.strip()[-300:]}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
-    seen = subprocess.run([sys.executable, "-c", "import hydra; print(hydra.__version__)"], capture_output=True,
-                          text=True, env=env, timeout=60)
+    seen = subprocess.run(
+        [sys.executable, "-c", "import hydra; print(hydra.__version__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert seen.stdout.strip() == "1.3.2", seen.stdout + seen.stderr
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                            "-m", "not slow", __file__], capture_output=True, text=True, timeout=300, env=env)
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "not slow", __file__],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-2000:]
     assert "5 passed" in child.stdout

@@ -13,23 +13,29 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cpu_allocator, engine_timing, kernel_timing
+from orchestrator import cpu_allocator, engine_timing, kernel_timing, kernels, trial_measurements
 from orchestrator.calibrate import with_params
-from orchestrator.kernel_cache import Cache, plausible_times
 from orchestrator.cpu_allocator import allocator_key
+from orchestrator.kernel_cache import Cache, plausible_times
 from orchestrator.kernel_timing import KernelTimingError, clock, measure, time_kernel
-from orchestrator import kernels
 from orchestrator.kernels import Kernel, trial_gemms
 from orchestrator.plan.compute import KernelTimes, micro_batch_time
-from orchestrator import trial_measurements
 from orchestrator.plan.inputs import MeasuredKernels
 from orchestrator.plan.params import parameter_tensors
 from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
 from tests.conftest import FP32
 
-SMALL = ["model.n_layers=2", "model.hidden=64", "model.heads=2", "model.ffn_hidden=128",
-         "model.vocab=256", "model.seq_len=32", "model.max_positions=32", "batch.micro_batch_size=2"]
+SMALL = [
+    "model.n_layers=2",
+    "model.hidden=64",
+    "model.heads=2",
+    "model.ffn_hidden=128",
+    "model.vocab=256",
+    "model.seq_len=32",
+    "model.max_positions=32",
+    "batch.micro_batch_size=2",
+]
 
 
 @pytest.fixture
@@ -37,9 +43,15 @@ def fresh_cache(tmp_path, monkeypatch):
     # DeepSpeed builds its ops (CPU Adam, for offload) under XDG_CACHE_HOME unless told where:
     # keep them where torch puts them with the variable unset (a folder named by its Python
     # and accelerator, torch.utils.cpp_extension; a CPU build of torch here), never a second build.
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
-        / f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_cpu"))
+    monkeypatch.setenv(
+        "TORCH_EXTENSIONS_DIR",
+        os.environ.get("TORCH_EXTENSIONS_DIR")
+        or str(
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            / "torch_extensions"
+            / f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_cpu"
+        ),
+    )
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(Cache, "_known", None)
     # These tests are about what is timed and cached; other tests beside them (xdist) would
@@ -84,13 +96,22 @@ def test_every_kernel_of_a_micro_batch_is_timed_once_and_cached(fresh_cache, mon
     assert measure(model, 2, "bf16", "cpu", 1, tensors).kernels == m.kernels
     # A new process whose kernels are all cached reads them without importing torch (1.5 s
     # of every `plan` on a machine without a GPU driver).
-    reads = ("import sys; from orchestrator.kernel_timing import measure; from orchestrator.plan.params import "
-             "parameter_tensors; from tests.test_kernel_timing import small_spec; "
-             f"model = small_spec(arch={arch!r}).cfg.model; "
-             "m = measure(model, 2, 'bf16', 'cpu', 1, [p.numel for p in parameter_tensors(model)]); "
-             "print(m.kernels.head, 'torch' in sys.modules)")
-    said = subprocess.run([sys.executable, "-c", reads], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).parent.parent, env=os.environ, check=True).stdout.split()
+    reads = (
+        "import sys; from orchestrator.kernel_timing import measure; from orchestrator.plan.params import "
+        "parameter_tensors; from tests.test_kernel_timing import small_spec; "
+        f"model = small_spec(arch={arch!r}).cfg.model; "
+        "m = measure(model, 2, 'bf16', 'cpu', 1, [p.numel for p in parameter_tensors(model)]); "
+        "print(m.kernels.head, 'torch' in sys.modules)"
+    )
+    said = subprocess.run(
+        [sys.executable, "-c", reads],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+        env=os.environ,
+        check=True,
+    ).stdout.split()
     assert said[-1] == "False" and m.kernels.head[0] == pytest.approx(float(said[0].strip("(,")))
     with pytest.raises(pytest.fail.Exception):  # another shape is a new kernel
         measure(dataclasses.replace(model, seq_len=16, max_positions=16), 2, "bf16", "cpu", 1, tensors)
@@ -134,8 +155,9 @@ def test_a_call_too_slow_for_the_budget_is_taken_to_its_full_rows_along_a_line_n
     assert fwd == pytest.approx(0.256) and fwd + bwd == pytest.approx(0.2 + 256 * 5e-3)
     # Two calls that make no line (the machine slowed between them): the second, in proportion.
     calls = iter([1.0])  # after 0.36 s on 32 rows: more than twice as long on twice the rows
-    assert kernel_timing.along_rows(Kernel("k", 256, build, min_rows=32), 32, 0.36,
-                                    lambda *a, **k: next(calls)) == pytest.approx(1.0 * 256 / 64)
+    assert kernel_timing.along_rows(
+        Kernel("k", 256, build, min_rows=32), 32, 0.36, lambda *a, **k: next(calls)
+    ) == pytest.approx(1.0 * 256 / 64)
     # Too few rows for a second point: in proportion from the first.
     assert kernel_timing.along_rows(Kernel("k", 48, build, min_rows=32), 32, 0.36, tick) == pytest.approx(0.36 * 1.5)
 
@@ -182,8 +204,11 @@ def test_a_gemm_too_slow_to_time_whole_is_timed_on_the_largest_shape_the_probe_a
     # and backward (the scale says how large each shape was built): no real call needed.
     def stand_in(kernel):
         size = 49152 * 12288 / kernel.scale
-        return dataclasses.replace(kernel, build=lambda r: (("fwd", size), ("both", size)),
-                                   smaller=stand_in(kernel.smaller) if kernel.smaller else None)
+        return dataclasses.replace(
+            kernel,
+            build=lambda r: (("fwd", size), ("both", size)),
+            smaller=stand_in(kernel.smaller) if kernel.smaller else None,
+        )
 
     def chosen_and_probed(per_second: float):
         probed = []
@@ -206,8 +231,14 @@ def test_a_gemm_too_slow_to_time_whole_is_timed_on_the_largest_shape_the_probe_a
 
 
 def test_the_composition_adds_what_recompute_runs_again_and_no_launch_to_timed_kernels():
-    k = KernelTimes(layer_gemms=(1.0, 2.0), head=(0.5, 1.0), attention=(0.25, 0.5), memory_bound=(0.125, 0.25),
-                    loss=(0.0625, 0.125), launch_s=0.01)
+    k = KernelTimes(
+        layer_gemms=(1.0, 2.0),
+        head=(0.5, 1.0),
+        attention=(0.25, 0.5),
+        memory_bound=(0.125, 0.25),
+        loss=(0.0625, 0.125),
+        launch_s=0.01,
+    )
     model = small_spec().cfg.model  # 2 layers
     none, sel, full = (micro_batch_time(model, 2, mode, k, timed=True) for mode in ("none", "selective", "full"))
     assert none.total_s == pytest.approx(2 * (3 + 0.75 + 0.375) + 1.5 + 0.1875) and none.overhead_s == 0
@@ -245,7 +276,8 @@ def test_which_plans_time_kernels(fresh_cache):
     slurm = small_spec("cluster=slurm")
     submitted, on_the_node = plan_trial(slurm), plan_trial(slurm, on_the_node=True)
     assert not submitted.time.micro_batch.timed and submitted.sources["compute"].endswith(
-        "until the kernels are timed on the allocated node before the ranks start")
+        "until the kernels are timed on the allocated node before the ranks start"
+    )
     assert on_the_node.time.micro_batch.timed and "in SLURM job" in on_the_node.sources["compute"]
 
 
@@ -261,19 +293,29 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
     # No GPU here: the device's name and memory, and its timed kernels, are stood in for.
     # What is tested is everything around them: the resolution, the plan, MFU unknown.
     from orchestrator import hardware
-    from orchestrator.display import console, show_plan
+    from orchestrator.display import console
     from orchestrator.errors import ConfigError
+    from orchestrator.plan_display import show_plan
 
     monkeypatch.setattr(hardware, "local_gpu_name", lambda: "NVIDIA L40S")
     monkeypatch.setattr(hardware, "local_gpu_memory_gib", lambda: 44.52)
     monkeypatch.setattr(engine_timing, "device_name", lambda device: "NVIDIA L40S")
-    timed = KernelTimes(layer_gemms=(1e-3, 2e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
-                        memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=5e-6)
+    timed = KernelTimes(
+        layer_gemms=(1e-3, 2e-3),
+        head=(1e-3, 2e-3),
+        attention=(1e-4, 2e-4),
+        memory_bound=(1e-4, 1e-4),
+        loss=(1e-4, 1e-4),
+        launch_s=5e-6,
+    )
     # a GPU's kernels are timed in a process of their own (measure_apart: its CUDA context ends
     # with it, before the ranks start), never in the planning process; stood in for here
     monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: pytest.fail("a GPU timed in the planning process"))
-    monkeypatch.setattr(kernel_timing, "measure_apart", lambda *a, **k: (MeasuredKernels(
-        timed, 1e-3, "NVIDIA L40S", "torch 2.13.0", "2026-11-24T00:00:00Z"), ""))
+    monkeypatch.setattr(
+        kernel_timing,
+        "measure_apart",
+        lambda *a, **k: (MeasuredKernels(timed, 1e-3, "NVIDIA L40S", "torch 2.13.0", "2026-11-24T00:00:00Z"), ""),
+    )
     spec = build_spec(["model=gpt2-125m"])
     hw = spec.cfg.hardware
     assert (hw.name, hw.device, hw.kernels, hw.memory_gib) == ("gpu", "cuda", "measured", 44.52)
@@ -292,19 +334,27 @@ def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(mon
         plan_trial(spec)
 
 
-
 def test_kernels_that_sum_past_their_block_timed_whole_are_said_so(monkeypatch):
     """Where the kernels timed alone sum to more than the real block and ends timed whole, the
     plan keeps the whole and says what the line below 0 means (timed figures stood in for)."""
     from rich.console import Console
 
-    from orchestrator.display import show_plan
+    from orchestrator.plan_display import show_plan
 
-    alone = KernelTimes(layer_gemms=(2e-3, 4e-3), head=(1e-3, 2e-3), attention=(1e-4, 2e-4),
-                        memory_bound=(1e-4, 1e-4), loss=(1e-4, 1e-4), launch_s=0.0)
+    alone = KernelTimes(
+        layer_gemms=(2e-3, 4e-3),
+        head=(1e-3, 2e-3),
+        attention=(1e-4, 2e-4),
+        memory_bound=(1e-4, 1e-4),
+        loss=(1e-4, 1e-4),
+        launch_s=0.0,
+    )
     whole = dataclasses.replace(alone, block=(1e-3, 2e-3), ends=(1e-3, 2e-3))
-    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: MeasuredKernels(
-        whole, 1e-3, "a CPU", "torch 2.13.0", "2026-11-27T00:00:00Z"))
+    monkeypatch.setattr(
+        kernel_timing,
+        "measure",
+        lambda *a, **k: MeasuredKernels(whole, 1e-3, "a CPU", "torch 2.13.0", "2026-11-27T00:00:00Z"),
+    )
     monkeypatch.setattr(trial_measurements, "engine_settings", lambda spec: None)  # no engine to time
     spec = small_spec()
     plan = plan_trial(spec)
@@ -345,9 +395,14 @@ def test_a_block_too_large_to_time_whole_keeps_its_kernels_sum(fresh_cache, monk
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine,stage,optimizer", [("deepspeed", 0, "FP16_UnfusedOptimizer"),
-                                                    ("deepspeed", 3, "DeepSpeedZeroOptimizer_Stage3"),
-                                                    ("fsdp", 3, "AdamW")])
+@pytest.mark.parametrize(
+    "engine,stage,optimizer",
+    [
+        ("deepspeed", 0, "FP16_UnfusedOptimizer"),
+        ("deepspeed", 3, "DeepSpeedZeroOptimizer_Stage3"),
+        ("fsdp", 3, "AdamW"),
+    ],
+)
 def test_the_engines_own_step_is_timed_as_it_runs_it(engine, stage, optimizer):
     """The real engine (DeepSpeed, FSDP2) wraps a stand-in with the trial's modules and shares."""
     from orchestrator.trial_measurements import engine_settings
@@ -387,11 +442,19 @@ def test_the_engines_process_imports_beside_the_kernels_and_times_only_when_told
     entered, alive_while_kernels_timed = [], []
     real_enter, real_measure = engine_timing.EngineTiming.__enter__, kernel_timing.measure
     monkeypatch.setattr(engine_timing.EngineTiming, "__enter__", lambda self: entered.append(self) or real_enter(self))
-    monkeypatch.setattr(kernel_timing, "measure", lambda *a, **k: alive_while_kernels_timed.append(
-        [e.proc is not None and e.proc.poll() is None for e in entered]) or real_measure(*a, **k))
+    monkeypatch.setattr(
+        kernel_timing,
+        "measure",
+        lambda *a, **k: (
+            alive_while_kernels_timed.append([e.proc is not None and e.proc.poll() is None for e in entered])
+            or real_measure(*a, **k)
+        ),
+    )
     events = []
     real_imported, real_probe = engine_timing.EngineTiming.imported, kernel_timing.QuietCheck.probe
-    monkeypatch.setattr(engine_timing.EngineTiming, "imported", lambda self: events.append("imported") or real_imported(self))
+    monkeypatch.setattr(
+        engine_timing.EngineTiming, "imported", lambda self: events.append("imported") or real_imported(self)
+    )
     monkeypatch.setattr(kernel_timing.QuietCheck, "probe", lambda self: events.append("probe") or real_probe(self))
     plan = plan_trial(spec)
     assert alive_while_kernels_timed == [[True]], (alive_while_kernels_timed, plan.time.optimizer_source)
@@ -437,14 +500,18 @@ def test_a_busy_machine_is_said_and_its_timings_are_not_cached(fresh_cache, monk
 def test_the_engine_is_timed_on_the_trials_device_with_its_backend():
     """Which group and device the engine's timing uses (the GPU path ran on an H100:
     bench/RESULTS.md; here only the choice can be checked)."""
-    from orchestrator.trial_measurements import engine_settings
     from orchestrator.engine_timing import DEFAULT_SIZES
+    from orchestrator.trial_measurements import engine_settings
     from orchestrator.workload.step_timing import group_of
 
     assert group_of("cpu") == ("gloo", "cpu") and group_of("cuda:1") == ("nccl", "cuda")
     assert engine_settings(small_spec())["device"] == "cpu"
-    assert engine_settings(build_spec(["hardware=h100-sxm", "model.hidden=256", "model.heads=4",
-                                       "model.kv_heads=null"]))["device"] == "cuda"
+    assert (
+        engine_settings(build_spec(["hardware=h100-sxm", "model.hidden=256", "model.heads=4", "model.kv_heads=null"]))[
+            "device"
+        ]
+        == "cuda"
+    )
     assert DEFAULT_SIZES["cuda"][0] > DEFAULT_SIZES["cpu"][1]  # a GPU's per-element cost shows only on larger stand-ins
 
 
@@ -480,8 +547,8 @@ def test_the_engine_is_timed_at_the_powers_of_two_around_the_ranks_share():
 def test_kernels_timed_in_a_process_of_their_own_come_back_whole(fresh_cache):
     """measure_apart (a GPU's path: its CUDA context ends with the process) returns what
     measure returns here, and this process reads the cache that process wrote."""
-    from orchestrator.kernel_cache import Cache
     from orchestrator.config import ModelConfig
+    from orchestrator.kernel_cache import Cache
 
     model = ModelConfig(n_layers=1, hidden=64, heads=2, vocab=256, seq_len=32, max_positions=32)
     apart, discarded = kernel_timing.measure_apart(model, 1, "fp32", "cpu", 1, [64 * 64])

@@ -23,8 +23,11 @@ GPU_TRIAL = ["hardware=h100-sxm", "logger.mode=disabled"]
 
 def test_a_local_gpu_trial_above_the_visible_gpus_is_refused_with_the_nearest_dp():
     spec = build_spec([*GPU_TRIAL, "parallel.dp=2"])
-    with pytest.raises(ConfigError, match=r"parallel.dp=2 is not allowed: at most 1, the GPUs this host makes visible"
-                                          r".*nearest valid value is parallel.dp=1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"parallel.dp=2 is not allowed: at most 1, the GPUs this host makes visible"
+        r".*nearest valid value is parallel.dp=1",
+    ):
         check_runnable_here(spec, visible_gpus=1)  # fake: the count a one-GPU host's torch reports
     check_runnable_here(spec, visible_gpus=2)
     with pytest.raises(ConfigError, match="this machine has no GPU"):
@@ -48,8 +51,11 @@ def test_numa_binding_without_its_tools_is_refused_before_launch(monkeypatch, tm
 
 
 def test_dp_past_one_node_of_gpus_is_never_planned_as_one_node():
-    with pytest.raises(ConfigError, match=r"parallel.dp=256 is not allowed: at most cluster.gpus_per_node=8 with "
-                                          r"cluster=local.*cluster=slurm.*parallel.dp=8"):
+    with pytest.raises(
+        ConfigError,
+        match=r"parallel.dp=256 is not allowed: at most cluster.gpus_per_node=8 with "
+        r"cluster=local.*cluster=slurm.*parallel.dp=8",
+    ):
         build_spec([*GPU_TRIAL, "parallel.dp=256"])
     across = build_spec([*GPU_TRIAL, "parallel.dp=256", "cluster=slurm"])
     assert (across.nodes, across.gpus_per_node) == (32, 8)
@@ -57,8 +63,9 @@ def test_dp_past_one_node_of_gpus_is_never_planned_as_one_node():
 
 
 def test_translate_writes_a_refused_trial_but_says_so_and_exits_3(tmp_path):
-    proc = run_in_process("translate", "model=llama3-8b", "zero=stage3", "hardware=h100-sxm", "cluster=slurm",
-                          "--out", str(tmp_path))
+    proc = run_in_process(
+        "translate", "model=llama3-8b", "zero=stage3", "hardware=h100-sxm", "cluster=slurm", "--out", str(tmp_path)
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert (tmp_path / "launch.sh").is_file() and (tmp_path / "ds_config.json").is_file()
     said = " ".join(proc.stderr.split())
@@ -116,8 +123,9 @@ def test_accelerates_fsdp2_reduces_in_the_communication_dtype(monkeypatch):
     from orchestrator.workload.engines import fsdp_plugin
 
     monkeypatch.setenv("FSDP_VERSION", "2")  # as accelerate launch sets it from accelerate_config.yaml
-    spec = build_spec([*GPU_TRIAL, "engine=accelerate", "engine.backend=fsdp", "zero=stage3",
-                       "zero.communication_dtype=fp32"])
+    spec = build_spec(
+        [*GPU_TRIAL, "engine=accelerate", "engine.backend=fsdp", "zero=stage3", "zero.communication_dtype=fp32"]
+    )
     policy = fsdp_plugin(spec).mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
     assert fsdp_plugin(build_spec([*GPU_TRIAL, "engine=accelerate", "engine.backend=fsdp", "zero=stage3"])) is None
@@ -142,8 +150,14 @@ def test_a_gpu_trials_host_memory_is_planned_per_node_and_refused_past_what_slur
     assert host_memory(70_553_706_496, True, 64, 0, 0, 8, 10 * GIB, "").per_rank == 4 * 70_553_706_496 // 64
     assert slurm_size_bytes("40G") == 40 * GIB and slurm_size_bytes("512") == 512 * 2**20
 
-    fits_the_gpu = ["model=llama3-8b", "hardware=h100-sxm", "cluster=slurm", "parallel.dp=8", "recompute=full",
-                    "batch.micro_batch_size=1"]
+    fits_the_gpu = [
+        "model=llama3-8b",
+        "hardware=h100-sxm",
+        "cluster=slurm",
+        "parallel.dp=8",
+        "recompute=full",
+        "batch.micro_batch_size=1",
+    ]
     spec = build_spec([*fits_the_gpu, "zero=stage2", "cluster.mem_gb=200"])
     plan = plan_trial(spec)
     assert plan.fits and not plan.host_memory.fits and plan.as_dict()["host_memory"]["per_node"] > 200 * GIB
@@ -152,7 +166,9 @@ def test_a_gpu_trials_host_memory_is_planned_per_node_and_refused_past_what_slur
     assert refusal(partitioned, plan_trial(partitioned)) is None
     per_gpu = build_spec([*fits_the_gpu, "zero=stage2", "cluster.mem_per_gpu=40G"])
     assert plan_trial(per_gpu).host_memory.capacity == 8 * 40 * GIB
-    assert plan_trial(build_spec(["hardware=cpu", "hardware.kernels=preset"])).host_memory is None  # a CPU's is `memory`
+    assert (
+        plan_trial(build_spec(["hardware=cpu", "hardware.kernels=preset"])).host_memory is None
+    )  # a CPU's is `memory`
 
 
 def test_the_interpreter_the_tasks_run_is_a_field_of_its_own(tmp_path):

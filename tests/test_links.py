@@ -46,11 +46,14 @@ def test_one_node_rows_fit_inside_and_several_nodes_between():
     assert got_between.busbw == pytest.approx(between.busbw, rel=1e-3)
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["--hardware", "h100-sxmm"], "--hardware=h100-sxmm"),
-    (["--nodes", "1", "--ranks-per-node", "1"], "at least 2 ranks"),
-    (["--nodes", "one"], "--nodes=one"),
-])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--hardware", "h100-sxmm"], "--hardware=h100-sxmm"),
+        (["--nodes", "1", "--ranks-per-node", "1"], "at least 2 ranks"),
+        (["--nodes", "one"], "--nodes=one"),
+    ],
+)
 def test_bad_link_measurement_arguments_exit_2_before_measuring(cli, argv, says):
     proc = cli("calibrate", "--links", *argv)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr

@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from orchestrator import network_table
-
 from tests.conftest import LINK_MBIT, NODES, run_cli
 
 pytestmark = pytest.mark.multinode
@@ -17,8 +16,22 @@ pytestmark = pytest.mark.multinode
 
 def test_calibrate_links_recovers_the_shaped_rate_between_nodes(slurm_cluster, tmp_path):
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
-    proc = run_cli("calibrate", "--links", "--hardware", "cpu", "--nodes", "2,4", "--ranks-per-node", "1",
-                   "--max-mb", "8", "--reps", "3", env=env, timeout=900)
+    proc = run_cli(
+        "calibrate",
+        "--links",
+        "--hardware",
+        "cpu",
+        "--nodes",
+        "2,4",
+        "--ranks-per-node",
+        "1",
+        "--max-mb",
+        "8",
+        "--reps",
+        "3",
+        env=env,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "busbw GB/s" in proc.stdout and "all_gather" in proc.stdout  # the rows, as nccl-tests prints them
     preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "cpu-calibrated.yaml").read_text())
@@ -32,8 +45,15 @@ def test_calibrate_links_recovers_the_shaped_rate_between_nodes(slurm_cluster, t
     assert set(table.curves) == {(op, n, 1) for op in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4)}
     assert all([s for s, _ in c] == [2**20 * k for k in (1, 2, 4, 8)] for c in table.curves.values())
     # the plan of a trial on this cluster now times its calls from that table
-    plan = run_cli("plan", "--json", "hardware=cpu-calibrated", "cluster=slurm", "cluster.gpus_per_node=1",
-                   "parallel.dp=2", env=env)
+    plan = run_cli(
+        "plan",
+        "--json",
+        "hardware=cpu-calibrated",
+        "cluster=slurm",
+        "cluster.gpus_per_node=1",
+        "parallel.dp=2",
+        env=env,
+    )
     assert plan.returncode == 0 and "measured: gloo" in plan.stdout
     collectives = json.loads(plan.stdout)["comm"]["collectives"]
     assert collectives and all(c["algorithm"] == "measured" for c in collectives)
@@ -48,7 +68,18 @@ def test_calibrate_links_knows_the_clusters_nodes_first_and_says_an_srun_failure
     assert proc.returncode == 2 and f"at most the {NODES} node(s) SLURM has" in proc.stderr, proc.stderr
     proc = cli("calibrate", "--links", "--nodes", "2", "--partition", "nosuch", env=env)
     assert proc.returncode == 2 and "--partition=nosuch" in proc.stderr, proc.stderr
-    proc = cli("calibrate", "--links", "--hardware", "h100-sxm", "--nodes", "2", "--ranks-per-node", "1",
-               "--max-mb", "1", env=env)
+    proc = cli(
+        "calibrate",
+        "--links",
+        "--hardware",
+        "h100-sxm",
+        "--nodes",
+        "2",
+        "--ranks-per-node",
+        "1",
+        "--max-mb",
+        "1",
+        env=env,
+    )
     assert proc.returncode == 1 and "failed (srun)" in proc.stderr and "Exited with exit code" in proc.stderr
     assert "Traceback (most recent call last)" not in proc.stderr and not (tmp_path / "conf").exists()

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from orchestrator import links, local_links as local
+from orchestrator import links, trial_measurements
+from orchestrator import local_links as local
 from orchestrator.links import OPS, Measurement
 from orchestrator.local_links import cache_path, key, local_links
-from orchestrator import trial_measurements
 from orchestrator.plan import planner
 from orchestrator.plan.collectives import ring_time
 from orchestrator.spec import build_spec
@@ -35,8 +35,16 @@ def rows_of_a_level(latency_s: float, busbw: float) -> list[Measurement]:
 
 def cached(rows: list[Measurement], ranks: int = 2) -> None:
     cache_path().parent.mkdir(parents=True, exist_ok=True)
-    cache_path().write_text(json.dumps({key(ranks): {"when": "2026-11-28T09:00:00Z", "rows": [
-        [m.op, m.ranks, m.nodes, m.bytes, m.seconds] for m in rows]}}))
+    cache_path().write_text(
+        json.dumps(
+            {
+                key(ranks): {
+                    "when": "2026-11-28T09:00:00Z",
+                    "rows": [[m.op, m.ranks, m.nodes, m.bytes, m.seconds] for m in rows],
+                }
+            }
+        )
+    )
 
 
 def test_the_links_are_measured_once_then_read_from_the_cache(cache, monkeypatch):
@@ -51,12 +59,15 @@ def test_the_links_are_measured_once_then_read_from_the_cache(cache, monkeypatch
     assert local_links(2).level == measured.level
 
 
-@pytest.mark.parametrize("damage", [
-    lambda rows: rows[:-2],  # a collective missing
-    lambda rows: [[*r[:4], -1.0] for r in rows],  # a time no call takes
-    lambda rows: [[*r[:4], "fast"] for r in rows],
-    lambda rows: "rows",
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda rows: rows[:-2],  # a collective missing
+        lambda rows: [[*r[:4], -1.0] for r in rows],  # a time no call takes
+        lambda rows: [[*r[:4], "fast"] for r in rows],
+        lambda rows: "rows",
+    ],
+)
 def test_a_damaged_cache_entry_is_measured_again(cache, monkeypatch, damage):
     cached(rows_of_a_level(1e-3, 5e8))
     data = json.loads(cache_path().read_text())
@@ -81,15 +92,19 @@ def test_a_cpu_trial_with_ranks_on_this_host_is_planned_over_its_measured_links(
     assert "intra-node measured on this host" in planner.network_note(spec.cfg.hardware, facts, measured)
 
 
-@pytest.mark.parametrize("overrides, here", [
-    (["hardware=cpu", "parallel.dp=1"], True),  # one rank: nothing between ranks
-    (DP2, False),  # planned away from where it runs (a SLURM login node)
-    (["hardware=h100-sxm", "parallel.dp=2"], True),  # a GPU's links are NCCL's, from the preset or calibrate
-    ([*DP2, "hardware.kernels=preset"], True),  # nothing of this host is measured
-    ([*DP2, "hardware.intra_node.name=measured: by calibrate --links"], True),  # already measured
-])
+@pytest.mark.parametrize(
+    "overrides, here",
+    [
+        (["hardware=cpu", "parallel.dp=1"], True),  # one rank: nothing between ranks
+        (DP2, False),  # planned away from where it runs (a SLURM login node)
+        (["hardware=h100-sxm", "parallel.dp=2"], True),  # a GPU's links are NCCL's, from the preset or calibrate
+        ([*DP2, "hardware.kernels=preset"], True),  # nothing of this host is measured
+        ([*DP2, "hardware.intra_node.name=measured: by calibrate --links"], True),  # already measured
+    ],
+)
 def test_the_links_are_measured_only_where_the_trial_runs_here_on_a_cpu_with_several_ranks(
-        cache, monkeypatch, overrides, here):
+    cache, monkeypatch, overrides, here
+):
     monkeypatch.setattr(local, "measure", lambda *a, **k: pytest.fail("measured"))
     assert trial_measurements.measured_links(build_spec(overrides), here=here, refused=False) == (None, "")
 

@@ -24,8 +24,18 @@ def test_activation_census_ignores_parameters_even_as_views_of_a_flat_buffer():
 
 
 def test_activation_census_of_a_real_model_is_the_plans_figure():
-    spec = build_spec(["hardware=cpu", "model.n_layers=2", "model.hidden=64", "model.heads=2", "model.kv_heads=2",
-                       "model.ffn_hidden=256", "model.vocab=512", "batch.micro_batch_size=2"])
+    spec = build_spec(
+        [
+            "hardware=cpu",
+            "model.n_layers=2",
+            "model.hidden=64",
+            "model.heads=2",
+            "model.kv_heads=2",
+            "model.ffn_hidden=256",
+            "model.vocab=512",
+            "batch.micro_batch_size=2",
+        ]
+    )
     model = build_model(spec.cfg.model, device="cpu").to(torch.bfloat16)
     tokens = torch.randint(0, 512, (2, spec.cfg.model.seq_len))
     with ActivationCensus() as census:

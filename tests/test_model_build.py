@@ -17,8 +17,18 @@ from orchestrator.workload.model import build_model
 
 SHAPES = {
     "gpt2": dict(arch="gpt2", n_layers=2, hidden=64, heads=4, vocab=512, seq_len=32, max_positions=64),
-    "llama": dict(arch="llama", n_layers=2, hidden=64, heads=4, kv_heads=2, ffn_hidden=128, vocab=512, seq_len=32,
-                  max_positions=64, tie_embeddings=False),
+    "llama": dict(
+        arch="llama",
+        n_layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        ffn_hidden=128,
+        vocab=512,
+        seq_len=32,
+        max_positions=64,
+        tie_embeddings=False,
+    ),
 }
 
 RANK = r"""
@@ -60,9 +70,22 @@ def zero3_built(tmp_path_factory):
     out = tmp_path_factory.mktemp("zero3-build")
     script = out / "rank.py"
     script.write_text(RANK)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script), json.dumps(SHAPES), str(out)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+            json.dumps(SHAPES),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 

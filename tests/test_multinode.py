@@ -18,24 +18,42 @@ from tests.conftest import results_below as results
 from tests.conftest import wait_cli as wait
 
 pytestmark = pytest.mark.multinode
-ONE_PER_NODE = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, FP32, "cluster.gpus_per_node=1",
-                "cluster.cpus_per_task=1", "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
+ONE_PER_NODE = [
+    "cluster=slurm",
+    "hardware=cpu",
+    PRESET_KERNELS,
+    FP32,
+    "cluster.gpus_per_node=1",
+    "cluster.cpus_per_task=1",
+    "run.steps=3",
+    "run.warmup_steps=1",
+    "logger.mode=disabled",
+]
 
 
 def allocated(job_id: str) -> list[str]:
     """The job's nodes in SLURM's order (the cluster is shared with other tests' jobs, so
     which nodes they are is SLURM's choice)."""
     (nodelist,) = sacct(job_id, "NodeList")[0]
-    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30,
-                          check=True).stdout.split()
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.split()
 
 
 def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
     # the plan that times its kernels, on the node (the other tests here plan from the preset)
     # Both of a node's CPUs for its one rank: srun --cpus-per-task=2 must reach every rank, and
     # the node's plan times its kernels on as many threads as the ranks then compute with.
-    proc = run_in_process("run", "-m", "--out", str(tmp_path), *ONE_PER_NODE, "hardware.kernels=measured",
-                          "cluster.cpus_per_task=2", "parallel.dp=1,2,4")
+    proc = run_in_process(
+        "run",
+        "-m",
+        "--out",
+        str(tmp_path),
+        *ONE_PER_NODE,
+        "hardware.kernels=measured",
+        "cluster.cpus_per_task=2",
+        "parallel.dp=1,2,4",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jobs = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("slurm.json"))]
     assert len(jobs) == 3 and not any(j["array"] for j in jobs)  # different resources: separate jobs
@@ -63,8 +81,16 @@ def test_a_dp_sweep_spans_one_two_and_four_nodes(slurm_cluster, tmp_path):
 
 
 def test_two_ranks_per_node_on_two_nodes(slurm_cluster, tmp_path):
-    proc = run_in_process("run", "--out", str(tmp_path), *ONE_PER_NODE, "cluster.gpus_per_node=2", "parallel.dp=4",
-                          "zero=stage2", "cluster.wait=true")
+    proc = run_in_process(
+        "run",
+        "--out",
+        str(tmp_path),
+        *ONE_PER_NODE,
+        "cluster.gpus_per_node=2",
+        "parallel.dp=4",
+        "zero=stage2",
+        "cluster.wait=true",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results(tmp_path)
     hosts = {x["rank"]: x["host"] for x in r["env"]["ranks"]}
@@ -73,8 +99,12 @@ def test_two_ranks_per_node_on_two_nodes(slurm_cluster, tmp_path):
 
 
 def test_a_failure_on_the_second_node_names_rank_host_cause_and_log(slurm_cluster, tmp_path):
-    assert run_in_process("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.fail_at_step=1",
-                          "run.fail_rank=1").returncode == 0
+    assert (
+        run_in_process(
+            "run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.fail_at_step=1", "run.fail_rank=1"
+        ).returncode
+        == 0
+    )
     assert wait(tmp_path).returncode == 1
     (r,) = results(tmp_path)
     e = r["error"]
@@ -100,8 +130,19 @@ def _started(trial: Path, at_step: int = 0, timeout: float = 300) -> None:
 
 def test_scancel_of_a_two_node_job_is_recorded(slurm_cluster, tmp_path):
     # Until the test ends it, the trial sleeps between steps (the cores stay with the other tests).
-    assert run_in_process("run", "--out", str(tmp_path), *ONE_PER_NODE, "parallel.dp=2", "run.steps=100000",
-                          "run.checkpoint_every=1", "run.step_sleep_s=0.5").returncode == 0
+    assert (
+        run_in_process(
+            "run",
+            "--out",
+            str(tmp_path),
+            *ONE_PER_NODE,
+            "parallel.dp=2",
+            "run.steps=100000",
+            "run.checkpoint_every=1",
+            "run.step_sleep_s=0.5",
+        ).returncode
+        == 0
+    )
     _started(tmp_path, 1)
     assert "running" in run_in_process("status", str(tmp_path)).stdout
     subprocess.run(["scancel", json.loads((tmp_path / "slurm.json").read_text())["job_id"]], check=True, timeout=30)
@@ -113,11 +154,23 @@ def test_scancel_of_a_two_node_job_is_recorded(slurm_cluster, tmp_path):
 def test_a_requeued_two_node_job_resumes_its_steps_and_its_wandb_run(slurm_cluster, tmp_path):
     steps = 30
     overrides = [o for o in ONE_PER_NODE if not o.startswith("logger.")]
-    assert run_in_process("run", "--out", str(tmp_path), *overrides, "parallel.dp=2", f"run.steps={steps}",
-                          "run.checkpoint_every=2", "logger.mode=offline").returncode == 0
+    assert (
+        run_in_process(
+            "run",
+            "--out",
+            str(tmp_path),
+            *overrides,
+            "parallel.dp=2",
+            f"run.steps={steps}",
+            "run.checkpoint_every=2",
+            "logger.mode=offline",
+        ).returncode
+        == 0
+    )
     _started(tmp_path, 4)
-    subprocess.run(["scontrol", "requeue", json.loads((tmp_path / "slurm.json").read_text())["job_id"]], check=True,
-                   timeout=30)
+    subprocess.run(
+        ["scontrol", "requeue", json.loads((tmp_path / "slurm.json").read_text())["job_id"]], check=True, timeout=30
+    )
     done = wait(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     (r,) = results(tmp_path)

@@ -12,23 +12,24 @@ from orchestrator import network_table
 from orchestrator.plan.bus_table import BusRow, BusTable, alpha_beta, curve_busbw
 from orchestrator.plan.collectives import Level, Network, bus_factor, call_time
 from orchestrator.plan.planner import network_of
-from orchestrator.trial_measurements import machine_facts
 from orchestrator.planning import plan_trial
 from orchestrator.spec import build_spec
+from orchestrator.trial_measurements import machine_facts
 
 MiB = 2**20
 P5 = ["hardware=h100-p5", "cluster=slurm", "cluster.gpus_per_node=8", "model=gpt2-1.3b"]
 
 
 def net_with(table: BusTable, nodes: int, rpn: int = 8) -> Network:
-    return Network(ranks=nodes * rpn, nodes=nodes, intra=Level(370e9, 3.4e-6), inter=Level(368e9, 9.6e-6),
-                   table=table)
+    return Network(ranks=nodes * rpn, nodes=nodes, intra=Level(370e9, 3.4e-6), inter=Level(368e9, 9.6e-6), table=table)
 
 
 def two_node_table() -> BusTable:
-    rows = [BusRow("all_reduce", n, 8, s, b) for n, curve in ((2, ((32 * MiB, 100.0), (128 * MiB, 300.0))),
-                                                              (8, ((32 * MiB, 50.0), (128 * MiB, 150.0))))
-            for s, b in curve]
+    rows = [
+        BusRow("all_reduce", n, 8, s, b)
+        for n, curve in ((2, ((32 * MiB, 100.0), (128 * MiB, 300.0))), (8, ((32 * MiB, 50.0), (128 * MiB, 150.0))))
+        for s, b in curve
+    ]
     return BusTable(rows, "test")
 
 
@@ -85,8 +86,11 @@ def test_the_h100_p5_preset_plans_dp_buckets_where_the_measured_curve_is_lowest(
 
 
 def test_a_preset_without_a_table_keeps_its_parametric_levels():
-    plan = plan_trial(build_spec(["hardware=h100-sxm", "cluster=slurm", "cluster.gpus_per_node=8",
-                                 "model=gpt2-1.3b", "parallel.dp=256"]))
+    plan = plan_trial(
+        build_spec(
+            ["hardware=h100-sxm", "cluster=slurm", "cluster.gpus_per_node=8", "model=gpt2-1.3b", "parallel.dp=256"]
+        )
+    )
     assert {c.algorithm for c in plan.comm.collectives} <= {"ring", "tree"}
 
 
@@ -98,22 +102,27 @@ def test_the_plan_says_when_it_extrapolates_past_the_tables_node_counts(cli):
 
 def test_a_users_table_replaces_the_presets(cli, tmp_path):
     path = tmp_path / "net.csv"
-    path.write_text("# my cluster\ncollective,nodes,ranks_per_node,bytes,busbw_gbps\n"
-                    "all_reduce,4,8,1048576,1\nall_reduce,4,8,1073741824,2\n")
+    path.write_text(
+        "# my cluster\ncollective,nodes,ranks_per_node,bytes,busbw_gbps\n"
+        "all_reduce,4,8,1048576,1\nall_reduce,4,8,1073741824,2\n"
+    )
     proc = cli("plan", "--json", *P5, "parallel.dp=32", f"hardware.network={path}")
     assert proc.returncode == 0, proc.stderr
     reduce = json.loads(proc.stdout)["comm"]["collectives"][0]
     assert reduce["algorithm"] == "measured" and 1 <= reduce["busbw_gbps"] <= 2
 
 
-@pytest.mark.parametrize("body,says", [
-    ("all_reduce,2,8,1048576,\n", "busbw_gbps=(empty)"),  # a gap
-    ("all_reduce,2,8,1048576,-3\n", "busbw_gbps=-3"),
-    ("all_reduce,2,8,1048576,0\n", "busbw_gbps=0"),
-    ("all_reduce,0,8,1048576,10\n", "nodes=0"),
-    ("all_reduce,2,8,2097152,10\nall_reduce,2,8,1048576,20\n", "line 4: bytes=1048576"),
-    ("alltoall,2,8,1048576,10\n", "collective=alltoall"),
-])
+@pytest.mark.parametrize(
+    "body,says",
+    [
+        ("all_reduce,2,8,1048576,\n", "busbw_gbps=(empty)"),  # a gap
+        ("all_reduce,2,8,1048576,-3\n", "busbw_gbps=-3"),
+        ("all_reduce,2,8,1048576,0\n", "busbw_gbps=0"),
+        ("all_reduce,0,8,1048576,10\n", "nodes=0"),
+        ("all_reduce,2,8,2097152,10\nall_reduce,2,8,1048576,20\n", "line 4: bytes=1048576"),
+        ("alltoall,2,8,1048576,10\n", "collective=alltoall"),
+    ],
+)
 def test_a_bad_table_exits_2_naming_the_file_the_row_and_the_field(cli, tmp_path, body, says):
     path = tmp_path / "net.csv"
     path.write_text("# test\ncollective,nodes,ranks_per_node,bytes,busbw_gbps\n" + body)
@@ -145,15 +154,22 @@ def test_a_table_written_reads_back_the_same(tmp_path):
 def test_a_call_below_a_curves_smallest_size_is_no_faster_than_fewer_nodes_measured_it():
     """p5's 32-node curve starts at 32 MiB, its 8- and 16-node curves at 8 B: a small call at
     32 nodes costs at least the 16-node latency, not what a line through 32 and 64 MiB says."""
-    rows = [BusRow("all_reduce", n, 8, s, b) for n, curve in (
-        (8, ((8, 8 * bus_factor("all_reduce", 64) / 200e-6 / 1e9), (32 * MiB, 80.0))),  # 8 B in 200 us
-        (16, ((8, 8 * bus_factor("all_reduce", 128) / 260e-6 / 1e9), (32 * MiB, 70.0))),  # in 260 us
-        (32, ((32 * MiB, 60.0), (64 * MiB, 120.0)))) for s, b in curve]
+    rows = [
+        BusRow("all_reduce", n, 8, s, b)
+        for n, curve in (
+            (8, ((8, 8 * bus_factor("all_reduce", 64) / 200e-6 / 1e9), (32 * MiB, 80.0))),  # 8 B in 200 us
+            (16, ((8, 8 * bus_factor("all_reduce", 128) / 260e-6 / 1e9), (32 * MiB, 70.0))),  # in 260 us
+            (32, ((32 * MiB, 60.0), (64 * MiB, 120.0))),
+        )
+        for s, b in curve
+    ]
     table = BusTable(rows, "test")
     small = call_time("all_reduce", 8.0, net_with(table, 32))
     assert "no faster than the 16-node curve at this size" in small.note
     at = {n: call_time("all_reduce", 8.0, net_with(table, n)).seconds for n in (8, 16)}
-    assert at[16] > at[8] and small.seconds >= 0.99 * at[16] * bus_factor("all_reduce", 256) / bus_factor("all_reduce", 128)
+    assert at[16] > at[8] and small.seconds >= 0.99 * at[16] * bus_factor("all_reduce", 256) / bus_factor(
+        "all_reduce", 128
+    )
     line = alpha_beta((32 * MiB, 60e9), (64 * MiB, 120e9), 8.0, below=True)
     assert small.seconds > 8.0 * bus_factor("all_reduce", 256) / line  # the line alone: far too fast
     # where the curve itself reaches the size, it is read as measured
@@ -162,8 +178,9 @@ def test_a_call_below_a_curves_smallest_size_is_no_faster_than_fewer_nodes_measu
 
 def test_the_plan_says_what_a_small_call_costs_its_ranks_and_on_what_that_rests():
     p5 = plan_trial(build_spec([*P5, "parallel.dp=256", "zero=stage3"]))
-    sxm = plan_trial(build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b", "parallel.dp=256",
-                                "zero=stage3"]))
+    sxm = plan_trial(
+        build_spec(["hardware=h100-sxm", "cluster=slurm", "model=gpt2-1.3b", "parallel.dp=256", "zero=stage3"])
+    )
     line = lambda plan: next(a for a in plan.assumptions if "8-byte all-reduce" in a)  # noqa: E731
     # p5's 32-node curve starts at 32 MiB; the line through its two smallest sizes is slower at
     # 8 B than the 16-node curve measured, so the line stands, and the plan says so
@@ -171,13 +188,16 @@ def test_the_plan_says_what_a_small_call_costs_its_ranks_and_on_what_that_rests(
     assert "LL protocol" in line(sxm) and "not measured" in line(sxm)
 
 
-@pytest.mark.parametrize("body,says", [
-    ("all_reduce,2,8,1" + "0" * 30 + ",10\n", "a whole number from 1 to"),  # 1e30 bytes
-    ("all_reduce,2,8,1" + "0" * 400 + ",10\n", "a whole number from 1 to"),  # past any float: no OverflowError
-    ("all_reduce,200000,8,1048576,10\n", "nodes=200000"),
-    ("all_reduce,2,8,1e6,10\n", "bytes=1e6"),
-    ("all_reduce,2,8,١٠٢٤,10\n", "bytes="),  # Arabic-Indic digits: int() takes them, a table may not
-])
+@pytest.mark.parametrize(
+    "body,says",
+    [
+        ("all_reduce,2,8,1" + "0" * 30 + ",10\n", "a whole number from 1 to"),  # 1e30 bytes
+        ("all_reduce,2,8,1" + "0" * 400 + ",10\n", "a whole number from 1 to"),  # past any float: no OverflowError
+        ("all_reduce,200000,8,1048576,10\n", "nodes=200000"),
+        ("all_reduce,2,8,1e6,10\n", "bytes=1e6"),
+        ("all_reduce,2,8,١٠٢٤,10\n", "bytes="),  # Arabic-Indic digits: int() takes them, a table may not
+    ],
+)
 def test_a_table_field_no_measurement_can_hold_exits_2(cli, tmp_path, body, says):
     path = tmp_path / "net.csv"
     path.write_text("collective,nodes,ranks_per_node,bytes,busbw_gbps\n" + body)
@@ -208,7 +228,9 @@ def test_carrying_a_long_curve_beyond_its_node_counts_fits_a_bounded_number_of_i
         return real(op, nbytes, net)
 
     monkeypatch.setattr(collectives, "modelled_time", counting)
-    table = BusTable([BusRow("all_reduce", n, 8, 2**10 + i * 997, 10.0 + i * 1e-4 + n) for n in (2, 4)
-                      for i in range(20_000)], "a long table")
+    table = BusTable(
+        [BusRow("all_reduce", n, 8, 2**10 + i * 997, 10.0 + i * 1e-4 + n) for n in (2, 4) for i in range(20_000)],
+        "a long table",
+    )
     call_time("all_reduce", 5e6, net_with(table, 32))
     assert 0 < len(sizes) <= 2 * collectives.FIT_POINTS + 2

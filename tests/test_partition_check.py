@@ -29,8 +29,9 @@ def test_more_gpus_per_node_than_any_node_has():
 
 
 def test_more_nodes_than_the_partition_holds_names_the_largest_dp():
-    spec = build_spec(["cluster=slurm", "hardware=h100-sxm", "model=gpt2-125m", "cluster.gpus_per_node=4",
-                       "parallel.dp=16"])
+    spec = build_spec(
+        ["cluster=slurm", "hardware=h100-sxm", "model=gpt2-125m", "cluster.gpus_per_node=4", "parallel.dp=16"]
+    )
     why = partition_refusal(spec, parse_sinfo(GPU_NODES, None))
     assert "parallel.dp=16" in why and "the largest that fits is parallel.dp=8" in why
     assert partition_refusal(spec, []).startswith("cluster.partition=")

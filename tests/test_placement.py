@@ -24,17 +24,29 @@ def slurm_task_env(local_id: int, visible: str) -> dict[str, str]:
     """Task `local_id` on the second of two nodes, four tasks per node."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "CUDA_VISIBLE"))}
     env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    return {**env, "SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-node[07-08]",
-            "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": "1",
-            "SLURM_PROCID": str(4 + local_id), "SLURM_LOCALID": str(local_id), "CUDA_VISIBLE_DEVICES": visible}
+    return {
+        **env,
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "gpu-node[07-08]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NTASKS": "8",
+        "SLURM_NTASKS_PER_NODE": "4",
+        "SLURM_NODEID": "1",
+        "SLURM_PROCID": str(4 + local_id),
+        "SLURM_LOCALID": str(local_id),
+        "CUDA_VISIBLE_DEVICES": visible,
+    }
 
 
 def exported(env: dict[str, str], narrow: bool = False) -> dict[str, str]:
     """The rank's environment after the SLURM task's export (or submitit's default, narrow=True)."""
-    code = ("import json, os, submitit\n"
-            "from orchestrator.launchers.slurm_task import task_environment\n"
-            f"submitit.helpers.TorchDistributedEnvironment().export() if {narrow} else task_environment()\n"
-            "print(json.dumps(dict(os.environ)))")
+    code = (
+        "import json, os, submitit\n"
+        "from orchestrator.launchers.slurm_task import task_environment\n"
+        f"submitit.helpers.TorchDistributedEnvironment().export() if {narrow} else task_environment()\n"
+        "print(json.dumps(dict(os.environ)))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.spec import build_spec
 from orchestrator.planning import plan_trial
+from orchestrator.spec import build_spec
 
 H100 = ["hardware=h100-sxm"]
 DESIGN_KEYS = {
@@ -27,18 +27,24 @@ def test_plan_json_has_the_keys_of_the_design(capsys):
         assert keys <= set(plan[section]), section
     m = plan["memory"]
     held = m["params"] + m["grads"] + m["optimizer"]
-    phases = {"loss backward": m["static"] + m["gathered"] + m["activations"] + m["loss_backward"],
-              "backward": held + m["buffers"] + m["activations"] + m["recompute"],
-              "optimizer step": m["params"] + m["grads_at_step"] + m["optimizer"] + m["optimizer_step"]
-              + m["optimizer_temporaries"]}
+    phases = {
+        "loss backward": m["static"] + m["gathered"] + m["activations"] + m["loss_backward"],
+        "backward": held + m["buffers"] + m["activations"] + m["recompute"],
+        "optimizer step": m["params"]
+        + m["grads_at_step"]
+        + m["optimizer"]
+        + m["optimizer_step"]
+        + m["optimizer_temporaries"],
+    }
     assert m["total"] == m["runtime"] + max(phases.values()) and m["fits"] is True
     assert m["peak_phase"] == max(phases, key=phases.get)
     hw = build_spec(["model=gpt2-350m", *H100]).cfg.hardware
     ceiling = max(hw.compute_efficiency, hw.attention_efficiency)  # no kernel runs faster than these
     assert 0 < plan["time"]["mfu"] <= ceiling
     parts = plan["time"]["micro_batch"]
-    assert parts["total_s"] == pytest.approx(parts["gemm_s"] + parts["attention_s"] + parts["memory_bound_s"]
-                                             + parts["overhead_s"])
+    assert parts["total_s"] == pytest.approx(
+        parts["gemm_s"] + parts["attention_s"] + parts["memory_bound_s"] + parts["overhead_s"]
+    )
 
 
 def test_plan_table_labels_figures_predicted_and_lists_assumptions(cli):
@@ -46,8 +52,17 @@ def test_plan_table_labels_figures_predicted_and_lists_assumptions(cli):
     assert result.returncode == 0
     out = result.stdout
     assert "predicted" in out and "assumptions:" in out and "989" in out and "published" in out
-    for word in ("parameters", "gradients", "optimizer states", "activations", "buffers", "runtime", "total",
-                 "tokens/s/GPU", "MFU"):
+    for word in (
+        "parameters",
+        "gradients",
+        "optimizer states",
+        "activations",
+        "buffers",
+        "runtime",
+        "total",
+        "tokens/s/GPU",
+        "MFU",
+    ):
         assert word in out, word
 
 
@@ -71,8 +86,17 @@ def test_the_optimizer_step_costs_its_memory_traffic_at_the_device_bandwidth():
     shard = -(-n // 8)
     assert offloaded.time.optimizer_s == pytest.approx(shard * 28 * 8 / 100e9 + shard * 4 / 25e9)
     assert any("host link (assumed)" in a for a in offloaded.assumptions)
-    own = plan_trial(build_spec(["model=gpt2-1.3b", "hardware.name=mygpu", "hardware.device=cuda",
-                                "hardware.peak_tflops.bf16=500", "hardware.memory_gib=80"]))
+    own = plan_trial(
+        build_spec(
+            [
+                "model=gpt2-1.3b",
+                "hardware.name=mygpu",
+                "hardware.device=cuda",
+                "hardware.peak_tflops.bf16=500",
+                "hardware.memory_gib=80",
+            ]
+        )
+    )
     assert own.time.optimizer_s == 0 and any("not counted" in a for a in own.assumptions)
 
 
@@ -115,8 +139,18 @@ def test_run_on_a_gpu_preset_without_a_gpu_is_refused_before_launch(tmp_path, ca
 
 def test_sweep_view_has_one_row_per_point_and_scaling_flattens(capsys):
     dps = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
-    argv = ["plan", "-m", "--json", "model=gpt2-1.3b", "zero=stage2", "cluster=slurm", *H100,
-            "batch.global_batch_size=1024", "batch.micro_batch_size=1", f"parallel.dp={','.join(map(str, dps))}"]
+    argv = [
+        "plan",
+        "-m",
+        "--json",
+        "model=gpt2-1.3b",
+        "zero=stage2",
+        "cluster=slurm",
+        *H100,
+        "batch.global_batch_size=1024",
+        "batch.micro_batch_size=1",
+        f"parallel.dp={','.join(map(str, dps))}",
+    ]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["plan"]["parallel"]["dp"] for r in rows] == dps
@@ -133,7 +167,9 @@ def test_sweep_view_has_one_row_per_point_and_scaling_flattens(capsys):
 
 
 def test_shape_warnings():
-    warned = lambda *ov: " ".join(plan_trial(build_spec([*ov, *H100])).warnings)
+    def warned(*ov):
+        return " ".join(plan_trial(build_spec([*ov, *H100])).warnings)
+
     assert "multiple of 64" in warned("model=gpt2-125m")  # vocab 50257
     assert "head size" in warned("model=gpt2-2.7b")  # 2560 / 32 = 80
     assert "SwiGLU" in warned("model=llama3-8b", "model.ffn_hidden=11000", "batch.micro_batch_size=1")
@@ -166,8 +202,9 @@ def test_a_trial_that_does_not_fit_is_told_what_would():
 
 
 def test_sweep_view_says_what_would_fit_for_each_point_that_does_not(cli):
-    result = cli("plan", "-m", "model=llama3-8b", "batch.micro_batch_size=1", "zero=stage2,stage3",
-                     "parallel.dp=8", *H100)
+    result = cli(
+        "plan", "-m", "model=llama3-8b", "batch.micro_batch_size=1", "zero=stage2,stage3", "parallel.dp=8", *H100
+    )
     assert result.returncode == 3
     text = " ".join(result.stdout.split())  # rich wraps long lines
     # Neither fits at micro batch 1 (ZeRO-3 misses by the loss's fp32 gradients at the start
@@ -181,13 +218,34 @@ def test_a_sweep_says_which_points_lie_within_the_plans_own_error_of_the_best(ca
     best are named as not ranked by the plan; the ones clearly slower are not."""
     from orchestrator.plan.prediction import HELD_OUT_ERROR
 
-    argv = ["plan", "-m", "model=llama3-8b", "model.n_layers=16", "model.hidden=2048", "model.heads=32",
-            "model.kv_heads=32", "model.ffn_hidden=8192", "model.vocab=131072", "model.seq_len=4096",
-            "model.max_positions=4096", "hardware=h100-p5", "cluster=slurm", "engine=accelerate", "engine.backend=fsdp", "zero=stage0",
-            "recompute=none", "zero.communication_dtype=fp32", "parallel.dp=256", "batch.micro_batch_size=1",
-            "batch.global_batch_size=256", "zero.reduce_bucket_size=1e6,1e8,5e8"]
+    argv = [
+        "plan",
+        "-m",
+        "model=llama3-8b",
+        "model.n_layers=16",
+        "model.hidden=2048",
+        "model.heads=32",
+        "model.kv_heads=32",
+        "model.ffn_hidden=8192",
+        "model.vocab=131072",
+        "model.seq_len=4096",
+        "model.max_positions=4096",
+        "hardware=h100-p5",
+        "cluster=slurm",
+        "engine=accelerate",
+        "engine.backend=fsdp",
+        "zero=stage0",
+        "recompute=none",
+        "zero.communication_dtype=fp32",
+        "parallel.dp=256",
+        "batch.micro_batch_size=1",
+        "batch.global_batch_size=256",
+        "zero.reduce_bucket_size=1e6,1e8,5e8",
+    ]
     assert main([*argv[:2], "--json", *argv[2:]]) == 0
-    rate = {r["overrides"][-1]: r["plan"]["time"]["tokens_per_sec_per_gpu"] for r in json.loads(capsys.readouterr().out)}
+    rate = {
+        r["overrides"][-1]: r["plan"]["time"]["tokens_per_sec_per_gpu"] for r in json.loads(capsys.readouterr().out)
+    }
     best = max(rate.values())
     close = {k for k, v in rate.items() if v >= best * (1 - HELD_OUT_ERROR)}
     assert {k.split("=")[1] for k in close} == {"100000000.0", "500000000.0"}  # 1e6: too many calls

@@ -26,26 +26,66 @@ from plan_drift import ACTIVATION_TOLERANCE, PEAK_TOLERANCE, STATIC_TOLERANCE, c
 pytestmark = pytest.mark.slow
 
 SMALL = {
-    "gpt2": ["model.n_layers=2", "model.hidden=128", "model.heads=2", "model.kv_heads=2", "model.ffn_hidden=512",
-             "model.vocab=4096"],
-    "llama": ["model=llama3-8b", "model.n_layers=2", "model.hidden=128", "model.heads=4", "model.kv_heads=2",
-              "model.ffn_hidden=384", "model.vocab=4096", "model.seq_len=128", "model.max_positions=128"],
+    "gpt2": [
+        "model.n_layers=2",
+        "model.hidden=128",
+        "model.heads=2",
+        "model.kv_heads=2",
+        "model.ffn_hidden=512",
+        "model.vocab=4096",
+    ],
+    "llama": [
+        "model=llama3-8b",
+        "model.n_layers=2",
+        "model.hidden=128",
+        "model.heads=4",
+        "model.kv_heads=2",
+        "model.ffn_hidden=384",
+        "model.vocab=4096",
+        "model.seq_len=128",
+        "model.max_positions=128",
+    ],
     # A large vocabulary on a narrow model: the loss's fp32 gradients (micro batch x seq x
     # vocab x 4 bytes, 34 MB) set the peak, as Llama 3's 128k vocabulary does on a real one.
     # 32k shows it at a quarter of the 128k vocabulary's cost (CPU Adam over the embedding
     # and head is most of what this point costs); bench/memory_matrix.py runs the 128k one.
-    "llama-32k": ["model=llama3-8b", "model.n_layers=2", "model.hidden=64", "model.heads=2", "model.kv_heads=1",
-                  "model.ffn_hidden=192", "model.vocab=32768", "model.seq_len=128", "model.max_positions=128"],
+    "llama-32k": [
+        "model=llama3-8b",
+        "model.n_layers=2",
+        "model.hidden=64",
+        "model.heads=2",
+        "model.kv_heads=1",
+        "model.ffn_hidden=192",
+        "model.vocab=32768",
+        "model.seq_len=128",
+        "model.max_positions=128",
+    ],
 }
 # memory is the point: the plan's memory is the same from the preset as from timed kernels
-COMMON = ["hardware=cpu", PRESET_KERNELS, "run.steps=3", "run.warmup_steps=2", "logger.mode=disabled",
-          "batch.micro_batch_size=2", "zero.reduce_bucket_size=1e5"]
-POINTS = [("gpt2", 0, "none", 1, "bf16"), ("gpt2", 1, "selective", 2, "bf16"), ("gpt2", 2, "full", 2, "bf16"),
-          ("gpt2", 3, "selective", 2, "bf16"), ("llama", 1, "none", 2, "bf16"), ("llama", 2, "selective", 1, "bf16"),
-          ("llama", 3, "full", 2, "bf16"), ("gpt2", 0, "selective", 2, "fp32"), ("llama", 3, "none", 2, "fp32"),
-          ("llama-32k", 2, "none", 2, "bf16"),
-          # FSDP2 (engine=fsdp): parameters kept from forward to backward (2), resharded (3)
-          ("gpt2", 2, "none", 2, "bf16", "fsdp"), ("gpt2", 3, "selective", 2, "bf16", "fsdp")]
+COMMON = [
+    "hardware=cpu",
+    PRESET_KERNELS,
+    "run.steps=3",
+    "run.warmup_steps=2",
+    "logger.mode=disabled",
+    "batch.micro_batch_size=2",
+    "zero.reduce_bucket_size=1e5",
+]
+POINTS = [
+    ("gpt2", 0, "none", 1, "bf16"),
+    ("gpt2", 1, "selective", 2, "bf16"),
+    ("gpt2", 2, "full", 2, "bf16"),
+    ("gpt2", 3, "selective", 2, "bf16"),
+    ("llama", 1, "none", 2, "bf16"),
+    ("llama", 2, "selective", 1, "bf16"),
+    ("llama", 3, "full", 2, "bf16"),
+    ("gpt2", 0, "selective", 2, "fp32"),
+    ("llama", 3, "none", 2, "fp32"),
+    ("llama-32k", 2, "none", 2, "bf16"),
+    # FSDP2 (engine=fsdp): parameters kept from forward to backward (2), resharded (3)
+    ("gpt2", 2, "none", 2, "bf16", "fsdp"),
+    ("gpt2", 3, "selective", 2, "bf16", "fsdp"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +100,22 @@ def drift_trial(tmp_path_factory):
             common = COMMON if engine == "deepspeed" else [c for c in COMMON if not c.startswith("zero.")]
             out = tmp_path_factory.mktemp("drift") / "trial"
             # in-process: the points share one launcher server, which imports the libraries once
-            proc = run_in_process("run", "--out", str(out), *SMALL[shape], *common, f"zero=stage{stage}",
-                                  f"engine={engine}", f"recompute={recompute}", f"parallel.dp={dp}",
-                                  f"run.bf16={precision == 'bf16'}")
+            proc = run_in_process(
+                "run",
+                "--out",
+                str(out),
+                *SMALL[shape],
+                *common,
+                f"zero=stage{stage}",
+                f"engine={engine}",
+                f"recompute={recompute}",
+                f"parallel.dp={dp}",
+                f"run.bf16={precision == 'bf16'}",
+            )
             assert proc.returncode == 0, proc.stdout + proc.stderr
             done[point] = out
         return done[point]
+
     return trial
 
 
@@ -124,8 +174,9 @@ def test_zero3_steps_in_the_sub_groups_a_real_engine_makes():
     from orchestrator.spec import build_spec
 
     overrides = ["hardware=cpu", *SMALL["gpt2"], "zero=stage3", "parallel.dp=1", "zero.sub_group_size=60000"]
-    proc = subprocess.run([sys.executable, "-c", ENGINE_SUB_GROUPS, *overrides], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", ENGINE_SUB_GROUPS, *overrides], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     real = json.loads(proc.stdout.strip().splitlines()[-1])
     m = build_spec(overrides).cfg.model

@@ -6,8 +6,14 @@ import pytest
 
 from orchestrator.config import ModelConfig
 from orchestrator.plan.flops import attention_forward_per_token, flops_per_token, layer_matmul_forward_per_token
-from orchestrator.plan.memory import (ZeroLayout, activation_bytes, activations_per_layer, model_states,
-                                     recompute_bytes, sub_groups)
+from orchestrator.plan.memory import (
+    ZeroLayout,
+    activation_bytes,
+    activations_per_layer,
+    model_states,
+    recompute_bytes,
+    sub_groups,
+)
 from orchestrator.plan.params import count_parameters, matmul_parameters, parameter_tensors
 from orchestrator.spec import build_spec
 
@@ -19,9 +25,20 @@ def model(preset: str, *more: str) -> ModelConfig:
 
 
 def layout(stage: int, dp: int = 8, precision: str = "bf16", **kw) -> ZeroLayout:
-    base = dict(stage=stage, dp=dp, precision=precision, reduce_bucket_size=5 * 10**8, overlap_comm=True,
-                contiguous_gradients=True, prefetch_bucket_size=5 * 10**7, max_live_parameters=10**9,
-                param_persistence_threshold=0, sub_group_size=10**9, offload_optimizer=False, offload_param=False)
+    base = dict(
+        stage=stage,
+        dp=dp,
+        precision=precision,
+        reduce_bucket_size=5 * 10**8,
+        overlap_comm=True,
+        contiguous_gradients=True,
+        prefetch_bucket_size=5 * 10**7,
+        max_live_parameters=10**9,
+        param_persistence_threshold=0,
+        sub_group_size=10**9,
+        offload_optimizer=False,
+        offload_param=False,
+    )
     return ZeroLayout(**{**base, **kw})
 
 
@@ -238,9 +255,16 @@ def test_a_cpu_holds_only_the_written_part_of_its_reduce_buckets(stage, buckets)
     assert small.untouched == 0 and small.total == small.allocated
 
 
-@pytest.mark.parametrize("overrides", [["zero=stage2"], ["zero=stage3", "parallel.dp=8"], ["recompute=full"],
-                                       ["model.vocab=8", "zero=stage1"],
-                                       ["hardware=cpu", "hardware.kernels=preset", "zero=stage2", "parallel.dp=2"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["zero=stage2"],
+        ["zero=stage3", "parallel.dp=8"],
+        ["recompute=full"],
+        ["model.vocab=8", "zero=stage1"],
+        ["hardware=cpu", "hardware.kernels=preset", "zero=stage2", "parallel.dp=2"],
+    ],
+)
 def test_what_the_peak_is_made_of_adds_up_to_the_total(overrides):
     """The memory table's rows are each component's own figure, not all alive at once: the
     line under its total names what the peak holds, and that adds up to it."""

@@ -25,8 +25,10 @@ import published  # noqa: E402
 def test_each_published_set_stays_at_or_above_its_floor(name):
     within, rows = published.share_within(list(doc_figures.planned(name)))
     floor = published.floors()[name]
-    assert within >= floor, (f"{name}: {within} of {rows} rows within 20 % of what ran, below its floor of {floor} "
-                             "(bench/data/floors.json); `python bench/published.py --rows` shows each row")
+    assert within >= floor, (
+        f"{name}: {within} of {rows} rows within 20 % of what ran, below its floor of {floor} "
+        "(bench/data/floors.json); `python bench/published.py --rows` shows each row"
+    )
     assert rows == len(published.SETS[name].rows()) and rows > 0
 
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
     quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    return [l for l in quick.splitlines() if l.startswith("python3 -m venv")]
+    return [x for x in quick.splitlines() if x.startswith("python3 -m venv")]
 
 
 def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
@@ -31,7 +31,7 @@ def test_readme_sweeps_exist():
     assert "+sweep=dp_bucket_local" in text and "dp_bucket_local" in presets("sweep")
 
 
-TOP = {"conf", "sweeps", "orchestrator", "launchers", "hydra_plugins", "bench", "tests", "docs", ".ci"}
+TOP = {"conf", "sweeps", "orchestrator", "hydra_plugins", "bench", "tests", "docs", ".ci"}
 
 
 def _named_paths(text: str) -> set[str]:
@@ -70,7 +70,11 @@ def test_every_path_a_document_names_exists(doc):
 
 def test_no_document_points_outside_the_repository():
     # a relative path that climbs out of the checkout names something a user's clone does not have
-    docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "RESULTS.md",
-            *(ROOT / "bench" / "data").glob("*.md")]
+    docs = [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        ROOT / "bench" / "RESULTS.md",
+        *(ROOT / "bench" / "data").glob("*.md"),
+    ]
     for doc in docs:
         assert not re.search(r"(^|[\s`(])\.\./", doc.read_text()), doc

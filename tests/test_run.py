@@ -22,8 +22,21 @@ from tests.conftest import FP32, PRESET_KERNELS, default_trial_stdout, results_b
 pytestmark = pytest.mark.slow
 QUICK = ["run.steps=4", "run.warmup_steps=1"]
 NO_WANDB = "logger.mode=disabled"  # where W&B is not the point: its offline run costs rank 0 ~3 s of CPU
-METRIC_KEYS = {"tokens_per_sec", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "hfu", "step_time_s",
-               "step_times_s", "steps", "tokens", "loss_first", "loss_last", "global_batch_sizes", "memory"}
+METRIC_KEYS = {
+    "tokens_per_sec",
+    "tokens_per_sec_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "step_time_s",
+    "step_times_s",
+    "steps",
+    "tokens",
+    "loss_first",
+    "loss_last",
+    "global_batch_sizes",
+    "memory",
+}
 
 
 def run(out: Path, *overrides: str, multirun: bool = False):
@@ -88,20 +101,44 @@ def counting_tokens(tmp_path) -> Path:
 
 def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counting_tokens):
     # fp32: the engines must agree to rounding, and bf16 matmuls crawl on a CPU without AVX512-BF16.
-    proc = run(tmp_path / "runs", "zero=stage0,stage1,stage2,stage3", "run.lr=1e-2", f"run.data={counting_tokens}",
-                  "run.steps=6", "run.warmup_steps=1", FP32, NO_WANDB, PRESET_KERNELS, multirun=True)
+    proc = run(
+        tmp_path / "runs",
+        "zero=stage0,stage1,stage2,stage3",
+        "run.lr=1e-2",
+        f"run.data={counting_tokens}",
+        "run.steps=6",
+        "run.warmup_steps=1",
+        FP32,
+        NO_WANDB,
+        PRESET_KERNELS,
+        multirun=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = results_below(tmp_path / "runs")
     assert [r["config"]["zero"]["stage"] for r in results] == [0, 1, 2, 3]
     assert all(r["status"] == "ok" for r in results)
     # the DeepSpeed engine is the one asked for
-    assert results[3]["metrics"]["engine"] == {"engine": "deepspeed", "zero_stage": 3,
-                                               "optimizer": "DeepSpeedZeroOptimizer_Stage3", "built_partitioned": True}
+    assert results[3]["metrics"]["engine"] == {
+        "engine": "deepspeed",
+        "zero_stage": 3,
+        "optimizer": "DeepSpeedZeroOptimizer_Stage3",
+        "built_partitioned": True,
+    }
     # Accelerate's DeepSpeed ZeRO-3 as well: the model is built partitioned there too
     # (zero3_init_flag), from the same weights.
-    accel = run(tmp_path / "accelerate", "engine=accelerate", "engine.backend=deepspeed", "zero=stage3",
-                   "run.lr=1e-2", f"run.data={counting_tokens}", "run.steps=6", "run.warmup_steps=1", FP32,
-                   NO_WANDB, PRESET_KERNELS)
+    accel = run(
+        tmp_path / "accelerate",
+        "engine=accelerate",
+        "engine.backend=deepspeed",
+        "zero=stage3",
+        "run.lr=1e-2",
+        f"run.data={counting_tokens}",
+        "run.steps=6",
+        "run.warmup_steps=1",
+        FP32,
+        NO_WANDB,
+        PRESET_KERNELS,
+    )
     assert accel.returncode == 0, accel.stdout + accel.stderr
     (accelerated,) = results_below(tmp_path / "accelerate")
     engine = accelerated["metrics"]["engine"]
@@ -113,10 +150,20 @@ def test_every_zero_stage_and_engine_trains_the_same_loss_curve(tmp_path, counti
         assert curve == pytest.approx(curves[0], rel=5e-3)  # fp32: only the order of reductions differs
 
 
-WARMUP = ["batch=warmup", "batch.global_batch_size=32", "batch.warmup.ramp_tokens=4096", "run.steps=6",
-          "run.warmup_steps=1"]
-KNOBS = ["run.profile=true", "run.gc_collect_every=2", "run.dataloader_workers=1", "run.pin_memory=true",
-         "logger.mode=disabled"]
+WARMUP = [
+    "batch=warmup",
+    "batch.global_batch_size=32",
+    "batch.warmup.ramp_tokens=4096",
+    "run.steps=6",
+    "run.warmup_steps=1",
+]
+KNOBS = [
+    "run.profile=true",
+    "run.gc_collect_every=2",
+    "run.dataloader_workers=1",
+    "run.pin_memory=true",
+    "logger.mode=disabled",
+]
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +199,16 @@ def failing_sweep(tmp_path_factory) -> list[Path]:
     out = tmp_path_factory.mktemp("failing") / "sweep"
     # Rank 0, blocked in a collective, is ended rather than left hanging: gloo would wait 30
     # minutes, so a hang fails pytest's timeout (a guard far above any trial's time, not a speed).
-    proc = run(out, "run.fail_mode=oom,raise,exit", "run.fail_at_step=2", "run.fail_rank=1", *QUICK, PRESET_KERNELS, FP32,
-               multirun=True)
+    proc = run(
+        out,
+        "run.fail_mode=oom,raise,exit",
+        "run.fail_at_step=2",
+        "run.fail_rank=1",
+        *QUICK,
+        PRESET_KERNELS,
+        FP32,
+        multirun=True,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     return sorted(p.parent for p in out.rglob("result.json"))
 
@@ -187,8 +242,16 @@ def test_a_rank_that_exits_without_a_python_error_is_named(failing_sweep):
 
 def test_accelerate_runs_ddp_on_cpu_with_the_plans_buckets(tmp_path):
     # (Accelerate's DeepSpeed engine on CPU: test_every_zero_stage_and_engine_trains_the_same_loss_curve.)
-    proc = run(tmp_path, "engine=accelerate", "engine.backend=fsdp", "zero=stage0",
-                  "zero.reduce_bucket_size=1000000", *QUICK, NO_WANDB, PRESET_KERNELS)
+    proc = run(
+        tmp_path,
+        "engine=accelerate",
+        "engine.backend=fsdp",
+        "zero=stage0",
+        "zero.reduce_bucket_size=1000000",
+        *QUICK,
+        NO_WANDB,
+        PRESET_KERNELS,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (r,) = results_below(tmp_path)
     engine = r["metrics"]["engine"]
@@ -204,8 +267,17 @@ def test_accelerate_fsdp_says_clearly_that_the_cpu_cannot_run_it(cli, tmp_path):
     # plan agrees with run: refused on a CPU device, planned on a GPU one
     plan = cli("plan", "engine=accelerate", "engine.backend=fsdp", "zero=stage3")
     assert plan.returncode == 2 and "FSDP only on GPUs" in plan.stderr
-    assert cli("plan", "engine=accelerate", "engine.backend=fsdp", "zero=stage3", "hardware=h100-sxm",
-               "hardware.memory_gib=80").returncode == 0
+    assert (
+        cli(
+            "plan",
+            "engine=accelerate",
+            "engine.backend=fsdp",
+            "zero=stage3",
+            "hardware=h100-sxm",
+            "hardware.memory_gib=80",
+        ).returncode
+        == 0
+    )
 
 
 def test_tuning_knobs_are_applied_and_recorded_and_profile_writes_a_trace(knobs_trial):
@@ -222,8 +294,10 @@ def test_expandable_segments_reach_the_ranks_environment_on_gpus(tmp_path):
     from orchestrator.launchers.local import local_command
 
     gpu = build_spec(["hardware=h100-sxm"])
-    assert local_command(gpu, tmp_path, binding("none", "cuda", 2)).env["PYTORCH_CUDA_ALLOC_CONF"] == \
-        "expandable_segments:True"
+    assert (
+        local_command(gpu, tmp_path, binding("none", "cuda", 2)).env["PYTORCH_CUDA_ALLOC_CONF"]
+        == "expandable_segments:True"
+    )
     off = build_spec(["hardware=h100-sxm", "run.expandable_segments=false"])
     assert "PYTORCH_CUDA_ALLOC_CONF" not in local_command(off, tmp_path, binding("none", "cuda", 2)).env
 
@@ -248,8 +322,16 @@ def test_only_a_cpu_trials_ranks_are_forked_from_a_launcher_that_imported_their_
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):
     # 100,000 steps would take hours: ending within pytest's timeout is the limit at work. The
     # steps sleep, so the 6 s the limit allows leave the cores to the other tests.
-    proc = run(tmp_path, "run.timeout_min=0.1", "run.steps=100000", "run.warmup_steps=1", "run.step_sleep_s=0.5",
-               "parallel.dp=1", NO_WANDB, PRESET_KERNELS)
+    proc = run(
+        tmp_path,
+        "run.timeout_min=0.1",
+        "run.steps=100000",
+        "run.warmup_steps=1",
+        "run.step_sleep_s=0.5",
+        "parallel.dp=1",
+        NO_WANDB,
+        PRESET_KERNELS,
+    )
     assert proc.returncode == 1
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["status"] == "timeout" and r["error"]["type"] == "Timeout" and r["metrics"] is None
@@ -261,8 +343,16 @@ def test_a_timing_target_stops_the_ranks_together_where_rank_0s_steps_pin_the_me
     machine's load, so the test replays the rule on the steps the trial recorded."""
     from orchestrator.timing_stats import precise_enough
 
-    proc = run(tmp_path / "t", "run.steps=40", "run.warmup_steps=1", "run.min_timed_steps=6", "run.timing_ci=0.3",
-               "logger.mode=disabled", PRESET_KERNELS, FP32)
+    proc = run(
+        tmp_path / "t",
+        "run.steps=40",
+        "run.warmup_steps=1",
+        "run.min_timed_steps=6",
+        "run.timing_ci=0.3",
+        "logger.mode=disabled",
+        PRESET_KERNELS,
+        FP32,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     m = json.loads((tmp_path / "t" / "result.json").read_text())["metrics"]
     times = [h["step_time_s"] for h in m["history"] if h["timed"]]
@@ -270,7 +360,6 @@ def test_a_timing_target_stops_the_ranks_together_where_rank_0s_steps_pin_the_me
     assert len(m["history"]) == (1 + first if first else 40) and m["steps"] == len(m["history"])
     assert m["timing_ci_met"] == (first is not None and 1 + first < 40)
     assert "for up to 40 steps" in proc.stdout
-
 
 
 AFFINITY_THREADS = """
@@ -283,11 +372,14 @@ print(local_command(build_spec(["parallel.dp=1"]), sys.argv[1], binding("none", 
 """
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs at least two usable CPUs to restrict to one")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs at least two usable CPUs to restrict to one",
+)
 def test_a_ranks_threads_are_its_share_of_the_cpus_it_may_run_on_not_of_the_machine(tmp_path):
-    out = subprocess.run([sys.executable, "-c", AFFINITY_THREADS, str(tmp_path)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", AFFINITY_THREADS, str(tmp_path)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split()
     assert out == ["1"]  # bound to one CPU: one thread, however many the machine has (os.cpu_count)
     from orchestrator.launchers.binding import binding
     from orchestrator.launchers.local import local_command

@@ -22,17 +22,39 @@ from tests.test_slurm_faults import rank_pid
 
 pytestmark = pytest.mark.slow
 # Two nodes of two ranks each (four CPUs a node would be needed for two CPUs a task).
-TWO_BY_TWO = ["cluster=slurm", "hardware=cpu", PRESET_KERNELS, FP32, "cluster.gpus_per_node=2", "parallel.dp=4",
-              "cluster.cpus_per_task=1", "run.steps=3", "run.warmup_steps=1", "logger.mode=disabled"]
+TWO_BY_TWO = [
+    "cluster=slurm",
+    "hardware=cpu",
+    PRESET_KERNELS,
+    FP32,
+    "cluster.gpus_per_node=2",
+    "parallel.dp=4",
+    "cluster.cpus_per_task=1",
+    "run.steps=3",
+    "run.warmup_steps=1",
+    "logger.mode=disabled",
+]
 REQUEUED_STEPS = 30
 TRIALS = {
     # First, so that they hold their nodes no longer than their tests need: one runs until its
     # test kills its rank on the second node (it sleeps between steps meanwhile); one is warned
     # (as SLURM warns before a time limit) once it trains, saves, requeues itself and resumes.
-    "killed": [*TWO_BY_TWO, "cluster.gpus_per_node=1", "parallel.dp=2", "run.steps=100000", "run.step_sleep_s=0.5",
-               "run.checkpoint_every=2"],
-    "requeued": [*TWO_BY_TWO, "cluster.gpus_per_node=1", "parallel.dp=1", f"run.steps={REQUEUED_STEPS}",
-                 "run.step_sleep_s=0.3", "run.checkpoint_every=2"],
+    "killed": [
+        *TWO_BY_TWO,
+        "cluster.gpus_per_node=1",
+        "parallel.dp=2",
+        "run.steps=100000",
+        "run.step_sleep_s=0.5",
+        "run.checkpoint_every=2",
+    ],
+    "requeued": [
+        *TWO_BY_TWO,
+        "cluster.gpus_per_node=1",
+        "parallel.dp=1",
+        f"run.steps={REQUEUED_STEPS}",
+        "run.step_sleep_s=0.3",
+        "run.checkpoint_every=2",
+    ],
     "deepspeed": [*TWO_BY_TWO, "zero=stage2"],
     "fsdp": [*TWO_BY_TWO, "engine=fsdp", "zero=stage3"],
     # one task a node, which starts its two ranks through accelerate launch (--machine_rank)
@@ -41,8 +63,9 @@ TRIALS = {
 
 
 def sbatch(trial: Path) -> str:
-    proc = subprocess.run(["sbatch", "--parsable", str(trial / "launch.sh")], capture_output=True, text=True,
-                          timeout=60, cwd=trial)
+    proc = subprocess.run(
+        ["sbatch", "--parsable", str(trial / "launch.sh")], capture_output=True, text=True, timeout=60, cwd=trial
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
 
@@ -79,8 +102,9 @@ def test_a_rank_killed_on_the_second_node_ends_the_job_within_seconds(submitted)
     # NCCL's 10).
     assert ended - killed < 120, f"the job outlived its rank by {ended - killed:.0f} s"
     assert r["status"] == "failed" and r["error"]["rank"] == 1
-    nodes = subprocess.run(["scontrol", "show", "hostnames", sacct(job, "NodeList")[0][0]], capture_output=True,
-                           text=True, timeout=30).stdout.split()
+    nodes = subprocess.run(
+        ["scontrol", "show", "hostnames", sacct(job, "NodeList")[0][0]], capture_output=True, text=True, timeout=30
+    ).stdout.split()
     assert r["error"]["host"] == nodes[1] and "SIGKILL" in r["error"]["message"]
     # --exclusive: one task of one CPU a node, and the job held both nodes' CPUs all the same
     assert sacct(job, "AllocCPUS")[0][0] == "4"
@@ -109,7 +133,10 @@ def test_sbatch_launch_sh_trains_two_nodes_of_two_ranks(submitted, engine):
     hosts = {x["rank"]: x["host"] for x in r["env"]["ranks"]}
     assert len(set(hosts.values())) == 2 and hosts[0] == hosts[1] != hosts[2] == hosts[3]  # two a node, in order
     assert all(x["host_peak_bytes"] > 2**20 for x in r["env"]["ranks"])  # each rank's host peak, measured
-    assert r["metrics"]["engine"]["engine"] == {"deepspeed": "deepspeed", "fsdp": "fsdp2"}.get(engine, engine) and r["metrics"]["tokens_per_sec_per_gpu"] > 0
+    assert (
+        r["metrics"]["engine"]["engine"] == {"deepspeed": "deepspeed", "fsdp": "fsdp2"}.get(engine, engine)
+        and r["metrics"]["tokens_per_sec_per_gpu"] > 0
+    )
     assert r["slurm"]["job_id"] == job and r["slurm"]["state"] == "COMPLETED"
     assert (trial / "logs" / f"sbatch-{job}.out").is_file()  # sbatch --output, in the trial's logs
     if engine == "accelerate":  # as accelerate runs on several machines: its DeepSpeed, not one process alone

@@ -50,17 +50,35 @@ def test_each_common_spelling_of_a_secret_is_masked_and_its_name_kept(text):
 
 
 def test_ordinary_names_and_values_are_left_alone():
-    for text in ("tokens_per_sec_per_gpu=3000", "ramp_tokens: 5", "PWD=/home/me", "model.hidden=64",
-                 "monkey=1", "keyboard=us", "a basic setup", "https://example.com/path",
-                 "http://host:8080/path", "ssh://git@github.com/r", "logger.group=https://x.com/a?b=c&d=e",
-                 "ConfigKeyError: 'str' object", "KeyError: 'model'", "model_per_token: 1.2e6",
-                 "pip install sk-learn hf_hub", "git checkout 0123456789abcdef0123456789abcdef01234567"):
+    for text in (
+        "tokens_per_sec_per_gpu=3000",
+        "ramp_tokens: 5",
+        "PWD=/home/me",
+        "model.hidden=64",
+        "monkey=1",
+        "keyboard=us",
+        "a basic setup",
+        "https://example.com/path",
+        "http://host:8080/path",
+        "ssh://git@github.com/r",
+        "logger.group=https://x.com/a?b=c&d=e",
+        "ConfigKeyError: 'str' object",
+        "KeyError: 'model'",
+        "model_per_token: 1.2e6",
+        "pip install sk-learn hf_hub",
+        "git checkout 0123456789abcdef0123456789abcdef01234567",
+    ):
         assert redact_text(text) == text
 
 
 def test_a_flag_and_its_value_as_separate_list_items_are_masked():
-    assert redact(["--token", "abc", "--nodes", "2", "--api-key=x"]) == ["--token", MASK, "--nodes", "2",
-                                                                            "--api-key=" + MASK]
+    assert redact(["--token", "abc", "--nodes", "2", "--api-key=x"]) == [
+        "--token",
+        MASK,
+        "--nodes",
+        "2",
+        "--api-key=" + MASK,
+    ]
 
 
 def test_a_config_error_never_shows_the_secret_value():
@@ -83,11 +101,22 @@ def test_printed_output_is_masked_even_when_a_line_arrives_in_pieces(capsys):
 def test_a_sweep_with_secrets_in_values_tags_and_setup_writes_and_prints_none(cli, tmp_path):
     swept = ["s3cretsweep1", "s3cretsweep2"]
     setup = ",".join(f"['export A_PASSWORD={s}','export PGPASSWORD=s3cretpg']" for s in swept)
-    proc = run_cli("run", "-m", "model=tiny", PRESET_KERNELS, FP32, "run.steps=2", "run.warmup_steps=1",
-                   f"cluster.setup={setup}",
-                   "logger.tags=['token=s3crettag','s3://ak:s3cret/tagslash@h/b']",
-                   "logger.group='https://x.com/hook?api_key=s3cretgroup&a=b'",
-                   "logger.mode=offline", "--out", str(tmp_path), timeout=600)
+    proc = run_cli(
+        "run",
+        "-m",
+        "model=tiny",
+        PRESET_KERNELS,
+        FP32,
+        "run.steps=2",
+        "run.warmup_steps=1",
+        f"cluster.setup={setup}",
+        "logger.tags=['token=s3crettag','s3://ak:s3cret/tagslash@h/b']",
+        "logger.group='https://x.com/hook?api_key=s3cretgroup&a=b'",
+        "logger.mode=offline",
+        "--out",
+        str(tmp_path),
+        timeout=600,
+    )
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said
     planted = [*swept, "s3cretpg", "s3crettag", "s3cret/tagslash", "s3cretgroup"]
@@ -112,58 +141,74 @@ def test_a_slurm_translate_keeps_exports_out_of_its_files_and_refuses_secrets_it
     assert "module load cuda" in script and "# export DB_URL=***" in script
     assert secret_exports(["export DB_URL=pg://u:s3cretdb@h/x", "export OMP_NUM_THREADS=4"]) == (
         ["# export DB_URL=***  (not written to files: set in sbatch's environment)", "export OMP_NUM_THREADS=4"],
-        {"DB_URL": "pg://u:s3cretdb@h/x"})
+        {"DB_URL": "pg://u:s3cretdb@h/x"},
+    )
     # a local trial writes no job script: nothing to refuse, and nothing about sbatch
     proc = cli("plan", "cluster=local", "cluster.setup=['huggingface-cli login --token s3cretlocal']")
     assert proc.returncode == 0 and "s3cretlocal" not in proc.stdout + proc.stderr
     # Anywhere else the value would be written in clear (the job script, squeue's comment)
-    for override in ("cluster.setup=['huggingface-cli login --token s3cretsetup']",
-                     "cluster.srun_args=['--token','s3cretsrun']", "cluster.comment='password=s3cretcomment'",
-                     "+cluster.additional_parameters.my_token=s3cretparam",
-                     "cluster.setup=['git clone https://me:s3creturl@example.com/r']"):
+    for override in (
+        "cluster.setup=['huggingface-cli login --token s3cretsetup']",
+        "cluster.srun_args=['--token','s3cretsrun']",
+        "cluster.comment='password=s3cretcomment'",
+        "+cluster.additional_parameters.my_token=s3cretparam",
+        "cluster.setup=['git clone https://me:s3creturl@example.com/r']",
+    ):
         proc = cli(*base, override, "--out", str(tmp_path / "refused"))
         field = override.lstrip("+").split("=")[0]
         assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, override
         assert "s3cret" not in proc.stdout + proc.stderr and not (tmp_path / "refused").exists(), override
 
 
-@pytest.mark.parametrize("text,secret", [
-    ("Driver=x;Server=db;Uid=me;pwd=hunter2;", "hunter2"),
-    ("passphrase=correct-horse", "correct-horse"),
-    ("DB_PASS=s3cr3t", "s3cr3t"),
-    ("session_id=0badc0ffee", "0badc0ffee"),
-    ("Cookie: sid=abc123def", "abc123def"),
-    ("https://acct.blob.core.windows.net/c/f?sv=2022&sig=AzureSig123%3D", "AzureSig123"),
-    ("https://b.s3.amazonaws.com/o?X-Amz-Signature=deadbeef42&X-Amz-Date=1", "deadbeef42"),
-    ("Authorization: token ghabc1234567890", "ghabc1234567890"),
-    ("Authorization: ApiKey k3y-value", "k3y-value"),
-    ("Authorization: Digest username=\"u\", response=\"6629fae49393a05397450978507c4ef1\"", "6629fae4"),
-    ("Authorization: AWS4-HMAC-SHA256 Credential=AKID/2026, Signature=fe5f80f77d5fa3be", "fe5f80f77d5f"),
-    ("password=first,second", "second"),
-    ("password=[one,two]", "two"),
-    ("api_key=$ecret!value", "ecret!value"),
-    ("password=$ecret", "ecret"),  # a lower-case `$name` is no environment variable's
-    ("https://user:p@ss@db.example.com/x", "p@ss"),
-    ("https://hooks.slack.com/services/T0001/B0001/XXXXXXXXXXXXXXXX", "XXXXXXXXXXXXXXXX"),
-    ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c", "SflKxwRJ"),
-    ("glpat-abcdefghijklmnopqrstu", "abcdefghijklmnop"),
-    ("npm_abcdefghijklmnopqrstuvwxyz0123456789", "abcdefghijklmnop"),
-])
+@pytest.mark.parametrize(
+    "text,secret",
+    [
+        ("Driver=x;Server=db;Uid=me;pwd=hunter2;", "hunter2"),
+        ("passphrase=correct-horse", "correct-horse"),
+        ("DB_PASS=s3cr3t", "s3cr3t"),
+        ("session_id=0badc0ffee", "0badc0ffee"),
+        ("Cookie: sid=abc123def", "abc123def"),
+        ("https://acct.blob.core.windows.net/c/f?sv=2022&sig=AzureSig123%3D", "AzureSig123"),
+        ("https://b.s3.amazonaws.com/o?X-Amz-Signature=deadbeef42&X-Amz-Date=1", "deadbeef42"),
+        ("Authorization: token ghabc1234567890", "ghabc1234567890"),
+        ("Authorization: ApiKey k3y-value", "k3y-value"),
+        ('Authorization: Digest username="u", response="6629fae49393a05397450978507c4ef1"', "6629fae4"),
+        ("Authorization: AWS4-HMAC-SHA256 Credential=AKID/2026, Signature=fe5f80f77d5fa3be", "fe5f80f77d5f"),
+        ("password=first,second", "second"),
+        ("password=[one,two]", "two"),
+        ("api_key=$ecret!value", "ecret!value"),
+        ("password=$ecret", "ecret"),  # a lower-case `$name` is no environment variable's
+        ("https://user:p@ss@db.example.com/x", "p@ss"),
+        ("https://hooks.slack.com/services/T0001/B0001/XXXXXXXXXXXXXXXX", "XXXXXXXXXXXXXXXX"),
+        ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c", "SflKxwRJ"),
+        ("glpat-abcdefghijklmnopqrstu", "abcdefghijklmnop"),
+        ("npm_abcdefghijklmnopqrstuvwxyz0123456789", "abcdefghijklmnop"),
+    ],
+)
 def test_secrets_the_last_pass_found_in_other_spellings_are_masked(text, secret):
     assert secret not in redact_text(text), redact_text(text)
 
 
-@pytest.mark.parametrize("text,secret", [  # formats only detect-secrets' detectors know (redact._DETECTORS)
-    ("stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc", "4eC39HqLyjWDarjtT1zdp7dc"),
-    ("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", "TwL2iGABf9DHoTf"),
-    ("twilio SK0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef"),
-    ("MTIzNDU2Nzg5MDEyMzQ1Njc4.GhIjKl.abcdefghijklmnopqrstuvwxyz0", "abcdefghijklmnopqrstuvwxyz0"),
-    ("pypi-AgEIcHlwaS5vcmcCJDAwMDAwMDAwLTAwMDAtMDAwMC0wMDAwLTAwMDAwMDAwMDAwMAACJXsicGVybWlzc2lvbnMiOiAidXNlciJ9AAAGIA",
-     "cHlwaS5vcmcCJDAw"),
-    ("DefaultEndpointsProtocol=https;AccountName=x;AccountKey=" + "a1B2" * 21 + "ab==;EndpointSuffix=core.windows.net",
-     "a1B2a1B2a1B2"),
-    ("chimp 0123456789abcdef0123456789abcdef-us12", "0123456789abcdef0123456789abcdef"),
-])
+@pytest.mark.parametrize(
+    "text,secret",
+    [  # formats only detect-secrets' detectors know (redact._DETECTORS)
+        ("stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc", "4eC39HqLyjWDarjtT1zdp7dc"),
+        ("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", "TwL2iGABf9DHoTf"),
+        ("twilio SK0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef"),
+        ("MTIzNDU2Nzg5MDEyMzQ1Njc4.GhIjKl.abcdefghijklmnopqrstuvwxyz0", "abcdefghijklmnopqrstuvwxyz0"),
+        (
+            "pypi-AgEIcHlwaS5vcmcCJDAwMDAwMDAwLTAwMDAtMDAwMC0wMDAwLTAwMDAwMDAwMDAwMAACJXsicGVybWlzc2lvbnMiOiAidXNlciJ9AAAGIA",
+            "cHlwaS5vcmcCJDAw",
+        ),
+        (
+            "DefaultEndpointsProtocol=https;AccountName=x;AccountKey="
+            + "a1B2" * 21
+            + "ab==;EndpointSuffix=core.windows.net",
+            "a1B2a1B2a1B2",
+        ),
+        ("chimp 0123456789abcdef0123456789abcdef-us12", "0123456789abcdef0123456789abcdef"),
+    ],
+)
 def test_credentials_a_maintained_detector_knows_by_their_format_are_masked(text, secret):
     assert secret not in redact_text(text), redact_text(text)
 
@@ -171,8 +216,13 @@ def test_credentials_a_maintained_detector_knows_by_their_format_are_masked(text
 def test_what_looks_random_but_is_no_credential_stays():
     """The detectors left out would mask these (entropy, public IPs): a run id, a directory's
     hash, a node's address, a sweep's override, a plan's figures."""
-    for text in ("wandb/offline-run-20261202_101500-1a2b3c4d", "3_parallel.dp=2,zero.reduce_bucket_size=5e8-9f8e7d6c",
-                 "node 203.0.113.7:29500", "hydra.sweep.dir=sweeps/2026-12-02/10-15-00", "step 0.412 s, 20,463 tokens/s"):
+    for text in (
+        "wandb/offline-run-20261202_101500-1a2b3c4d",
+        "3_parallel.dp=2,zero.reduce_bucket_size=5e8-9f8e7d6c",
+        "node 203.0.113.7:29500",
+        "hydra.sweep.dir=sweeps/2026-12-02/10-15-00",
+        "step 0.412 s, 20,463 tokens/s",
+    ):
         assert redact_text(text) == text
 
 
@@ -184,8 +234,16 @@ def test_a_variable_that_names_a_secret_stays_and_a_literal_dollar_value_is_mask
 def test_the_plans_own_text_reaches_no_file_unmasked(cli, tmp_path):
     """A link's name, a user-given string the plan repeats in its assumptions, is masked in
     plan.json like every other file (the plan's text went out as it was)."""
-    proc = cli("translate", "hardware=h100-sxm", "hardware.inter_node.name='ib token: abc123secret'", "parallel.dp=16",
-               "cluster=slurm", "cluster.gpus_per_node=8", "--out", str(tmp_path / "t"))
+    proc = cli(
+        "translate",
+        "hardware=h100-sxm",
+        "hardware.inter_node.name='ib token: abc123secret'",
+        "parallel.dp=16",
+        "cluster=slurm",
+        "cluster.gpus_per_node=8",
+        "--out",
+        str(tmp_path / "t"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "t" / "plan.json").is_file()
     assert [p.name for p in (tmp_path / "t").rglob("*") if p.is_file() and b"abc123secret" in p.read_bytes()] == []

@@ -16,9 +16,8 @@ import pytest
 import submitit
 
 from orchestrator.launchers import slurm
-from tests.conftest import ONE_RANK
+from tests.conftest import ONE_RANK, results_below, run_in_process, sacct, squeue, submit, wait_cli
 from tests.conftest import SLURM_SMALL as SMALL
-from tests.conftest import results_below, run_in_process, sacct, squeue, submit, wait_cli
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +28,10 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("slurm")
     # "pair": two one-rank trials of one array that would fit on one node together, held
     # to one node (the others excluded): exclusive by default, they take turns.
-    runs = {"zero": (["zero=stage0,stage2", 'cluster.srun_args=["--cpu-bind=cores"]'], True),
-            "pair": ([*ONE_RANK, "run.seed=1,2", "cluster.exclude='orch-node[2-4]'"], True)}
+    runs = {
+        "zero": (["zero=stage0,stage2", 'cluster.srun_args=["--cpu-bind=cores"]'], True),
+        "pair": ([*ONE_RANK, "run.seed=1,2", "cluster.exclude='orch-node[2-4]'"], True),
+    }
     for name, (extra, multirun) in runs.items():
         submit(base / name, *SMALL, *extra, multirun=multirun)
         assert not results_below(base / name)  # submitted, not waited for
@@ -121,8 +122,13 @@ def test_a_job_slurm_can_never_start_ends_at_once_with_the_reason(slurm_cluster,
 def test_status_shows_why_a_trial_is_still_pending(slurm_cluster, tmp_path):
     # A blocker holds the last node whole; the trial may run only there. Other tests' jobs
     # share the cluster, so the reason is whatever SLURM gives, shown as SLURM says it.
-    blocker = subprocess.run(["sbatch", "--parsable", "-w", "orch-node4", "--cpus-per-task=2", "--wrap", "sleep 600"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "-w", "orch-node4", "--cpus-per-task=2", "--wrap", "sleep 600"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
     try:
         deadline = time.monotonic() + 300
         while squeue(blocker, "%T") != "RUNNING":
@@ -155,10 +161,23 @@ def test_tune_runs_its_rounds_as_slurm_jobs_and_waits_for_each(slurm_cluster, tm
     # runs whatever the first measured on however busy a machine. (With two a round, the third
     # of three ran only where the first two measured within the model's error of each other:
     # a CI run whose two identical trials measured 780 and over 1,000 tokens/s stopped at two.)
-    proc = run_in_process("tune", "--out", str(out), "--trials", "2", "hydra.sweeper.batch_size=1", *SMALL, *ONE_RANK,
-                          "run.seed=1,2", "zero=stage2", "batch.micro_batch_size=1", "recompute=none",
-                          "zero.reduce_bucket_size=1e6", "zero.allgather_bucket_size=1e6",
-                          "zero.offload_optimizer=none")
+    proc = run_in_process(
+        "tune",
+        "--out",
+        str(out),
+        "--trials",
+        "2",
+        "hydra.sweeper.batch_size=1",
+        *SMALL,
+        *ONE_RANK,
+        "run.seed=1,2",
+        "zero=stage2",
+        "batch.micro_batch_size=1",
+        "recompute=none",
+        "zero.reduce_bucket_size=1e6",
+        "zero.allgather_bucket_size=1e6",
+        "zero.offload_optimizer=none",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = json.loads((out / "tune.json").read_text())
     assert state["ran"] == 2 and state["winner"] and state["rounds"] == 2  # the second round waited for the first
@@ -172,7 +191,13 @@ def test_submitits_cause_is_surfaced(tmp_path):
     job = {"job_id": "77", "logs": str(tmp_path)}
     paths = submitit.core.utils.JobPaths(tmp_path, job_id="77", task_id=0)
     with submitit.core.utils.temporary_save_path(paths.result_pickle) as tmp:
-        submitit.core.utils.cloudpickle_dump(("error", "Traceback ...\nsubmitit.core.utils.UncompletedJobError: "
-                                              "Job not requeued because: timed-out too many times."), tmp)
+        submitit.core.utils.cloudpickle_dump(
+            (
+                "error",
+                "Traceback ...\nsubmitit.core.utils.UncompletedJobError: "
+                "Job not requeued because: timed-out too many times.",
+            ),
+            tmp,
+        )
     assert slurm._submitit_cause(job).endswith("Job not requeued because: timed-out too many times.")
     assert slurm._submitit_cause({"job_id": "78", "logs": str(tmp_path)}) is None

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLUSTER, ONE_RANK
+from tests.conftest import CLUSTER, ONE_RANK, results_below, submit, wait_cli
 from tests.conftest import SLURM_SMALL as SMALL
-from tests.conftest import results_below, submit, wait_cli
 
 pytestmark = pytest.mark.slow
 SECRET = "abc123secret"
@@ -28,9 +27,14 @@ def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("slurm-faults")
     # The one that runs until the test ends it sleeps between steps: idle, not training, so
     # it leaves the machine's cores to the other tests meanwhile.
-    runs = {"sigkill": ["run.steps=100000", "run.step_sleep_s=0.5", "run.checkpoint_every=5"],
-            "secret": [*ONE_RANK, f"cluster.setup=['export TOKEN={SECRET}','export DATABASE_URL={URL}',"
-                                  "'echo token-md5=$(echo $TOKEN | md5sum) url-md5=$(echo $DATABASE_URL | md5sum)']"]}
+    runs = {
+        "sigkill": ["run.steps=100000", "run.step_sleep_s=0.5", "run.checkpoint_every=5"],
+        "secret": [
+            *ONE_RANK,
+            f"cluster.setup=['export TOKEN={SECRET}','export DATABASE_URL={URL}',"
+            "'echo token-md5=$(echo $TOKEN | md5sum) url-md5=$(echo $DATABASE_URL | md5sum)']",
+        ],
+    }
     for name, extra in runs.items():
         submit(base / name, *SMALL, *extra)
     return {name: base / name for name in runs}
@@ -66,8 +70,11 @@ def test_a_rank_killed_by_sigkill_is_named_with_its_host(submitted):
 def test_a_secret_export_reaches_the_job_but_no_file(submitted):
     out = submitted["secret"]
     assert wait_cli(out).returncode == 0
-    leaks = [p for p in out.rglob("*") if p.is_file() and (SECRET.encode() in p.read_bytes()
-                                                           or b"456secret" in p.read_bytes())]
+    leaks = [
+        p
+        for p in out.rglob("*")
+        if p.is_file() and (SECRET.encode() in p.read_bytes() or b"456secret" in p.read_bytes())
+    ]
     assert not leaks  # trial files, sbatch script, submitit's pickles and logs
     logs = " ".join(p.read_text(errors="replace") for p in (out / "slurm-logs").rglob("*.out"))
     # the job had both, from sbatch's environment
@@ -85,8 +92,13 @@ def test_the_test_clusters_stop_ends_only_what_it_started(tmp_path):
         shutil.copy("/bin/sleep", tmp_path / name)
         decoys.append(subprocess.Popen([str(tmp_path / name), "600"]))
     try:
-        proc = subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "ORCH_SLURM_STATE": str(tmp_path / "state")})
+        proc = subprocess.run(
+            ["bash", str(CLUSTER), "stop"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "ORCH_SLURM_STATE": str(tmp_path / "state")},
+        )
         assert proc.returncode == 0, proc.stderr
         assert all(d.poll() is None for d in decoys), "cluster.sh stop ended a process it did not start"
     finally:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ONE_RANK
+from tests.conftest import ONE_RANK, history_is_whole, results_below, submit, wait_cli
 from tests.conftest import SLURM_SMALL as SMALL
-from tests.conftest import history_is_whole, results_below, submit, wait_cli
 
 pytestmark = pytest.mark.slow
 # The requeue trials are requeued once step 4 is saved; 20 more steps of at least 0.3 s each
@@ -26,11 +25,24 @@ TIME_LIMIT_STEPS, SAVE_WAIT_S, KILL_WAIT_S = 100, 5, 5
 @pytest.fixture(scope="module")
 def submitted(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("slurm-requeue")
-    runs = {"time-limit": [*ONE_RANK, f"run.steps={TIME_LIMIT_STEPS}", "cluster.time=1",
-                           "cluster.signal_delay_s=5", "run.checkpoint_every=40", "cluster.max_requeues=10",
-                           "run.step_sleep_s=0.7"],
-            "fsdp2": ["engine=fsdp", "zero=stage3", f"run.steps={REQUEUE_STEPS}", "run.checkpoint_every=2",
-                      f"run.step_sleep_s={REQUEUE_SLEEP_S}"]}
+    runs = {
+        "time-limit": [
+            *ONE_RANK,
+            f"run.steps={TIME_LIMIT_STEPS}",
+            "cluster.time=1",
+            "cluster.signal_delay_s=5",
+            "run.checkpoint_every=40",
+            "cluster.max_requeues=10",
+            "run.step_sleep_s=0.7",
+        ],
+        "fsdp2": [
+            "engine=fsdp",
+            "zero=stage3",
+            f"run.steps={REQUEUE_STEPS}",
+            "run.checkpoint_every=2",
+            f"run.step_sleep_s={REQUEUE_SLEEP_S}",
+        ],
+    }
     for name, extra in runs.items():
         submit(base / name, *SMALL, *extra)
     job = {name: json.loads((base / name / "slurm.json").read_text())["job_id"] for name in runs}

@@ -45,8 +45,16 @@ def test_slurm_rejects_a_dp_that_leaves_a_node_partly_used():
 
 
 def test_warmup_schedule_sizes_are_multiples_of_micro_times_dp():
-    spec = build_spec(["batch=warmup", "parallel.dp=2", "batch.micro_batch_size=2",
-                       "batch.warmup.start=4", "batch.global_batch_size=20", "batch.warmup.ramp_tokens=1000"])
+    spec = build_spec(
+        [
+            "batch=warmup",
+            "parallel.dp=2",
+            "batch.micro_batch_size=2",
+            "batch.warmup.start=4",
+            "batch.global_batch_size=20",
+            "batch.warmup.ramp_tokens=1000",
+        ]
+    )
     sizes = [s for _, s in spec.schedule]
     assert sizes == [4, 8, 12, 16, 20] and all(s % 4 == 0 for s in sizes)
     assert spec.schedule[-1][0] == 1000 and spec.global_batch_size == 20
@@ -61,9 +69,15 @@ def test_bucket_sizes_accept_scientific_notation_and_become_ints():
 
 # GPT-3 paper, Table 2.1 (n_layers, d_model, n_heads), with the two shapes the paper
 # misprints corrected as trained (1.3B: 16 heads of 128; 13B: d_model 5120).
-GPT3_TABLE = {"gpt2-125m": (12, 768, 12), "gpt2-350m": (24, 1024, 16), "gpt2-1.3b": (24, 2048, 16),
-              "gpt2-2.7b": (32, 2560, 32), "gpt2-6.7b": (32, 4096, 32), "gpt2-13b": (40, 5120, 40),
-              "gpt3-175b": (96, 12288, 96)}
+GPT3_TABLE = {
+    "gpt2-125m": (12, 768, 12),
+    "gpt2-350m": (24, 1024, 16),
+    "gpt2-1.3b": (24, 2048, 16),
+    "gpt2-2.7b": (32, 2560, 32),
+    "gpt2-6.7b": (32, 4096, 32),
+    "gpt2-13b": (40, 5120, 40),
+    "gpt3-175b": (96, 12288, 96),
+}
 
 
 def test_the_warmup_preset_ramps_over_whole_batches_for_every_model():
@@ -87,12 +101,16 @@ def test_every_model_preset_composes_and_validates(preset):
         assert m.seq_len == 2048 and m.vocab == 50257 and m.ffn_hidden == 4 * m.hidden
     if preset.startswith("llama3"):
         assert m.arch == "llama" and m.vocab == 128256 and m.kv_heads == 8 and m.seq_len == 8192
-        assert (m.n_layers, m.hidden, m.heads, m.ffn_hidden) == {"llama3-8b": (32, 4096, 32, 14336),
-                                                                  "llama3-70b": (80, 8192, 64, 28672)}[preset]
+        assert (m.n_layers, m.hidden, m.heads, m.ffn_hidden) == {
+            "llama3-8b": (32, 4096, 32, 14336),
+            "llama3-70b": (80, 8192, 64, 28672),
+        }[preset]
 
 
-@pytest.mark.parametrize("preset,bf16,memory", [("a100-80gb", 312, 80.0), ("h100-sxm", 989, 79.6),
-                                                ("h100-pcie", 756, 79.6), ("h200", 989, 140.4)])
+@pytest.mark.parametrize(
+    "preset,bf16,memory",
+    [("a100-80gb", 312, 80.0), ("h100-sxm", 989, 79.6), ("h100-pcie", 756, 79.6), ("h200", 989, 140.4)],
+)
 def test_hardware_presets_carry_published_dense_bf16_peaks(preset, bf16, memory):
     hw = build_spec([f"hardware={preset}"]).cfg.hardware
     assert hw.peak_tflops.bf16 == bf16 and hw.memory_gib == memory and hw.device == "cuda"
@@ -104,9 +122,16 @@ def test_every_preset_of_every_group_composes():
             build_spec([f"{group}={preset}", *GPU] + (["zero=stage2"] if group == "engine" else []))
 
 
-@pytest.mark.parametrize("name,preset", [("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
-                                         ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
-                                         ("NVIDIA L40S", None)])
+@pytest.mark.parametrize(
+    "name,preset",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA L40S", None),
+    ],
+)
 def test_gpu_names_map_to_presets(name, preset):
     assert hardware.preset_for_gpu(name) == preset
 
@@ -118,8 +143,17 @@ def test_auto_hardware_on_a_known_gpu_picks_its_preset_and_keeps_overrides(monke
     assert spec.cfg.hardware.name == "h100-sxm" and spec.cfg.hardware.compute_efficiency == 0.4
 
 
-@pytest.mark.parametrize("files,present", [([], False), (["null", "tty0"], False), (["nvidia0", "nvidiactl"], True),
-                                           (["nvidia-caps"], True), (["kfd"], True), (["dxg"], True)])
+@pytest.mark.parametrize(
+    "files,present",
+    [
+        ([], False),
+        (["null", "tty0"], False),
+        (["nvidia0", "nvidiactl"], True),
+        (["nvidia-caps"], True),
+        (["kfd"], True),
+        (["dxg"], True),
+    ],
+)
 def test_a_gpu_is_looked_for_only_where_a_driver_made_its_device_files(tmp_path, files, present):
     # torch is asked for a GPU only where NVIDIA's, ROCm's or WSL2's device files exist:
     # elsewhere it cannot see one, and its import would cost every `plan` 1.5 s.
@@ -137,7 +171,9 @@ def test_the_cpu_peak_is_keyed_by_torchs_version_without_importing_torch():
 def test_sweep_expands_the_product_in_hydra_order():
     points = expand_sweep(["parallel.dp=1,2", "zero=stage0,stage2", "run.steps=3"])
     assert len(points) == 4 and all("run.steps=3" in p for p in points)
-    assert {(p[0], p[1]) for p in points} == {(f"parallel.dp={d}", f"zero={z}") for d in (1, 2) for z in ("stage0", "stage2")}
+    assert {(p[0], p[1]) for p in points} == {
+        (f"parallel.dp={d}", f"zero={z}") for d in (1, 2) for z in ("stage0", "stage2")
+    }
 
 
 def test_sweep_file_axes_and_a_command_line_axis_replaces_the_files():
@@ -151,13 +187,28 @@ def test_sweep_file_axes_and_a_command_line_axis_replaces_the_files():
 
 
 def test_conf_tree_has_every_group_of_the_design():
-    expected = {"model": {"tiny", "gpt2-125m", "gpt2-350m", "gpt2-1.3b", "gpt2-2.7b", "gpt2-6.7b", "gpt2-13b",
-                          "gpt3-175b", "llama3-8b", "llama3-70b"},
-                "batch": {"constant", "warmup"}, "recompute": {"none", "selective", "full"},
-                "zero": {"stage0", "stage1", "stage2", "stage3"},
-                "numa": {"none", "node", "socket", "exclusive", "core-complex"},
-                "engine": {"deepspeed", "accelerate"}, "cluster": {"local", "slurm"},
-                "hardware": {"auto", "cpu", "a100-80gb", "h100-sxm", "h100-pcie", "h200"}, "logger": {"wandb"}}
+    expected = {
+        "model": {
+            "tiny",
+            "gpt2-125m",
+            "gpt2-350m",
+            "gpt2-1.3b",
+            "gpt2-2.7b",
+            "gpt2-6.7b",
+            "gpt2-13b",
+            "gpt3-175b",
+            "llama3-8b",
+            "llama3-70b",
+        },
+        "batch": {"constant", "warmup"},
+        "recompute": {"none", "selective", "full"},
+        "zero": {"stage0", "stage1", "stage2", "stage3"},
+        "numa": {"none", "node", "socket", "exclusive", "core-complex"},
+        "engine": {"deepspeed", "accelerate"},
+        "cluster": {"local", "slurm"},
+        "hardware": {"auto", "cpu", "a100-80gb", "h100-sxm", "h100-pcie", "h200"},
+        "logger": {"wandb"},
+    }
     for group, names in expected.items():
         assert names <= set(presets(group)), group
     assert (conf_dir() / "config.yaml").is_file()
@@ -167,7 +218,8 @@ def test_a_users_own_preset_directory_joins_the_search_path(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "mine.yaml").write_text(
         "arch: gpt2\nn_layers: 3\nhidden: 128\nheads: 2\nkv_heads: 2\nffn_hidden: 512\nvocab: 1024\n"
-        "seq_len: 64\nmax_positions: 64\ntie_embeddings: true\n")
+        "seq_len: 64\nmax_positions: 64\ntie_embeddings: true\n"
+    )
     spec = build_spec([f"hydra.searchpath=[file://{tmp_path}]", "model=mine"])
     assert spec.choices["model"] == "mine" and spec.cfg.model.n_layers == 3
 
@@ -189,10 +241,22 @@ def test_sweep_points_on_one_base_keep_their_own_values_and_interpolations(tmp_p
     assert build_spec([*base, "parallel.dp=2"]).cfg.run.lr == 3e-4
 
 
-
-CHOICE_FIELDS = ["model.arch", "model.attention", "recompute.mode", "zero.offload_optimizer", "zero.offload_param",
-                 "numa.mode", "engine.name", "engine.backend", "cluster.name", "hardware.device", "logger.mode",
-                 "run.objective", "run.data_dtype", "run.fail_mode"]
+CHOICE_FIELDS = [
+    "model.arch",
+    "model.attention",
+    "recompute.mode",
+    "zero.offload_optimizer",
+    "zero.offload_param",
+    "numa.mode",
+    "engine.name",
+    "engine.backend",
+    "cluster.name",
+    "hardware.device",
+    "logger.mode",
+    "run.objective",
+    "run.data_dtype",
+    "run.fail_mode",
+]
 
 
 @pytest.mark.parametrize("key", CHOICE_FIELDS)
@@ -203,6 +267,7 @@ def test_choice_fields_are_typed_and_refuse_a_value_outside_their_enum(key):
     import typing
 
     from orchestrator import config
+
     group, name = key.split(".")
     kind = typing.get_type_hints(typing.get_type_hints(config.TrialConfig)[group])[name]
     assert isinstance(kind, type) and issubclass(kind, enum.StrEnum), f"{key} is typed {kind}"

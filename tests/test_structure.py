@@ -11,13 +11,11 @@ from pathlib import Path
 from orchestrator.trial_dir import SweepPaths, TrialPaths
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_DIRS = ("orchestrator", "launchers", "hydra_plugins")
+PACKAGE_DIRS = ("orchestrator", "hydra_plugins")
 
 
 def _module(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[0] == "launchers":  # shipped as orchestrator.launchers
-        parts = ["orchestrator", *parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -45,7 +43,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[module] = "open"
         for dep in sorted(graph[module]):
             if state.get(dep) == "open":
-                cycles.append(path[path.index(dep):] + [dep])
+                cycles.append(path[path.index(dep) :] + [dep])
             elif dep not in state:
                 visit(dep, path + [dep])
         state[module] = "done"
@@ -99,14 +97,34 @@ PLAN_MAY_IMPORT = ("orchestrator.plan", "orchestrator.config", "orchestrator.err
 PLAN_TYPES_ONLY = {"orchestrator.spec", "orchestrator.spec.TrialSpec"}
 # what reads a file, the environment or the clock, or starts a process
 IMPURE_MODULES = {"os", "subprocess", "socket", "time", "shutil", "multiprocessing", "pathlib", "io", "tempfile"}
-IMPURE_CALLS = {"open", "read_text", "read_bytes", "write_text", "stat", "getenv", "environ", "Popen", "run",
-                "system", "cpu_count", "gethostname", "time", "perf_counter", "monotonic"}
+IMPURE_CALLS = {
+    "open",
+    "read_text",
+    "read_bytes",
+    "write_text",
+    "stat",
+    "getenv",
+    "environ",
+    "Popen",
+    "run",
+    "system",
+    "cpu_count",
+    "gethostname",
+    "time",
+    "perf_counter",
+    "monotonic",
+}
 
 
 def _type_checking_imports(tree: ast.AST) -> set[int]:
     """Line numbers of the imports inside `if TYPE_CHECKING:` blocks."""
-    return {n.lineno for node in ast.walk(tree) if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
-            "TYPE_CHECKING" for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return {
+        n.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        for n in ast.walk(node)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    }
 
 
 def test_the_plan_is_a_pure_function_its_package_imports_no_measurement_and_reads_nothing():
@@ -122,8 +140,13 @@ def test_the_plan_is_a_pure_function_its_package_imports_no_measurement_and_read
         tree = ast.parse(f.read_text())
         typed = _type_checking_imports(tree)
         for node in ast.walk(tree):
-            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
-                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 if name.startswith(PLAN_MAY_IMPORT) or top in sys.stdlib_module_names and top not in IMPURE_MODULES:
@@ -136,10 +159,21 @@ def test_the_plan_is_a_pure_function_its_package_imports_no_measurement_and_read
                 if called in IMPURE_CALLS:
                     wrong.append(f"{f.relative_to(ROOT)}:{node.lineno}: calls {called}")
     assert wrong == [], "\n".join(wrong)
-    loaded = subprocess.run([sys.executable, "-c", "import sys, pkgutil, importlib, orchestrator.plan as p; "
-                             "[importlib.import_module(f'orchestrator.plan.{m.name}') for m in pkgutil.iter_modules(p.__path__)]; "
-                             "print(' '.join(sorted(sys.modules)))"], capture_output=True, text=True, check=True).stdout.split()
-    outside = [m for m in loaded if m.startswith("orchestrator") and m != "orchestrator" and not m.startswith(PLAN_MAY_IMPORT)]
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pkgutil, importlib, orchestrator.plan as p; "
+            "[importlib.import_module(f'orchestrator.plan.{m.name}') for m in pkgutil.iter_modules(p.__path__)]; "
+            "print(' '.join(sorted(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    outside = [
+        m for m in loaded if m.startswith("orchestrator") and m != "orchestrator" and not m.startswith(PLAN_MAY_IMPORT)
+    ]
     assert outside == [] and "torch" not in loaded and "numpy" not in loaded, outside
 
 
@@ -149,51 +183,107 @@ def test_the_plan_is_a_pure_function_its_package_imports_no_measurement_and_read
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("orchestrator.cli", "orchestrator.commands", "orchestrator.__main__", "hydra_plugins")),
     ("analysis", ("orchestrator.report", "orchestrator.plots", "orchestrator.calibrate", "orchestrator.tune")),
-    ("orchestration", ("orchestrator.trial", "orchestrator.sweep_batch", "orchestrator.planning", "orchestrator.display")),
+    (
+        "orchestration",
+        (
+            "orchestrator.trial",
+            "orchestrator.sweep_batch",
+            "orchestrator.planning",
+            "orchestrator.display",
+            "orchestrator.plan_display",
+        ),
+    ),
     ("launch", ("orchestrator.launchers",)),
     ("the ranks", ("orchestrator.workload", "orchestrator.tracking")),
     ("translate", ("orchestrator.translate",)),
-    ("measure", ("orchestrator.trial_measurements", "orchestrator.hardware", "orchestrator.kernel_timing",
-                 "orchestrator.kernel_cache", "orchestrator.kernels", "orchestrator.engine_timing", "orchestrator.links",
-                 "orchestrator.local_links", "orchestrator.nccl_tests", "orchestrator.host_load",
-                 "orchestrator.memory_cgroup", "orchestrator.cpu_allocator")),
+    (
+        "measure",
+        (
+            "orchestrator.trial_measurements",
+            "orchestrator.hardware",
+            "orchestrator.kernel_timing",
+            "orchestrator.kernel_cache",
+            "orchestrator.kernels",
+            "orchestrator.engine_timing",
+            "orchestrator.links",
+            "orchestrator.local_links",
+            "orchestrator.nccl_tests",
+            "orchestrator.host_load",
+            "orchestrator.memory_cgroup",
+            "orchestrator.cpu_allocator",
+        ),
+    ),
     ("model", ("orchestrator.workload.model", "orchestrator.workload.transformers_compat")),
     ("a trial's result", ("orchestrator.results",)),
-    ("what a trial is", ("orchestrator.spec", "orchestrator.checks", "orchestrator.cluster_checks", "orchestrator.compose",
-                         "orchestrator.conf_tree", "orchestrator.hydra_registry", "orchestrator.hydra_errors",
-                         "orchestrator.hydra_compat", "orchestrator.token_file", "orchestrator.network_table",
-                         "orchestrator.deepspeed_sections")),
+    (
+        "what a trial is",
+        (
+            "orchestrator.spec",
+            "orchestrator.checks",
+            "orchestrator.cluster_checks",
+            "orchestrator.compose",
+            "orchestrator.conf_tree",
+            "orchestrator.hydra_registry",
+            "orchestrator.hydra_errors",
+            "orchestrator.hydra_compat",
+            "orchestrator.token_file",
+            "orchestrator.network_table",
+            "orchestrator.deepspeed_sections",
+        ),
+    ),
     ("the plan", ("orchestrator.plan",)),
     ("the schema", ("orchestrator.config",)),
     ("a trial's files", ("orchestrator.trial_dir",)),
-    ("core", ("orchestrator", "orchestrator.errors", "orchestrator.redact", "orchestrator.files", "orchestrator.process",
-              "orchestrator.timing_stats")),
+    (
+        "core",
+        (
+            "orchestrator",
+            "orchestrator.errors",
+            "orchestrator.redact",
+            "orchestrator.files",
+            "orchestrator.process",
+            "orchestrator.timing_stats",
+        ),
+    ),
 )
 # The imports that still run the wrong way, each with where it goes: the set may only shrink
 # (an import fixed must leave it, one added fails the test).
 WRONG_WAY = {
-    ("orchestrator.launchers.slurm_task", "orchestrator.planning"):
-        "the node's side of a SLURM trial re-plans on its allocation: an entry point that launch starts",
-    ("orchestrator.spec", "orchestrator.hardware"):
-        "hardware=auto's GPU detection and the calibrated preset's reading: MachineFacts and a presets module",
-    **{("orchestrator.translate", f"orchestrator.launchers{m}"): "write_trial_files (launch.sh, the launch "
-       "command) is orchestration's: translate keeps the engines' files as data" for m in ("", ".binding", ".local", ".slurm")},
+    (
+        "orchestrator.launchers.slurm_task",
+        "orchestrator.planning",
+    ): "the node's side of a SLURM trial re-plans on its allocation: an entry point that launch starts",
+    (
+        "orchestrator.spec",
+        "orchestrator.hardware",
+    ): "hardware=auto's GPU detection and the calibrated preset's reading: MachineFacts and a presets module",
+    **{
+        ("orchestrator.translate", f"orchestrator.launchers{m}"): "write_trial_files (launch.sh, the launch "
+        "command) is orchestration's: translate keeps the engines' files as data"
+        for m in ("", ".binding", ".local", ".slurm")
+    },
 }
 # The plan reads a TrialSpec's fields, and names its type: an `if TYPE_CHECKING:` import of it.
 TYPE_ONLY = {("orchestrator.plan", "orchestrator.spec")}
 
 
 def layer_of(module: str) -> int:
-    prefixes = [(len(p), i) for i, (_, names) in enumerate(LAYERS) for p in names
-                if module == p or module.startswith(p + ".")]
+    prefixes = [
+        (len(p), i) for i, (_, names) in enumerate(LAYERS) for p in names if module == p or module.startswith(p + ".")
+    ]
     assert prefixes, f"{module} is in no layer: add it to LAYERS"
     return max(prefixes)[1]
 
 
 def wrong_way(graph: dict[str, set[str]], typed: set[tuple[str, str]] = frozenset()) -> set[tuple[str, str]]:
     """(importer, imported) of every import from a lower layer up; `typed`: the type-only ones."""
-    return {(m, d) for m, deps in graph.items() for d in deps if layer_of(d) < layer_of(m)
-            and not ((m, d) in typed and any(m.startswith(a) and d.startswith(b) for a, b in TYPE_ONLY))}
+    return {
+        (m, d)
+        for m, deps in graph.items()
+        for d in deps
+        if layer_of(d) < layer_of(m)
+        and not ((m, d) in typed and any(m.startswith(a) and d.startswith(b) for a, b in TYPE_ONLY))
+    }
 
 
 def _typed_imports() -> set[tuple[str, str]]:
@@ -208,16 +298,21 @@ def _typed_imports() -> set[tuple[str, str]]:
 
 def test_every_import_runs_down_the_layers_but_the_few_named():
     found = wrong_way(_graph(), _typed_imports())
-    assert found - set(WRONG_WAY) == set(), "imports up the layers:\n" + "\n".join(f"{m} -> {d}" for m, d in sorted(found - set(WRONG_WAY)))
+    assert found - set(WRONG_WAY) == set(), "imports up the layers:\n" + "\n".join(
+        f"{m} -> {d}" for m, d in sorted(found - set(WRONG_WAY))
+    )
     assert set(WRONG_WAY) - found == set(), f"fixed, so take them out of WRONG_WAY: {sorted(set(WRONG_WAY) - found)}"
 
 
 def test_the_layer_check_sees_an_import_up_the_layers_and_a_type_only_one_allowed():
     graph = {"orchestrator.plan.memory": {"orchestrator.hardware", "orchestrator.spec", "orchestrator.config"}}
     assert wrong_way(graph, {("orchestrator.plan.memory", "orchestrator.spec")}) == {
-        ("orchestrator.plan.memory", "orchestrator.hardware")}
-    assert wrong_way(graph) == {("orchestrator.plan.memory", "orchestrator.hardware"),
-                                ("orchestrator.plan.memory", "orchestrator.spec")}
+        ("orchestrator.plan.memory", "orchestrator.hardware")
+    }
+    assert wrong_way(graph) == {
+        ("orchestrator.plan.memory", "orchestrator.hardware"),
+        ("orchestrator.plan.memory", "orchestrator.spec"),
+    }
 
 
 def test_a_precisions_torch_dtype_is_decided_in_one_place():
@@ -226,28 +321,39 @@ def test_a_precisions_torch_dtype_is_decided_in_one_place():
     owners = []
     for f in _sources():
         for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in ("bfloat16", "float16") and \
-                    getattr(node.value, "id", "") == "torch":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("bfloat16", "float16")
+                and getattr(node.value, "id", "") == "torch"
+            ):
                 owners.append(f"{f.relative_to(ROOT)}:{node.lineno}")
     assert {o.split(":")[0] for o in owners} == {"orchestrator/workload/model.py"}, owners
 
 
 def test_bytes_per_gib_are_config_gib_alone():
-    """2**30 was written beside the GIB that owns it (config.GIB); a unit table of sizes (K, M, G, T) is no second owner."""
-    written = [f"{f.relative_to(ROOT)}:{node.lineno}" for f in _sources() for node in ast.walk(ast.parse(f.read_text()))
-               if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and getattr(node.left, "value", None) == 2
-               and getattr(node.right, "value", None) == 30]
+    """2**30 was written beside the GIB that owns it (config.GIB).
+
+    A unit table of sizes (K, M, G, T) is no second owner."""
+    written = [
+        f"{f.relative_to(ROOT)}:{node.lineno}"
+        for f in _sources()
+        for node in ast.walk(ast.parse(f.read_text()))
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Pow)
+        and getattr(node.left, "value", None) == 2
+        and getattr(node.right, "value", None) == 30
+    ]
     assert [w.split(":")[0] for w in written] == ["orchestrator/config.py", "orchestrator/plan/host_memory.py"], written
 
 
 def test_a_figure_read_from_a_record_is_checked_by_files_real_number_alone():
-    """"A finite number, not a bool" was written out in seven readers (report, calibrate, tune,
+    """ "A finite number, not a bool" was written out in seven readers (report, calibrate, tune,
     results, tracking, the caches): files.real_number is the one. hardware's preset check keeps
     infinity apart, to say the nearest valid value of it."""
     found = []
     for f in _sources():
         text = f.read_text()
-        for n, line in enumerate(text.splitlines(), 1):
+        for line in text.splitlines():
             if "(int, float)) and not isinstance(" in line:
                 found.append(f"{f.relative_to(ROOT)}")
     assert sorted(found) == ["orchestrator/files.py", "orchestrator/hardware.py"], found
@@ -258,8 +364,13 @@ def _reads_of_result_json(tree: ast.AST) -> list[int]:
     a name that last held one."""
     lines = []
     for func in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        held = sorted((n.lineno, t.id, isinstance(n.value, ast.Attribute) and n.value.attr == "result")
-                      for n in ast.walk(func) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name))
+        held = sorted(
+            (n.lineno, t.id, isinstance(n.value, ast.Attribute) and n.value.attr == "result")
+            for n in ast.walk(func)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        )
         for call in (n for n in ast.walk(func) if isinstance(n, ast.Call) and n.args):
             if getattr(call.func, "id", getattr(call.func, "attr", "")) not in ("read_json", "read_text", "open"):
                 continue
@@ -276,7 +387,9 @@ def _reads_of_result_json(tree: ast.AST) -> list[int]:
 def test_result_json_is_read_through_results_read_result_alone():
     """result.json was read in five places (report, calibrate, tune, the sweep's outcome, a
     trial's state), each with its own idea of a readable one: results.read_result is the one."""
-    readers = {f"{f.relative_to(ROOT)}:{line}" for f in _sources() for line in _reads_of_result_json(ast.parse(f.read_text()))}
+    readers = {
+        f"{f.relative_to(ROOT)}:{line}" for f in _sources() for line in _reads_of_result_json(ast.parse(f.read_text()))
+    }
     assert {r.split(":")[0] for r in readers} == {"orchestrator/results.py"}, readers
     old = "def r(d):\n    path = TrialPaths(d).result\n    return json.loads(read_text(path))\n"
     assert _reads_of_result_json(ast.parse(old)) == [3]
@@ -287,7 +400,15 @@ def test_an_overrides_key_is_read_by_hydra_registry_override_key_alone():
     from orchestrator.hydra_registry import override_key
 
     assert [override_key(o) for o in ("+data.x=1", "++zero.stage=2", "~model.vocab", "parallel.dp=2,4")] == [
-        "data.x", "zero.stage", "model.vocab", "parallel.dp"]
-    by_hand = [f"{f.relative_to(ROOT)}:{n}" for f in _sources() for n, line in enumerate(f.read_text().splitlines(), 1)
-               if 'lstrip("+' in line]
+        "data.x",
+        "zero.stage",
+        "model.vocab",
+        "parallel.dp",
+    ]
+    by_hand = [
+        f"{f.relative_to(ROOT)}:{n}"
+        for f in _sources()
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if 'lstrip("+' in line
+    ]
     assert [w.split(":")[0] for w in by_hand] == ["orchestrator/hydra_registry.py"], by_hand

@@ -39,20 +39,28 @@ def test_the_interval_takes_the_binomial_ranks():
 
 
 def test_differences_beyond_both_intervals_only_are_real():
-    fast, close, slow = spread([1.0, 1.01, 0.99, 1.02, 0.98, 1.0]), spread([1.01, 1.03, 1.0, 1.02, 0.99, 1.01]), \
-        spread([1.2, 1.22, 1.19, 1.21, 1.18, 1.2])  # six steps each: the fewest a 95 % interval takes
+    fast, close, slow = (
+        spread([1.0, 1.01, 0.99, 1.02, 0.98, 1.0]),
+        spread([1.01, 1.03, 1.0, 1.02, 0.99, 1.01]),
+        spread([1.2, 1.22, 1.19, 1.21, 1.18, 1.2]),
+    )  # six steps each: the fewest a 95 % interval takes
     assert not beyond_noise(fast, close) and beyond_noise(fast, slow) and beyond_noise(slow, fast)
 
 
 def _trial(directory, name, steps):
     tps = [1000 / s for s in steps]
-    metrics = {"tokens_per_sec_per_gpu": statistics.median(tps), "step_time_s": statistics.median(steps),
-               "tokens_per_sec_per_gpu_spread": spread(tps).as_dict(), "step_time_spread": spread(steps).as_dict(),
-               "noisy": spread(steps).noisy()}
+    metrics = {
+        "tokens_per_sec_per_gpu": statistics.median(tps),
+        "step_time_s": statistics.median(steps),
+        "tokens_per_sec_per_gpu_spread": spread(tps).as_dict(),
+        "step_time_spread": spread(steps).as_dict(),
+        "noisy": spread(steps).noisy(),
+    }
     trial = directory / name
     trial.mkdir()
-    (trial / "result.json").write_text(json.dumps({"status": "ok", "overrides": [f"zero.stage={name[-1]}"],
-                                                   "metrics": metrics}))
+    (trial / "result.json").write_text(
+        json.dumps({"status": "ok", "overrides": [f"zero.stage={name[-1]}"], "metrics": metrics})
+    )
 
 
 def test_the_report_says_which_trials_differ_from_the_best_beyond_noise(tmp_path):
@@ -115,8 +123,9 @@ def test_crafted_step_times_rank_no_trial_and_crash_no_report(tmp_path):
         path.write_text(json.dumps(result))
     rows, _ = collect(tmp_path)
     assert rows[0]["trial"] == "stage0" and rows[0]["vs_best"] == "best"
-    assert all(r["tokens_per_sec_per_gpu"] is None and r["step_time_s"] is None and r["vs_best"] == ""
-               for r in rows[1:])
+    assert all(
+        r["tokens_per_sec_per_gpu"] is None and r["step_time_s"] is None and r["vs_best"] == "" for r in rows[1:]
+    )
 
 
 def test_the_report_tables_carry_each_trials_interval_and_how_busy_its_host_was(tmp_path):
@@ -135,4 +144,6 @@ def test_the_report_tables_carry_each_trials_interval_and_how_busy_its_host_was(
     assert slow["host_busy"] == "93%" and slow["vs_best"] == "slower" and not slow["noisy"]
     assert slow["step_time_interval"].startswith("7.48-7.52 s (97%, 6 steps)")
     write_report(tmp_path, rows, results)
-    assert "93%" in (tmp_path / "report.md").read_text() and "step_time_interval" in (tmp_path / "report.csv").read_text()
+    assert (
+        "93%" in (tmp_path / "report.md").read_text() and "step_time_interval" in (tmp_path / "report.csv").read_text()
+    )

@@ -10,16 +10,40 @@ from tests.conftest import FP32, PRESET_KERNELS, run_cli, wandb_summary
 
 pytestmark = pytest.mark.slow
 SECRET = "sentinel-api-key-0123456789abcdef0123456789"
-CONFIG_GROUPS = {"model", "batch", "recompute", "zero", "numa", "engine", "cluster", "hardware", "logger", "parallel", "run",
-                 "choices", "derived"}
+CONFIG_GROUPS = {
+    "model",
+    "batch",
+    "recompute",
+    "zero",
+    "numa",
+    "engine",
+    "cluster",
+    "hardware",
+    "logger",
+    "parallel",
+    "run",
+    "choices",
+    "derived",
+}
 
 
 @pytest.fixture(scope="module")
 def local_sweep(tmp_path_factory):
     """The local dp_bucket sweep, run once as a user would, with a W&B key in the environment."""
     out = tmp_path_factory.mktemp("sweep") / "dp_bucket_local"
-    proc = run_cli("run", "-m", "+sweep=dp_bucket_local", "run.steps=4", "run.warmup_steps=1", PRESET_KERNELS, FP32,
-                   "--out", str(out), env={"WANDB_API_KEY": SECRET}, timeout=600)
+    proc = run_cli(
+        "run",
+        "-m",
+        "+sweep=dp_bucket_local",
+        "run.steps=4",
+        "run.warmup_steps=1",
+        PRESET_KERNELS,
+        FP32,
+        "--out",
+        str(out),
+        env={"WANDB_API_KEY": SECRET},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "wandb sync" in proc.stdout
     return out
@@ -37,24 +61,35 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
         assert set(w["config"]) - {"_wandb"} == CONFIG_GROUPS
         assert w["config"]["parallel"]["dp"] == result["config"]["parallel"]["dp"]
         assert w["config"]["zero"]["reduce_bucket_size"] == result["config"]["zero"]["reduce_bucket_size"]
-        assert w["config"]["choices"]["model"] == "tiny" and w["config"]["derived"]["world_size"] == result["config"]["parallel"]["dp"]
+        assert (
+            w["config"]["choices"]["model"] == "tiny"
+            and w["config"]["derived"]["world_size"] == result["config"]["parallel"]["dp"]
+        )
         assert w["history_records"] == result["metrics"]["steps"] == 4
         for key in ("tokens_per_sec_per_gpu", "mfu", "hfu", "step_time_s", "loss_last", "tokens"):
             assert w["summary"][f"perf/{key}"] == pytest.approx(result["metrics"][key]), key
             assert key not in w["summary"]  # measured figures only under perf/
         assert w["summary"]["plan/mfu"] == pytest.approx(result["plan"]["time"]["mfu"])
         # The step history is plotted against tokens seen.
-        assert any(m.get("glob_name") == "train/*" and m.get("step_metric") == "train/tokens_seen"
-                   for m in w["metric_records"]), w["metric_records"]
+        assert any(
+            m.get("glob_name") == "train/*" and m.get("step_metric") == "train/tokens_seen" for m in w["metric_records"]
+        ), w["metric_records"]
         every_step = sum(h["global_batch_size"] for h in result["metrics"]["history"])  # untimed steps too
         assert w["summary"]["train/tokens_seen"] == every_step * result["config"]["model"]["seq_len"]
         assert w["summary"]["status"] == result["status"] == "ok"
         assert w["run_record"]["job_type"] == "trial"
         assert "parallel.dp=" in w["run_record"]["display_name"]  # named by the swept values
         groups.add(w["run_record"]["run_group"])
-        assert "cluster:local" in w["run_record"]["tags"] and f"sweep:{w['run_record']['run_group']}" in w["run_record"]["tags"]
+        assert (
+            "cluster:local" in w["run_record"]["tags"]
+            and f"sweep:{w['run_record']['run_group']}" in w["run_record"]["tags"]
+        )
         # the median's interval beside it, and the noise verdict always (True or False)
-        assert w["summary"]["perf/step_time_ci_low"] <= result["metrics"]["step_time_s"] <= w["summary"]["perf/step_time_ci_high"]
+        assert (
+            w["summary"]["perf/step_time_ci_low"]
+            <= result["metrics"]["step_time_s"]
+            <= w["summary"]["perf/step_time_ci_high"]
+        )
         assert w["summary"]["perf/noisy"] is bool(result["metrics"]["noisy"])
         # the last step's own throughput is not a summary figure beside perf/'s median
         assert "train/tokens_per_sec_per_gpu" not in w["summary"] and "train/step_time_s" not in w["summary"]
@@ -95,12 +130,22 @@ def test_report_of_the_sweep(cli, local_sweep):
     proc = cli("report", str(local_sweep))
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader((local_sweep / "report.csv").open()))
-    assert len(rows) == 4 and {"parallel.dp", "zero.reduce_bucket_size", "tokens_per_sec_per_gpu", "mfu",
-                               "predicted_step_s", "peak_bytes", "predicted_peak_bytes"} <= set(rows[0])
+    assert len(rows) == 4 and {
+        "parallel.dp",
+        "zero.reduce_bucket_size",
+        "tokens_per_sec_per_gpu",
+        "mfu",
+        "predicted_step_s",
+        "peak_bytes",
+        "predicted_peak_bytes",
+    } <= set(rows[0])
     speeds = [float(r["tokens_per_sec_per_gpu"]) for r in rows]
     assert speeds == sorted(speeds, reverse=True)
-    assert rows[0]["vs_best"] == "best" and {r["vs_best"] for r in rows[1:]} <= {"slower", "within noise",
-                                                                                 "too few steps to tell"}
+    assert rows[0]["vs_best"] == "best" and {r["vs_best"] for r in rows[1:]} <= {
+        "slower",
+        "within noise",
+        "too few steps to tell",
+    }
     assert all(r["trial"] for r in rows)  # always a column that tells the rows apart
     assert "tokens/s/GPU" in proc.stdout and (local_sweep / "report.md").read_text().count("\n| ") >= 5
     import matplotlib.image as mpimg
@@ -143,8 +188,12 @@ def test_repeats_of_a_point_are_one_row_with_their_timed_steps_pooled(cli, defau
     (row,) = json.loads(cli("report", str(sweep), "--json").stdout)
     assert row["repeats"] == 2 and row["trial"].endswith("(+1 repeats)") and "run.repeat" not in row
     assert row["step_time_s"] == pytest.approx(statistics.median(steps))
-    assert point_type({"swept": {"parallel.dp": 2, "run.repeat": 1}}) == "parallel.dp=2" == \
-        point_type({"swept": {"parallel.dp": 2, "run.repeat": 0}}) and point_type({"swept": {"parallel.dp": 2}}) == "trial"
+    assert (
+        point_type({"swept": {"parallel.dp": 2, "run.repeat": 1}})
+        == "parallel.dp=2"
+        == point_type({"swept": {"parallel.dp": 2, "run.repeat": 0}})
+        and point_type({"swept": {"parallel.dp": 2}}) == "trial"
+    )
     assert len(point_type({"swept": {"x": "y" * 100, "run.repeat": 0}})) <= 64  # W&B's limit on a job type
     # and a sweep over it is three points of one trial each
     assert "3 plans" in cli("plan", "-m", "run.repeat=range(3)").stdout
@@ -173,15 +222,22 @@ def test_points_that_differ_only_in_a_swept_secret_stay_two_points_masked(cli, d
     from orchestrator.tracking import point_type
 
     sweep = tmp_path / "sweep"
-    overrides = [(f"+data.api_key={key}", f"run.repeat={repeat}") for key in ("s3cret-one", "s3cret-two")
-                 for repeat in (0, 1)]
+    overrides = [
+        (f"+data.api_key={key}", f"run.repeat={repeat}") for key in ("s3cret-one", "s3cret-two") for repeat in (0, 1)
+    ]
     batch = SweepBatch(overrides=overrides, first=0, base=sweep, group="g")
     infos = [batch.info(i) for i in range(4)]
     assert "s3cret" not in json.dumps(infos)
     types, names = [point_type(i) for i in infos], [i["name"] for i in infos]
     assert types[0] == types[1] != types[2] == types[3] and len(set(names)) == 4, (types, names)
-    assert point_type(SweepBatch(overrides=[("parallel.dp=1", "run.repeat=0"), ("parallel.dp=2", "run.repeat=1")],
-                                 first=0, base=sweep).info(0)) == "parallel.dp=1"  # no secret: no number
+    assert (
+        point_type(
+            SweepBatch(
+                overrides=[("parallel.dp=1", "run.repeat=0"), ("parallel.dp=2", "run.repeat=1")], first=0, base=sweep
+            ).info(0)
+        )
+        == "parallel.dp=1"
+    )  # no secret: no number
     for i, (info, these) in enumerate(zip(infos, overrides)):
         trial = sweep / f"{i}_{i}"
         shutil.copytree(default_trial, trial)
@@ -205,8 +261,15 @@ def test_the_scaling_plot_labels_its_error_bars_with_what_they_cover(tmp_path, m
     results = []
     for dp, tps in ((1, 1000.0), (2, 900.0)):
         s = spread([tps * f for f in (0.99, 1.0, 1.01, 1.0)]).as_dict()  # four timed steps
-        results.append(({"metrics": {"tokens_per_sec_per_gpu": tps, "mfu": 0.3, "tokens_per_sec_per_gpu_spread": s},
-                         "config": {"zero": {"reduce_bucket_size": 5e8}, "parallel": {"dp": dp}}}, f"parallel.dp={dp}"))
+        results.append(
+            (
+                {
+                    "metrics": {"tokens_per_sec_per_gpu": tps, "mfu": 0.3, "tokens_per_sec_per_gpu_spread": s},
+                    "config": {"zero": {"reduce_bucket_size": 5e8}, "parallel": {"dp": dp}},
+                },
+                f"parallel.dp={dp}",
+            )
+        )
     plots.scaling_plot(results, tmp_path / "scaling.png")
     labels = [t.get_text() for ax in drawn["fig"].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert any("interval of the median, 88%" in label for label in labels), labels
@@ -220,20 +283,37 @@ def _scaling_results(engines=("deepspeed", "fsdp"), dps=(1, 2, 4)) -> list[tuple
     out = []
     for engine in engines:
         for dp in dps:
-            tps = (20_000.0 if engine == "fsdp" else 24_000.0) / dp ** 0.2
+            tps = (20_000.0 if engine == "fsdp" else 24_000.0) / dp**0.2
             s = spread([tps * f for f in (0.97, 1.0, 1.03, 0.99, 1.01, 1.0)]).as_dict()
-            out.append(({"status": "ok", "plan": {"parallel": {"nodes": 1}, "time": {"step_s": 0.1 * dp,
-                                                  "tokens_per_sec_per_gpu": tps * 1.1, "mfu": tps / 1e5}},
-                         "config": {"zero": {"reduce_bucket_size": 5e8, "stage": 1}, "engine": {"name": engine},
-                                    "parallel": {"dp": dp}},
-                         "metrics": {"tokens_per_sec_per_gpu": tps, "mfu": tps / 1e5, "step_time_s": 0.1 * dp,
-                                     "tokens_per_sec_per_gpu_spread": s}},
-                        f"engine={engine}, parallel.dp={dp}"))
+            out.append(
+                (
+                    {
+                        "status": "ok",
+                        "plan": {
+                            "parallel": {"nodes": 1},
+                            "time": {"step_s": 0.1 * dp, "tokens_per_sec_per_gpu": tps * 1.1, "mfu": tps / 1e5},
+                        },
+                        "config": {
+                            "zero": {"reduce_bucket_size": 5e8, "stage": 1},
+                            "engine": {"name": engine},
+                            "parallel": {"dp": dp},
+                        },
+                        "metrics": {
+                            "tokens_per_sec_per_gpu": tps,
+                            "mfu": tps / 1e5,
+                            "step_time_s": 0.1 * dp,
+                            "tokens_per_sec_per_gpu_spread": s,
+                        },
+                    },
+                    f"engine={engine}, parallel.dp={dp}",
+                )
+            )
     return out
 
 
-def test_the_scaling_plot_draws_a_line_per_configuration_mfu_with_its_interval_and_nothing_over_data(tmp_path,
-                                                                                                   monkeypatch):
+def test_the_scaling_plot_draws_a_line_per_configuration_mfu_with_its_interval_and_nothing_over_data(
+    tmp_path, monkeypatch
+):
     """An engine comparison was one line per bucket size (both engines on one line), the MFU
     panel had no error bars, the legend sat over the data and a point's label ran past its
     panel. Rendered and read back: the lines, the MFU bars, where each legend and label is."""
@@ -241,13 +321,19 @@ def test_the_scaling_plot_draws_a_line_per_configuration_mfu_with_its_interval_a
 
     drawn = {}
     real_save = plots.save_figure
-    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig) and real_save(fig, path))
+    monkeypatch.setattr(
+        plots, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig) and real_save(fig, path)
+    )
     plots.scaling_plot(_scaling_results(engines=("deepspeed", "fsdp", "accelerate", "ddp")), tmp_path / "scaling.png")
     fig = drawn["scaling.png"]
     throughput, mfu, efficiency = fig.axes
     measured = {c.get_label(): list(c.lines[0].get_xdata()) for c in throughput.containers}
-    assert sorted(k.split(",")[0] for k in measured) == ["engine=accelerate", "engine=ddp", "engine=deepspeed",
-                                                       "engine=fsdp"], measured
+    assert sorted(k.split(",")[0] for k in measured) == [
+        "engine=accelerate",
+        "engine=ddp",
+        "engine=deepspeed",
+        "engine=fsdp",
+    ], measured
     assert all(x == [1, 2, 4] for x in measured.values())
     assert len(mfu.containers) == 4 and all(c.has_yerr for c in mfu.containers)  # MFU with its interval
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -278,8 +364,12 @@ def test_a_bucket_plot_is_drawn_only_for_configurations_that_ran_at_several_buck
     results[1][0]["config"]["zero"]["reduce_bucket_size"] = 2e8
     plots.report_plots(*zip(*results), SweepPaths(tmp_path))
     assert drawn == []
-    results += [({**results[0][0], "config": {**results[0][0]["config"], "zero": {"reduce_bucket_size": 1e6,
-                                                                                  "stage": 1}}}, results[0][1])]
+    results += [
+        (
+            {**results[0][0], "config": {**results[0][0]["config"], "zero": {"reduce_bucket_size": 1e6, "stage": 1}}},
+            results[0][1],
+        )
+    ]
     plots.report_plots(*zip(*results), SweepPaths(tmp_path))  # deepspeed at two sizes: its line alone
     assert drawn == ["buckets.png"]
 
@@ -303,12 +393,25 @@ def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp
     drawn = []
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append((path.name, fig)) or path)
     results, labels = [], []
-    for engine, dp, bucket in (("deepspeed", 1, 1e6), ("deepspeed", 1, 5e8), ("deepspeed", 2, 1e6),
-                               ("deepspeed", 2, 5e8), ("fsdp", 2, 5e8)):
-        results.append({"status": "ok", "plan": {"parallel": {"nodes": 1}, "time": {"step_s": 0.1 * dp}},
-                        "config": {"zero": {"reduce_bucket_size": bucket, "stage": 2}, "engine": {"name": engine},
-                                   "parallel": {"dp": dp}},
-                        "metrics": {"step_time_s": 0.1 * dp}})
+    for engine, dp, bucket in (
+        ("deepspeed", 1, 1e6),
+        ("deepspeed", 1, 5e8),
+        ("deepspeed", 2, 1e6),
+        ("deepspeed", 2, 5e8),
+        ("fsdp", 2, 5e8),
+    ):
+        results.append(
+            {
+                "status": "ok",
+                "plan": {"parallel": {"nodes": 1}, "time": {"step_s": 0.1 * dp}},
+                "config": {
+                    "zero": {"reduce_bucket_size": bucket, "stage": 2},
+                    "engine": {"name": engine},
+                    "parallel": {"dp": dp},
+                },
+                "metrics": {"step_time_s": 0.1 * dp},
+            }
+        )
         labels.append(f"engine={engine}, parallel.dp={dp}, zero.reduce_bucket_size={bucket:g}")
     monkeypatch.setattr(plots, "scaling_plot", lambda *a: None)
     monkeypatch.setattr(plots, "predicted_vs_measured_plot", lambda *a: None)
@@ -318,8 +421,9 @@ def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp
     plots.report_plots(results, labels, SweepPaths(tmp_path))
     (fig,) = [f for name, f in drawn if name == "buckets.png"]
     lines = {line.get_label(): list(line.get_xdata()) for line in fig.axes[0].get_lines()}
-    assert set(lines) == {f"engine=deepspeed, parallel.dp={dp}, {kind}" for dp in (1, 2)
-                          for kind in ("predicted", "measured")}
+    assert set(lines) == {
+        f"engine=deepspeed, parallel.dp={dp}, {kind}" for dp in (1, 2) for kind in ("predicted", "measured")
+    }
     assert all(x == [1e6, 5e8] for x in lines.values())
 
 

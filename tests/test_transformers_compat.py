@@ -15,7 +15,8 @@ import json, sys, torch
 from orchestrator.config import ModelConfig
 from orchestrator.workload.model import build_model, import_libraries
 import_libraries("llama")
-model = build_model(ModelConfig(arch="llama", n_layers=1, hidden=32, heads=2, vocab=64, seq_len=8, max_positions=8), seed=0)
+shape = ModelConfig(arch="llama", n_layers=1, hidden=32, heads=2, vocab=64, seq_len=8, max_positions=8)
+model = build_model(shape, seed=0)
 tokens = torch.randint(0, 64, (2, 8))
 loss = model(input_ids=tokens, labels=tokens).loss
 print(json.dumps({"scipy": "scipy.optimize" in sys.modules, "loss": float(loss)}))

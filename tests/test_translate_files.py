@@ -17,15 +17,42 @@ from tests.conftest import PRESET_KERNELS
 GOLDEN = Path(__file__).parent / "golden"
 CASES = {
     "tiny-default": [],
-    "gpt2-1.3b-stage2-slurm-h100": ["model=gpt2-1.3b", "zero=stage2", "cluster=slurm", "hardware=h100-sxm",
-                                    "parallel.dp=16", "numa=socket", "cluster.partition=gpu", "batch=warmup",
-                                    "batch.micro_batch_size=2", "batch.warmup.start=64", "batch.global_batch_size=512",
-                                    "batch.warmup.ramp_tokens=100000000", "batch.warmup.increment=64"],
-    "llama3-8b-stage3-offload-fp16": ["model=llama3-8b", "zero=stage3", "zero.offload_optimizer=cpu",
-                                      "zero.offload_param=cpu", "run.bf16=false", "run.fp16=true", "recompute=full",
-                                      "hardware=a100-80gb", "parallel.dp=8", "batch.micro_batch_size=1"],
-    "accelerate-fsdp-stage3-h100": ["engine=accelerate", "engine.backend=fsdp", "zero=stage3", "recompute=full",
-                                    "hardware=h100-sxm", "numa=node", "parallel.dp=4"],
+    "gpt2-1.3b-stage2-slurm-h100": [
+        "model=gpt2-1.3b",
+        "zero=stage2",
+        "cluster=slurm",
+        "hardware=h100-sxm",
+        "parallel.dp=16",
+        "numa=socket",
+        "cluster.partition=gpu",
+        "batch=warmup",
+        "batch.micro_batch_size=2",
+        "batch.warmup.start=64",
+        "batch.global_batch_size=512",
+        "batch.warmup.ramp_tokens=100000000",
+        "batch.warmup.increment=64",
+    ],
+    "llama3-8b-stage3-offload-fp16": [
+        "model=llama3-8b",
+        "zero=stage3",
+        "zero.offload_optimizer=cpu",
+        "zero.offload_param=cpu",
+        "run.bf16=false",
+        "run.fp16=true",
+        "recompute=full",
+        "hardware=a100-80gb",
+        "parallel.dp=8",
+        "batch.micro_batch_size=1",
+    ],
+    "accelerate-fsdp-stage3-h100": [
+        "engine=accelerate",
+        "engine.backend=fsdp",
+        "zero=stage3",
+        "recompute=full",
+        "hardware=h100-sxm",
+        "numa=node",
+        "parallel.dp=4",
+    ],
 }
 COMPARED = ("ds_config.json", "accelerate_config.yaml", "launch.json", "launch.sh", "EXPLAIN.md", "trial.json")
 
@@ -58,14 +85,17 @@ def _leaves(d: dict, prefix: str = "") -> dict:
     return out
 
 
-@pytest.mark.parametrize("override,key", [
-    ("zero.reduce_bucket_size=123456", "zero_optimization.reduce_bucket_size"),
-    ("zero.allgather_bucket_size=7e7", "zero_optimization.allgather_bucket_size"),
-    ("zero.prefetch_bucket_size=2.5e7", "zero_optimization.stage3_prefetch_bucket_size"),
-    ("zero.max_live_parameters=3e8", "zero_optimization.stage3_max_live_parameters"),
-    ("zero.overlap_comm=false", "zero_optimization.overlap_comm"),
-    ("run.grad_clip=0.5", "gradient_clipping"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("zero.reduce_bucket_size=123456", "zero_optimization.reduce_bucket_size"),
+        ("zero.allgather_bucket_size=7e7", "zero_optimization.allgather_bucket_size"),
+        ("zero.prefetch_bucket_size=2.5e7", "zero_optimization.stage3_prefetch_bucket_size"),
+        ("zero.max_live_parameters=3e8", "zero_optimization.stage3_max_live_parameters"),
+        ("zero.overlap_comm=false", "zero_optimization.overlap_comm"),
+        ("run.grad_clip=0.5", "gradient_clipping"),
+    ],
+)
 def test_an_override_changes_exactly_its_key(override, key):
     base = _leaves(ds_config(build_spec(["zero=stage3", "hardware=h100-sxm"])))
     changed = _leaves(ds_config(build_spec(["zero=stage3", "hardware=h100-sxm", override])))
@@ -83,11 +113,17 @@ def test_numa_without_gpus_warns_and_binds_nothing(tmp_path, capsys):
 def test_numa_with_gpus_binds_through_torchrun_and_slurm(tmp_path):
     local = write_trial_files(build_spec(["numa=socket", "hardware=h100-sxm", "parallel.dp=8"]), tmp_path / "l")
     assert "--numa-binding=socket" in local.command.argv
-    slurm = write_trial_files(build_spec(["numa=socket", "hardware=h100-sxm", "parallel.dp=16", "cluster=slurm"]),
-                              tmp_path / "s")
+    slurm = write_trial_files(
+        build_spec(["numa=socket", "hardware=h100-sxm", "parallel.dp=16", "cluster=slurm"]), tmp_path / "s"
+    )
     assert "--cpu-bind=sockets" in slurm.slurm["srun"]
-    assert {"--gres-flags=enforce-binding", "--ntasks-per-socket=4", "--nodes=2", "--ntasks-per-node=8",
-            "--gpus-per-node=8"} <= set(slurm.slurm["sbatch"])
+    assert {
+        "--gres-flags=enforce-binding",
+        "--ntasks-per-socket=4",
+        "--nodes=2",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+    } <= set(slurm.slurm["sbatch"])
     assert slurm.slurm["submitit"]["slurm_additional_parameters"]["ntasks-per-socket"] == "4"
 
 
@@ -107,8 +143,9 @@ def test_shell_metacharacters_in_config_values_never_reach_a_shell(tmp_path):
     assert local.command.argv[-1] == str(trial_dir.resolve())  # one argument, intact
     slurm_dir = tmp_path / f"slurm {evil}"
     srun_arg = "--comment=x; touch PWNED4 $(touch PWNED5) `touch PWNED6` & | > out"
-    slurm = write_trial_files(build_spec(["cluster=slurm", "hardware=cpu", f'cluster.srun_args=["{srun_arg}"]']),
-                              slurm_dir)
+    slurm = write_trial_files(
+        build_spec(["cluster=slurm", "hardware=cpu", f'cluster.srun_args=["{srun_arg}"]']), slurm_dir
+    )
     assert _argv_the_script_runs(slurm_dir / "launch.sh", "srun") == [*slurm.slurm["srun"], *slurm.slurm["task"]]
     assert srun_arg in slurm.slurm["srun"]
     assert not list(tmp_path.rglob("PWNED*")) and not list(tmp_path.rglob("out"))
@@ -138,26 +175,48 @@ def test_translate_sweep_writes_one_directory_per_point(tmp_path):
 
 
 def test_slurm_resource_fields_and_submitit_names_reach_sbatch_and_submitit(tmp_path):
-    spec = build_spec(["cluster=slurm", "hardware=h100-sxm", "cluster.mem_gb=500", "cluster.exclude='node[1-2]'",
-                       "cluster.gres=gpu:8", "cluster.comment=sweep-a", "+cluster.additional_parameters.reservation=big",
-                       "cluster.timeout_min=30", "cluster.max_num_timeout=5", "cluster.signal_delay_s=60"])
+    spec = build_spec(
+        [
+            "cluster=slurm",
+            "hardware=h100-sxm",
+            "cluster.mem_gb=500",
+            "cluster.exclude='node[1-2]'",
+            "cluster.gres=gpu:8",
+            "cluster.comment=sweep-a",
+            "+cluster.additional_parameters.reservation=big",
+            "cluster.timeout_min=30",
+            "cluster.max_num_timeout=5",
+            "cluster.signal_delay_s=60",
+        ]
+    )
     assert spec.cfg.cluster.time == "30" and spec.cfg.cluster.max_requeues == 5  # hydra-submitit-launcher's names
     write_trial_files(spec, tmp_path)
     launch = json.loads((tmp_path / "launch.json").read_text())
-    assert {"--time=30", "--mem=512000M", "--exclude=node[1-2]", "--gres=gpu:8", "--comment=sweep-a",
-            "--reservation=big", "--signal=USR2@60", "--requeue"} <= set(launch["sbatch"])
+    assert {
+        "--time=30",
+        "--mem=512000M",
+        "--exclude=node[1-2]",
+        "--gres=gpu:8",
+        "--comment=sweep-a",
+        "--reservation=big",
+        "--signal=USR2@60",
+        "--requeue",
+    } <= set(launch["sbatch"])
     submitit = launch["submitit"]
     assert submitit["mem_gb"] == 500 and submitit["timeout_min"] == 30 and submitit["slurm_exclude"] == "node[1-2]"
     assert submitit["slurm_additional_parameters"]["reservation"] == "big"
     assert "#SBATCH --signal=USR2@60" in (tmp_path / "launch.sh").read_text()
 
 
-@pytest.mark.parametrize("overrides,field", [
-    (["cluster.mem_gb=10", "cluster.mem_per_gpu=40G"], "cluster.mem_per_gpu"),
-    (["cluster.mem_per_gpu=lots"], "cluster.mem_per_gpu"),
-    (["cluster.timeout_min=0"], "cluster.timeout_min"),
-    (["+cluster.additional_parameters.Bad-Name=1"], "cluster.additional_parameters.Bad-Name"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        (["cluster.mem_gb=10", "cluster.mem_per_gpu=40G"], "cluster.mem_per_gpu"),
+        (["cluster.mem_per_gpu=lots"], "cluster.mem_per_gpu"),
+        (["cluster.timeout_min=0"], "cluster.timeout_min"),
+        (["+cluster.additional_parameters.Bad-Name=1"], "cluster.additional_parameters.Bad-Name"),
+    ],
+)
 def test_bad_slurm_fields_are_refused(overrides, field, capsys):
     assert main(["plan", "cluster=slurm", "hardware=h100-sxm", *overrides]) == 2
     assert capsys.readouterr().err.split(": ", 1)[1].startswith(f"{field}=")

@@ -17,8 +17,14 @@ GPU = ["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "zero.reduce_buc
 
 
 def test_sweep_syntax_replaces_an_axis_a_plain_override_fixes_it_and_a_new_key_adds_one():
-    fixed, axes = axes_of(["model=gpt2-350m", "zero=stage3", "batch.micro_batch_size=1,2", "zero.overlap_comm=true,false",
-                           ])
+    fixed, axes = axes_of(
+        [
+            "model=gpt2-350m",
+            "zero=stage3",
+            "batch.micro_batch_size=1,2",
+            "zero.overlap_comm=true,false",
+        ]
+    )
     assert fixed == ["model=gpt2-350m", "zero=stage3"]
     assert "zero" not in axes and axes["batch.micro_batch_size"] == ["1", "2"]
     assert [v.lower() for v in axes["zero.overlap_comm"]] == ["true", "false"]
@@ -28,8 +34,14 @@ def test_sweep_syntax_replaces_an_axis_a_plain_override_fixes_it_and_a_new_key_a
 
 
 def test_a_candidate_leaves_out_the_axes_its_stage_does_not_read():
-    keys = points({"zero": ["stage0", "stage3"], "zero.prefetch_bucket_size": ["1e6", "2e6"],
-                       "zero.allgather_bucket_size": ["1e6", "2e6"]}, None)
+    keys = points(
+        {
+            "zero": ["stage0", "stage3"],
+            "zero.prefetch_bucket_size": ["1e6", "2e6"],
+            "zero.allgather_bucket_size": ["1e6", "2e6"],
+        },
+        None,
+    )
     assert ("zero=stage0",) in keys  # neither bucket is read at stage 0: one candidate, not four
     assert len(keys) == 1 + 2 and len(set(keys)) == len(keys)
     assert all("allgather" not in o for k in keys for o in k)  # stage 3 has no allgather bucket
@@ -44,8 +56,7 @@ def test_candidates_the_same_in_effect_are_planned_and_run_once():
     same = [c for c in space.candidates if c.status == "same in effect"]
     assert len(same) == 3 * 3 * 2 - 1 - len([c for c in space.candidates if c.status == "invalid"])
     assert all(f"runs as {kept.label()} does" in c.reason and "one bucket" in c.reason for c in same)
-    gpu = plan_space([*GPU, "zero=stage2", "batch.micro_batch_size=1", "recompute=none",
-                      "zero.offload_optimizer=none"])
+    gpu = plan_space([*GPU, "zero=stage2", "batch.micro_batch_size=1", "recompute=none", "zero.offload_optimizer=none"])
     assert not [c for c in gpu.candidates if c.status == "same in effect"] and len(gpu.candidates) == 3
 
 
@@ -56,8 +67,9 @@ def test_the_space_is_planned_and_the_search_runs_the_fastest_by_the_plan_first(
     assert all("GiB" in c.reason for c in dropped if c.status == "does not fit")
     search = Search(space)
     first = search.next_batch(2)
-    assert [search.predicted(c) for c in first] == sorted((search.predicted(c) for c in space.fitting),
-                                                          reverse=True)[:2]
+    assert [search.predicted(c) for c in first] == sorted((search.predicted(c) for c in space.fitting), reverse=True)[
+        :2
+    ]
 
 
 def test_an_oom_drops_every_candidate_planned_at_or_above_its_memory_and_says_why():
@@ -94,8 +106,19 @@ def test_the_search_compares_the_calibrated_model_with_the_rate_at_the_median_st
     step gives 400 tokens/s/GPU while the median of the steps' own rates reads 662. The model
     calibrated on it predicts the second at the median step's rate: compared with 662 the
     search would stop there; compared like with like, the second still runs."""
-    search = Search(plan_space([*GPU, "zero=stage2", "batch.micro_batch_size=1", "recompute=none",
-                                "zero.offload_optimizer=none", "zero.allgather_bucket_size=2e8", "run.seed=1,2"]))
+    search = Search(
+        plan_space(
+            [
+                *GPU,
+                "zero=stage2",
+                "batch.micro_batch_size=1",
+                "recompute=none",
+                "zero.offload_optimizer=none",
+                "zero.allgather_bucket_size=2e8",
+                "run.seed=1,2",
+            ]
+        )
+    )
     first, second = search.space.fitting
     step_s = 2 * first.predicted_step_s
     at_median_step = first.spec.tokens_per_step / step_s / first.spec.world_size
@@ -108,8 +131,17 @@ def test_the_search_compares_the_calibrated_model_with_the_rate_at_the_median_st
 
 def test_a_space_where_nothing_fits_says_so_before_anything_runs(cli, tmp_path):
     out = tmp_path / "t"
-    proc = cli("tune", "--out", str(out), "model=llama3-70b", "hardware=h100-sxm", "parallel.dp=1",
-                   "zero=stage0,stage1", "zero.offload_optimizer=none", "cluster=slurm")
+    proc = cli(
+        "tune",
+        "--out",
+        str(out),
+        "model=llama3-70b",
+        "hardware=h100-sxm",
+        "parallel.dp=1",
+        "zero=stage0,stage1",
+        "zero.offload_optimizer=none",
+        "cluster=slurm",
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr  # the plan refuses, as `plan` says of one trial
     assert "none does" in proc.stderr and "GiB" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
@@ -124,10 +156,20 @@ def test_a_space_where_nothing_fits_says_so_before_anything_runs(cli, tmp_path):
 def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_rerunning(cli, tmp_path):
     out = tmp_path / "tune"
     # W&B offline and a secret in a setup line: it reaches no file of the search and no output.
-    space = ["logger.mode=offline", FP32, "run.steps=3", "run.warmup_steps=1", "parallel.dp=1", "zero=stage0,stage1",
-             "batch.micro_batch_size=1,2", "recompute=none", "zero.reduce_bucket_size=1e6",
-             "zero.allgather_bucket_size=1e6", "zero.offload_optimizer=none",
-             "cluster.setup=['export WANDB_API_KEY=s3crettune']"]
+    space = [
+        "logger.mode=offline",
+        FP32,
+        "run.steps=3",
+        "run.warmup_steps=1",
+        "parallel.dp=1",
+        "zero=stage0,stage1",
+        "batch.micro_batch_size=1,2",
+        "recompute=none",
+        "zero.reduce_bucket_size=1e6",
+        "zero.allgather_bucket_size=1e6",
+        "zero.offload_optimizer=none",
+        "cluster.setup=['export WANDB_API_KEY=s3crettune']",
+    ]
     proc = run_cli("tune", "--out", str(out), "--trials", "2", *space, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "s3crettune" not in proc.stdout + proc.stderr
@@ -185,8 +227,10 @@ def test_a_tune_rounds_runs_are_named_by_what_they_tried(tmp_path):
     alone = SweepBatch([point], 4, tmp_path, fixed=fixed)
     assert alone.info(0)["name"] == "zero=stage1,batch.micro_batch_size=2,recompute=none"
     pair = SweepBatch([point, (*point[:2], "batch.micro_batch_size=1", point[3])], 5, tmp_path, fixed=fixed)
-    assert [pair.info(i)["name"] for i in range(2)] == ["zero=stage1,batch.micro_batch_size=2,recompute=none",
-                                                       "zero=stage1,batch.micro_batch_size=1,recompute=none"]
+    assert [pair.info(i)["name"] for i in range(2)] == [
+        "zero=stage1,batch.micro_batch_size=2,recompute=none",
+        "zero=stage1,batch.micro_batch_size=1,recompute=none",
+    ]
 
 
 def test_a_resumed_tune_keeps_the_group_its_trials_ran_in(tmp_path):

@@ -22,8 +22,13 @@ print(json.dumps({"disabled": disabled, "wandb_before": wandb_before, "mode": ru
 
 
 def test_what_wandb_init_imports_is_imported_with_wandb(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", CHECK, str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NETRC": str(tmp_path / "netrc")})
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NETRC": str(tmp_path / "netrc")},
+    )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["disabled"] is None and seen["wandb_before"] is False  # disabled imports nothing

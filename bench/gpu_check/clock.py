@@ -1,4 +1,5 @@
 """kernel_timing's two GPU clocks on one big and one tiny GEMM, and its quiet check on an idle GPU."""
+
 import time
 
 import torch
@@ -27,6 +28,10 @@ try:
 except KernelTimingError as exc:  # CUPTI saw no kernel: the plan falls back to the preset and says so
     verdict = f"KernelTimingError: {exc}"
 ok = big_dev > 0 and small_dev > 0 and verdict == "quiet"
-print(f"{'PASS' if ok else 'FAIL'} 4096^3 bf16 GEMM {flops / big_dev / 1e12 if big_dev else 0:.0f} TFLOP/s by CUPTI device "
-      f"time, {flops / big_ev / 1e12:.0f} by CUDA events; 64^3: {small_dev * 1e6:.1f} us device vs {small_ev * 1e6:.1f} us "
-      f"events (host pace); quiet check on an idle GPU: {verdict[:120]}")
+print(
+    f"{'PASS' if ok else 'FAIL'} 4096^3 bf16 GEMM {flops / big_dev / 1e12 if big_dev else 0:.0f} TFLOP/s by "
+    "CUPTI device "
+    f"time, {flops / big_ev / 1e12:.0f} by CUDA events; 64^3: {small_dev * 1e6:.1f} us device vs "
+    f"{small_ev * 1e6:.1f} us "
+    f"events (host pace); quiet check on an idle GPU: {verdict[:120]}"
+)

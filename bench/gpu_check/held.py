@@ -1,4 +1,5 @@
 """The most GPU memory one pid held, from the sampler's lines (app,PID,MiB)."""
+
 import sys
 
 most = None

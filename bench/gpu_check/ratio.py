@@ -1,4 +1,5 @@
 """Step time of trial B over trial A."""
+
 import json
 import sys
 

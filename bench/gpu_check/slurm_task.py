@@ -1,15 +1,15 @@
 """One SLURM task as srun would start it, without SLURM: submitit's environment from fake
 SLURM_* variables (set by the caller), launchers.slurm_task.SlurmTask called as submitit calls
 it. With hardware.kernels=measured rank 0 re-plans on the node (GPU) before starting its rank."""
+
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from orchestrator.launchers.slurm_task import SlurmTask
 from orchestrator.spec import load_spec
-
-import os
 
 d = Path(sys.argv[1])
 rank = os.environ.get("SLURM_PROCID", "0")
@@ -37,7 +37,9 @@ b = json.loads((d / "plan.json").read_text())
 a = json.loads(sub.read_text()) if sub.is_file() else b  # no plan-at-submit: kernels=preset, nothing re-planned
 m = json.loads((d / "metrics.json").read_text())["metrics"]
 replan = f"{sub.stat().st_mtime - t0:.0f} s" if sub.is_file() else "no"
-print(f"PASS ({wall:.0f} s, of which {replan} re-planning on the node before the rank started; world "
-      f"{json.loads((d / 'metrics.json').read_text())['env']['world_size']}) "
-      f"step: submitted plan {a['time']['step_s'] * 1e3:.1f} ms -> node plan {b['time']['step_s'] * 1e3:.1f} ms -> "
-      f"measured {m['step_time_s'] * 1e3:.1f} ms; compute: {b['sources']['compute'][-70:]}")
+print(
+    f"PASS ({wall:.0f} s, of which {replan} re-planning on the node before the rank started; world "
+    f"{json.loads((d / 'metrics.json').read_text())['env']['world_size']}) "
+    f"step: submitted plan {a['time']['step_s'] * 1e3:.1f} ms -> node plan {b['time']['step_s'] * 1e3:.1f} ms -> "
+    f"measured {m['step_time_s'] * 1e3:.1f} ms; compute: {b['sources']['compute'][-70:]}"
+)

@@ -17,8 +17,8 @@ Optuna records a failed trial and samples on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -26,8 +26,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 from orchestrator import hydra_registry
-from orchestrator.hydra_errors import config_error
 from orchestrator.errors import ConfigError
+from orchestrator.hydra_errors import config_error
 from orchestrator.sweep_batch import SweepBatch, redact_sweep_record
 
 hydra_registry.register()  # hydra/launcher=orchestrator, whichever app discovers this plugin first
@@ -47,9 +47,14 @@ class OrchestratorLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
-        batch = SweepBatch([tuple(o) for o in job_overrides], initial_job_idx, Path(str(self.config.hydra.sweep.dir)),
-                           group=self.group, hydra_subdir=self.hydra_subdir,
-                           fixed=frozenset(map(str, self.config.hydra.overrides.task)))
+        batch = SweepBatch(
+            [tuple(o) for o in job_overrides],
+            initial_job_idx,
+            Path(str(self.config.hydra.sweep.dir)),
+            group=self.group,
+            hydra_subdir=self.hydra_subdir,
+            fixed=frozenset(map(str, self.config.hydra.overrides.task)),
+        )
         redact_sweep_record(batch.base)  # the basic sweeper's multirun.yaml, before any point runs
         returns: list[JobReturn] = []
         for i, overrides in enumerate(job_overrides):
@@ -62,8 +67,15 @@ class OrchestratorLauncher(Launcher):
             with open_dict(point_cfg):
                 point_cfg.hydra.job.id = f"{batch.job_id}_{initial_job_idx + i}"
                 point_cfg.hydra.job.num = initial_job_idx + i
-            returns.append(run_job(hydra_context=self.hydra_context, task_function=batch.task(i, point_cfg),
-                                   config=point_cfg, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+            returns.append(
+                run_job(
+                    hydra_context=self.hydra_context,
+                    task_function=batch.task(i, point_cfg),
+                    config=point_cfg,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+            )
         batch.submit()  # the SLURM points, as one array; nothing if all ran here
         return returns
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
@@ -26,17 +26,18 @@ hydra_registry.register()  # hydra/sweeper=orchestrator_tune, whichever app disc
 
 
 class TuneSweeper(Sweeper):
-    def __init__(self, budget_trials: int = 8, budget_min: Optional[float] = None, batch_size: int = 2) -> None:
+    def __init__(self, budget_trials: int = 8, budget_min: float | None = None, batch_size: int = 2) -> None:
         self.budget_trials, self.budget_min, self.batch_size = budget_trials, budget_min, batch_size
         self.config: DictConfig | None = None
         self.launcher = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
-        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
-                                                                task_function=task_function, config=config)
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         from orchestrator.display import console
         from orchestrator.tune import record
         from orchestrator.tune.search import Search

@@ -121,7 +121,6 @@ class BusTable:
         can put at any figure)."""
         return self._fastest[(op, ranks_per_node)]
 
-
     def small_call(self, op: str, nodes: int, rpn: int, nbytes: float) -> Reading | None:
         """A call smaller than the `nodes` curve's smallest size, where a smaller node count
         measured that size: no faster than there (at one size, more nodes only add hops and
@@ -138,8 +137,11 @@ class BusTable:
         line, _ = curve_busbw(own, nbytes)
         if bound >= line:
             return None
-        return Reading(bound, f"below the {nodes}-node curve's smallest size ({_mb(own[0][0])}): no faster than "
-                              f"the {fewer[-1]}-node curve at this size")
+        return Reading(
+            bound,
+            f"below the {nodes}-node curve's smallest size ({_mb(own[0][0])}): no faster than "
+            f"the {fewer[-1]}-node curve at this size",
+        )
 
 
 def curve_busbw(curve: tuple[tuple[int, float], ...], nbytes: float) -> tuple[float, str]:
@@ -150,7 +152,9 @@ def curve_busbw(curve: tuple[tuple[int, float], ...], nbytes: float) -> tuple[fl
     if nbytes < sizes[0]:
         return alpha_beta(curve[0], curve[1], nbytes, below=True), f"below the smallest size measured ({_mb(sizes[0])})"
     if nbytes > sizes[-1]:
-        return alpha_beta(curve[-1], curve[-2], nbytes, below=False), f"above the largest size measured ({_mb(sizes[-1])})"
+        return alpha_beta(
+            curve[-1], curve[-2], nbytes, below=False
+        ), f"above the largest size measured ({_mb(sizes[-1])})"
     i = bisect.bisect_left(sizes, nbytes)
     if sizes[i] == nbytes:
         return curve[i][1], ""
@@ -189,8 +193,12 @@ def parse(text: str, where: str) -> BusTable:
     source = " ".join(line.lstrip("#").strip() for _, line in lines if line.startswith("#"))
     data = [(n, line) for n, line in lines if line and not line.startswith("#")]
     if not data or [c.strip() for c in data[0][1].lstrip("\ufeff").split(",")] != list(COLUMNS):
-        raise ConfigError("hardware.network", where, f"a network table: a CSV whose header is {','.join(COLUMNS)}"
-                          + (f" (line {data[0][0]} is {data[0][1][:80]!r})" if data else " (the file has no rows)"))
+        raise ConfigError(
+            "hardware.network",
+            where,
+            f"a network table: a CSV whose header is {','.join(COLUMNS)}"
+            + (f" (line {data[0][0]} is {data[0][1][:80]!r})" if data else " (the file has no rows)"),
+        )
     rows = [_row(line, n, where) for n, line in data[1:]]
     if not rows:
         raise ConfigError("hardware.network", where, "a network table with at least one row under its header")
@@ -198,9 +206,13 @@ def parse(text: str, where: str) -> BusTable:
     for (n, _), r in zip(data[1:], rows):
         key = (r.collective, r.nodes, r.ranks_per_node)
         if key in last and r.bytes <= last[key][0]:
-            raise ConfigError(f"{where} line {n}: bytes", r.bytes, f"sizes that increase within one curve "
-                              f"({r.collective}, {r.nodes} node(s), {r.ranks_per_node} rank(s) per node): line "
-                              f"{last[key][1]} has {last[key][0]}")
+            raise ConfigError(
+                f"{where} line {n}: bytes",
+                r.bytes,
+                f"sizes that increase within one curve "
+                f"({r.collective}, {r.nodes} node(s), {r.ranks_per_node} rank(s) per node): line "
+                f"{last[key][1]} has {last[key][0]}",
+            )
         last[key] = (r.bytes, n)
     return BusTable(rows, source or where)
 
@@ -208,33 +220,39 @@ def parse(text: str, where: str) -> BusTable:
 def _row(line: str, n: int, where: str) -> BusRow:
     cells = [c.strip() for c in line.split(",")]
     if len(cells) != len(COLUMNS):
-        raise ConfigError(f"{where} line {n}", line[:80], f"{len(COLUMNS)} fields ({','.join(COLUMNS)}), "
-                          f"found {len(cells)}")
+        raise ConfigError(
+            f"{where} line {n}", line[:80], f"{len(COLUMNS)} fields ({','.join(COLUMNS)}), found {len(cells)}"
+        )
     values = dict(zip(COLUMNS, cells))
     for name, value in values.items():
         if value == "":
             raise ConfigError(f"{where} line {n}: {name}", "(empty)", "a value in every field: a table has no gaps")
     if values["collective"] not in COLLECTIVES:
         raise ConfigError(f"{where} line {n}: collective", values["collective"], f"one of {', '.join(COLLECTIVES)}")
-    ints = {}
+    ints: dict[str, int] = {}
     for name, high in MAX_FIELDS.items():
         text = values[name]
-        ints[name] = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
-        if ints[name] is None or not 1 <= ints[name] <= high:
+        whole = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
+        if whole is None or not 1 <= whole <= high:
             raise ConfigError(f"{where} line {n}: {name}", text[:40], f"a whole number from 1 to {high:,}")
+        ints[name] = whole
     try:
         busbw = float(values["busbw_gbps"])
     except ValueError:
         busbw = math.nan
     if not MIN_BUSBW_GBPS <= busbw <= MAX_BUSBW_GBPS:
-        raise ConfigError(f"{where} line {n}: busbw_gbps", values["busbw_gbps"],
-                          f"a bus bandwidth in GB/s from {MIN_BUSBW_GBPS:g} to {MAX_BUSBW_GBPS:g}")
+        raise ConfigError(
+            f"{where} line {n}: busbw_gbps",
+            values["busbw_gbps"],
+            f"a bus bandwidth in GB/s from {MIN_BUSBW_GBPS:g} to {MAX_BUSBW_GBPS:g}",
+        )
     return BusRow(values["collective"], ints["nodes"], ints["ranks_per_node"], ints["bytes"], busbw)
 
 
 def render(table: BusTable) -> str:
     head = "".join(f"# {line}\n" for line in table.source.splitlines() if line.strip())
-    body = "".join(f"{r.collective},{r.nodes},{r.ranks_per_node},{r.bytes},{r.busbw_gbps:.6g}\n"
-                   for r in sorted(table.rows, key=lambda r: (COLLECTIVES.index(r.collective), r.nodes,
-                                                                r.ranks_per_node, r.bytes)))
+    body = "".join(
+        f"{r.collective},{r.nodes},{r.ranks_per_node},{r.bytes},{r.busbw_gbps:.6g}\n"
+        for r in sorted(table.rows, key=lambda r: (COLLECTIVES.index(r.collective), r.nodes, r.ranks_per_node, r.bytes))
+    )
     return head + ",".join(COLUMNS) + "\n" + body

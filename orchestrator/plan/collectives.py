@@ -153,8 +153,9 @@ def ll_ring_time(op: str, nbytes: float, net: Network) -> float:
 
 def ll_tree_time(nbytes: float, net: Network) -> float:
     """An all-reduce as NCCL's tree in the LL protocol."""
-    latency = LL_TREE_BASE_US + 2 * ((net.ranks_per_node - 1) * LL_NVLINK_HOP_US
-                                     + math.log2(net.nodes) * LL_NET_TREE_HOP_US)
+    latency = LL_TREE_BASE_US + 2 * (
+        (net.ranks_per_node - 1) * LL_NVLINK_HOP_US + math.log2(net.nodes) * LL_NET_TREE_HOP_US
+    )
     busbw = min(LL_TREE_SHARE * TREE_BANDWIDTH_SHARE * net.ring_busbw, ll_cap(net))
     return net.call + latency * 1e-6 + 2 * nbytes / busbw
 
@@ -180,12 +181,18 @@ def call_time(op: str, nbytes: float, net: Network) -> CallTime:
 
 def modelled_time(op: str, nbytes: float, net: Network) -> CallTime:
     """NCCL's algorithms and protocols (gloo's ring) on the parametric levels: the fastest."""
-    times = {(a, "Simple"): ring_time(op, nbytes, net) if a == "ring" else tree_time(nbytes, net)
-             for a in algorithms(op, net)}
+    times = {
+        (a, "Simple"): ring_time(op, nbytes, net) if a == "ring" else tree_time(nbytes, net)
+        for a in algorithms(op, net)
+    }
     if net.backend == "nccl":
-        times.update({(a, "LL"): ll_ring_time(op, nbytes, net) if a == "ring" else ll_tree_time(nbytes, net)
-                      for a in algorithms(op, net)})
-    algorithm, protocol = min(times, key=times.get)
+        times.update(
+            {
+                (a, "LL"): ll_ring_time(op, nbytes, net) if a == "ring" else ll_tree_time(nbytes, net)
+                for a in algorithms(op, net)
+            }
+        )
+    algorithm, protocol = min(times, key=lambda way: times[way])
     share = TREE_BANDWIDTH_SHARE if algorithm == "tree" else 1.0
     busbw = net.ring_busbw * share
     if protocol == "LL":
@@ -201,18 +208,23 @@ def bus_factor(op: str, ranks: int) -> float:
 def table_time(op: str, nbytes: float, net: Network) -> CallTime | None:
     """One call timed from the network's measured curves; None where they cannot say (one
     node and no one-node curve, or a table measured on one node only for a call across nodes)."""
+    if net.table is None:
+        return None
     reading = net.table.busbw(op, net.nodes, net.ranks_per_node, nbytes)
     if reading is None:
         reading = beyond_the_table(op, nbytes, net)
     if reading is None:
         return None
-    return CallTime(net.call + nbytes * bus_factor(op, net.ranks) / reading.busbw, "measured", reading.busbw,
-                    reading.note)
+    return CallTime(
+        net.call + nbytes * bus_factor(op, net.ranks) / reading.busbw, "measured", reading.busbw, reading.note
+    )
 
 
 def beyond_the_table(op: str, nbytes: float, net: Network) -> Reading | None:
     """busbw at a node count the table did not measure: its edge's curve, carried by the model."""
     table, rpn = net.table, net.ranks_per_node
+    if table is None:
+        return None
     read_op, read_rpn, _ = table.resolve(op, rpn)
     counts = table.node_counts(read_op, read_rpn)
     if not counts or net.nodes == 1:  # one node is another level (NVLink): not extrapolated from the network
@@ -221,6 +233,8 @@ def beyond_the_table(op: str, nbytes: float, net: Network) -> Reading | None:
     if edge == 1:
         return None
     at_edge = table.busbw(op, edge, rpn, nbytes)
+    if at_edge is None:  # an edge of the table's own node counts is read there
+        return None
     inter = edge_level(table, read_op, edge, read_rpn, net.intra, net.backend)
 
     def model(nodes: int) -> float:
@@ -228,9 +242,11 @@ def beyond_the_table(op: str, nbytes: float, net: Network) -> Reading | None:
         return nbytes * bus_factor(op, at.ranks) / modelled_time(op, nbytes, at).seconds
 
     side = "beyond the largest" if net.nodes > edge else "below the smallest"
-    return Reading(min(at_edge.busbw * model(net.nodes) / model(edge), table.fastest(read_op, read_rpn)),
-                   f"extrapolated {side} node count measured ({edge}) by NCCL's ring and tree terms fitted to it"
-                   + (f"; {at_edge.note}" if at_edge.note else ""))
+    return Reading(
+        min(at_edge.busbw * model(net.nodes) / model(edge), table.fastest(read_op, read_rpn)),
+        f"extrapolated {side} node count measured ({edge}) by NCCL's ring and tree terms fitted to it"
+        + (f"; {at_edge.note}" if at_edge.note else ""),
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -249,8 +265,11 @@ def edge_level(table: BusTable, op: str, nodes: int, rpn: int, intra: Level, bac
     best_bw, best_lat = max(b for _, b in curve), 10e-6
     span = (math.log(1e3), math.log(1e3))  # x1000 each way of the curve's peak busbw and 10 us
     for _ in range(3):
-        grid = [(best_bw * math.exp(i / 8 * span[0]), best_lat * math.exp(j / 8 * span[1]))
-                for i in range(-8, 9) for j in range(-8, 9)]
+        grid = [
+            (best_bw * math.exp(i / 8 * span[0]), best_lat * math.exp(j / 8 * span[1]))
+            for i in range(-8, 9)
+            for j in range(-8, 9)
+        ]
         best_bw, best_lat = min(grid, key=lambda p: error(*p))
         span = (span[0] / 6, span[1] / 6)
     return Level(best_bw, best_lat)
@@ -262,15 +281,34 @@ def small_call_note(net: Network) -> str:
     if net.ranks <= 1:
         return ""
     t = call_time("all_reduce", 8.0, net)
-    source = (t.note or "measured") if t.algorithm == "measured" else f"NCCL's {t.algorithm} in its {t.protocol} " \
-        "protocol on the levels above, not measured" if net.backend == "nccl" else "gloo's ring on the levels above"
+    source = (
+        (t.note or "measured")
+        if t.algorithm == "measured"
+        else f"NCCL's {t.algorithm} in its {t.protocol} protocol on the levels above, not measured"
+        if net.backend == "nccl"
+        else "gloo's ring on the levels above"
+    )
     return f"an 8-byte all-reduce across the {net.ranks} ranks costs {t.seconds * 1e6:,.1f} us ({source})"
 
 
-def network(ranks: int, nodes: int, intra_busbw_gbps: float, intra_latency_us: float, inter_busbw_gbps: float,
-            inter_latency_us: float, backend: str = "nccl", call_us: float = 0.0,
-            table: BusTable | None = None) -> Network:
+def network(
+    ranks: int,
+    nodes: int,
+    intra_busbw_gbps: float,
+    intra_latency_us: float,
+    inter_busbw_gbps: float,
+    inter_latency_us: float,
+    backend: str = "nccl",
+    call_us: float = 0.0,
+    table: BusTable | None = None,
+) -> Network:
     """A Network from a hardware preset's units (GB/s, microseconds)."""
-    return Network(ranks=ranks, nodes=nodes, intra=Level(intra_busbw_gbps * 1e9, intra_latency_us * 1e-6),
-                   inter=Level(inter_busbw_gbps * 1e9, inter_latency_us * 1e-6), backend=backend, call=call_us * 1e-6,
-                   table=table)
+    return Network(
+        ranks=ranks,
+        nodes=nodes,
+        intra=Level(intra_busbw_gbps * 1e9, intra_latency_us * 1e-6),
+        inter=Level(inter_busbw_gbps * 1e9, inter_latency_us * 1e-6),
+        backend=backend,
+        call=call_us * 1e-6,
+        table=table,
+    )

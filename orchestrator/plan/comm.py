@@ -110,12 +110,20 @@ def collective(phase: str, c: Calls, net: Network, per_step: int = 1, exposed_s:
     time_s = per_step * sum(c.seconds)
     moved = [(e, t.busbw) for e, t in zip(c.sizes, c.times) if t.busbw > 0]
     busbw = sum(e for e, _ in moved) / sum(e / b for e, b in moved) if moved else 0.0
-    return Collective(op=c.op, phase=phase, dtype_bytes=c.dtype_bytes,
-                      bytes_per_call=total / len(c.times) if c.times else 0.0, calls=per_step * len(c.times),
-                      bytes_per_rank=per_step * steps * total, algorithm=algorithm, level=net.level,
-                      busbw_gbps=busbw / 1e9, time_s=time_s,
-                      exposed_s=min(exposed_s, time_s), busbw_note="; ".join(dict.fromkeys(t.note for t in c.times
-                                                                                             if t.note)))
+    return Collective(
+        op=c.op,
+        phase=phase,
+        dtype_bytes=c.dtype_bytes,
+        bytes_per_call=total / len(c.times) if c.times else 0.0,
+        calls=per_step * len(c.times),
+        bytes_per_rank=per_step * steps * total,
+        algorithm=algorithm,
+        level=net.level,
+        busbw_gbps=busbw / 1e9,
+        time_s=time_s,
+        exposed_s=min(exposed_s, time_s),
+        busbw_note="; ".join(dict.fromkeys(t.note for t in c.times if t.note)),
+    )
 
 
 def overlapped(compute_s: float, comm_bucket_s: list[float]) -> float:
@@ -160,8 +168,9 @@ def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: 
     micro = fwd_s + bwd_s
     overlap = s.overlap_comm and net.ranks > 1
     if s.stage == 0:
-        reduce = calls("all_reduce", packed_buckets(s.tensors, s.reduce_bucket if s.ddp else STAGE0_BUCKET),
-                       s.wire_bytes, net)
+        reduce = calls(
+            "all_reduce", packed_buckets(s.tensors, s.reduce_bucket if s.ddp else STAGE0_BUCKET), s.wire_bytes, net
+        )
         last = overlapped(bwd_s, reduce.seconds) if s.ddp and overlap else bwd_s + sum(reduce.seconds)
         step = (grad_accum - 1) * micro + fwd_s + last
         phase = "backward of the last micro batch, gradient buckets" if s.ddp else "after the last backward"
@@ -170,12 +179,19 @@ def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: 
         every = grad_accum if s.stage == 2 else 1
         reduce = calls("all_reduce", packed_buckets(s.tensors, s.reduce_bucket), s.wire_bytes, net)
         with_comm = overlapped(bwd_s, reduce.seconds) if overlap else bwd_s + sum(reduce.seconds)
-        gather = collective("after step(), updated parameters",
-                            calls("all_gather", buckets(sum(s.tensors), s.allgather_bucket), s.param_bytes, net),
-                            net, exposed_s=math.inf)
+        gather = collective(
+            "after step(), updated parameters",
+            calls("all_gather", buckets(sum(s.tensors), s.allgather_bucket), s.param_bytes, net),
+            net,
+            exposed_s=math.inf,
+        )
         where = ", every micro batch" if s.stage == 2 else ", last micro batch"
-        c = [collective("backward, gradient buckets" + where, reduce, net, per_step=every,
-                        exposed_s=every * (with_comm - bwd_s)), gather]
+        c = [
+            collective(
+                "backward, gradient buckets" + where, reduce, net, per_step=every, exposed_s=every * (with_comm - bwd_s)
+            ),
+            gather,
+        ]
         step = (grad_accum - every) * micro + every * (fwd_s + with_comm) + gather.time_s
     else:
         step, c = _stage3(s, grad_accum, fwd_s, bwd_s, net, overlap)
@@ -184,8 +200,9 @@ def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: 
     return StepTime(compute_s=compute, comm_s=comm, exposed_s=max(0.0, step - compute), step_s=step, collectives=c)
 
 
-def _stage3(s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Network,
-            overlap: bool) -> tuple[float, list[Collective]]:
+def _stage3(
+    s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Network, overlap: bool
+) -> tuple[float, list[Collective]]:
     """ZeRO-3: gather in forward and backward, reduce-scatter in backward, every micro batch."""
     gathers = calls("all_gather", buckets(sum(s.tensors), s.prefetch_bucket), s.param_bytes, net)
     scatters = calls("reduce_scatter", packed_buckets(s.tensors, s.reduce_bucket), s.wire_bytes, net)
@@ -197,16 +214,35 @@ def _stage3(s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Netwo
         fwd, bwd = fwd_s + sum(fetch), bwd_s + sum(fetch) + sum(reduce)
     per_micro = {"forward": fwd - fwd_s, "backward": bwd - bwd_s}
     b_total = sum(fetch) + sum(reduce)
-    c = [collective("forward, every micro batch", gathers, net, per_step=grad_accum,
-                    exposed_s=grad_accum * per_micro["forward"]),
-         collective("backward, every micro batch", gathers, net, per_step=grad_accum,
-                    exposed_s=grad_accum * per_micro["backward"] * (sum(fetch) / b_total if b_total else 0)),
-         collective("backward, every micro batch", scatters, net, per_step=grad_accum,
-                    exposed_s=grad_accum * per_micro["backward"] * (sum(reduce) / b_total if b_total else 0))]
+    c = [
+        collective(
+            "forward, every micro batch", gathers, net, per_step=grad_accum, exposed_s=grad_accum * per_micro["forward"]
+        ),
+        collective(
+            "backward, every micro batch",
+            gathers,
+            net,
+            per_step=grad_accum,
+            exposed_s=grad_accum * per_micro["backward"] * (sum(fetch) / b_total if b_total else 0),
+        ),
+        collective(
+            "backward, every micro batch",
+            scatters,
+            net,
+            per_step=grad_accum,
+            exposed_s=grad_accum * per_micro["backward"] * (sum(reduce) / b_total if b_total else 0),
+        ),
+    ]
     kept = persistent(s.tensors, s.persistence_threshold) if net.ranks > 1 else []
     if kept:
-        c.append(collective("after step(), each persistent parameter", calls("all_gather", kept, s.param_bytes, net),
-                            net, exposed_s=math.inf))
+        c.append(
+            collective(
+                "after step(), each persistent parameter",
+                calls("all_gather", kept, s.param_bytes, net),
+                net,
+                exposed_s=math.inf,
+            )
+        )
     return grad_accum * (fwd + bwd) + (c[-1].time_s if kept else 0.0), c
 
 

@@ -70,8 +70,12 @@ ROPE_IO = 2 + 2
 # RMSNorm upcasts to fp32 and makes seven passes, its rotary four; GPT-2's LayerNorm and
 # GELU are one kernel each. The fused counts above are 44 h + 10 ffn (GPT-2) and 52 h +
 # 26 ffn + 8 kv (Llama) in bf16.
-EAGER_LAYER_IO = {("gpt2", 2): (66.33, 12.02, 0.0), ("gpt2", 4): (132.66, 24.03, 0.0),
-                  ("llama", 2): (359.23, 28.0, 53.33), ("llama", 4): (437.99, 56.0, 106.67)}
+EAGER_LAYER_IO = {
+    ("gpt2", 2): (66.33, 12.02, 0.0),
+    ("gpt2", 4): (132.66, 24.03, 0.0),
+    ("llama", 2): (359.23, 28.0, 53.33),
+    ("llama", 4): (437.99, 56.0, 106.67),
+}
 # The loss per token and vocabulary entry, in fp32 as transformers computes it: the logits
 # upcast, log_softmax written, nll's gradient, log_softmax's backward, the downcast.
 LOSS_BYTES_PER_VOCAB = 36
@@ -156,8 +160,15 @@ def layer_gemms(model: ModelConfig, tokens: int) -> list[tuple[int, int, int]]:
     h, f, kv = model.hidden, model.ffn, model.kv_width
     if model.arch == "gpt2":
         return [(tokens, 3 * h, h), (tokens, h, h), (tokens, f, h), (tokens, h, f)]
-    return [(tokens, h, h), (tokens, kv, h), (tokens, kv, h), (tokens, h, h),
-            (tokens, f, h), (tokens, f, h), (tokens, h, f)]
+    return [
+        (tokens, h, h),
+        (tokens, kv, h),
+        (tokens, kv, h),
+        (tokens, h, h),
+        (tokens, f, h),
+        (tokens, f, h),
+        (tokens, h, f),
+    ]
 
 
 def backward_gemm_time(m: int, n: int, k: int, r: Rates, element_bytes: int, conv1d: bool = False) -> float:
@@ -222,8 +233,9 @@ class KernelTimes:
     host_ends: tuple[float, float] | None = None
 
 
-def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: int,
-                      compiled: bool = False) -> KernelTimes:
+def estimated_kernels(
+    model: ModelConfig, micro: int, r: Rates, element_bytes: int, compiled: bool = False
+) -> KernelTimes:
     """The roofline's estimate of the same parts, from a preset's (or calibrated) Rates;
     `compiled`: torch.compile's fused memory-bound kernels."""
     tokens = micro * model.seq_len
@@ -232,13 +244,20 @@ def estimated_kernels(model: ModelConfig, micro: int, r: Rates, element_bytes: i
     layer_bytes, loss_bytes = memory_bound_bytes_per_token(model, element_bytes, fused=compiled)
     mem, loss = tokens * layer_bytes / r.memory_bytes_per_s, tokens * loss_bytes / r.memory_bytes_per_s
     return KernelTimes(
-        layer_gemms=(sum(gemm_time(m, n, k, r, element_bytes, kn=conv1d) for m, n, k in shapes),
-                     sum(backward_gemm_time(m, n, k, r, element_bytes, conv1d) for m, n, k in shapes)),
-        head=(gemm_time(tokens, model.vocab, model.hidden, r, element_bytes),
-              backward_gemm_time(tokens, model.vocab, model.hidden, r, element_bytes)),
+        layer_gemms=(
+            sum(gemm_time(m, n, k, r, element_bytes, kn=conv1d) for m, n, k in shapes),
+            sum(backward_gemm_time(m, n, k, r, element_bytes, conv1d) for m, n, k in shapes),
+        ),
+        head=(
+            gemm_time(tokens, model.vocab, model.hidden, r, element_bytes),
+            backward_gemm_time(tokens, model.vocab, model.hidden, r, element_bytes),
+        ),
         attention=attention_time(model, micro, r, element_bytes),
         memory_bound=(FORWARD_SHARE * mem, (1 - FORWARD_SHARE) * mem),
-        loss=(FORWARD_SHARE * loss, (1 - FORWARD_SHARE) * loss), launch_s=r.op_overhead_s, host_op_s=r.host_op_s)
+        loss=(FORWARD_SHARE * loss, (1 - FORWARD_SHARE) * loss),
+        launch_s=r.op_overhead_s,
+        host_op_s=r.host_op_s,
+    )
 
 
 def kernel_counts(model: ModelConfig, recompute: str, compiled: bool = False) -> tuple[int, int]:
@@ -262,9 +281,16 @@ def host_bound(device_s: float, kernels: int, host_op_s: float) -> float:
     return max(device_s, kernels * host_op_s)
 
 
-def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTimes, *,
-                     timed: bool = False, engine: tuple[float, float] = (0.0, 0.0),
-                     compiled: bool = False) -> ComputeTime:
+def micro_batch_time(
+    model: ModelConfig,
+    micro: int,
+    recompute: str,
+    k: KernelTimes,
+    *,
+    timed: bool = False,
+    engine: tuple[float, float] = (0.0, 0.0),
+    compiled: bool = False,
+) -> ComputeTime:
     """Forward and backward of one micro batch of `micro` sequences on one rank. Where a real
     block and the model's ends were timed whole, the micro batch is layers x block + ends,
     and its kernels' sum says where that time goes (the rest lies between them); else it is
@@ -308,7 +334,17 @@ def micro_batch_time(model: ModelConfig, micro: int, recompute: str, k: KernelTi
         on_device = (0.0, 0.0)  # the hooks are in the host's time
     else:
         on_device = engine  # a CPU: the hooks run between the kernels, on the same cores
-    return ComputeTime(gemm_s=gemm, attention_s=attention, memory_bound_s=memory_bound, overhead_s=overhead,
-                       forward_s=forward + on_device[0], backward_s=total - forward + on_device[1],
-                       kernels=kernels_fwd + kernels_bwd, timed=timed, between_s=between, engine_s=sum(engine),
-                       host_s=host, host_wait_s=host_wait)
+    return ComputeTime(
+        gemm_s=gemm,
+        attention_s=attention,
+        memory_bound_s=memory_bound,
+        overhead_s=overhead,
+        forward_s=forward + on_device[0],
+        backward_s=total - forward + on_device[1],
+        kernels=kernels_fwd + kernels_bwd,
+        timed=timed,
+        between_s=between,
+        engine_s=sum(engine),
+        host_s=host,
+        host_wait_s=host_wait,
+    )

@@ -66,5 +66,9 @@ def flops_per_token(m: ModelConfig, recompute: str, causal_half: bool = True) ->
 
 def flops(m: ModelConfig, recompute: str, tokens_per_step: int) -> Flops:
     model, hardware, forward = flops_per_token(m, recompute)
-    return Flops(model_per_token=model, hardware_per_token=hardware, forward_per_token=forward,
-                 per_step=hardware * tokens_per_step)
+    return Flops(
+        model_per_token=model,
+        hardware_per_token=hardware,
+        forward_per_token=forward,
+        per_step=hardware * tokens_per_step,
+    )

@@ -66,8 +66,17 @@ class FsdpLayout:
         return sum(self.blocks) + self.root
 
 
-def layout_of(tensors: Sequence[ParamTensor], dp: int, param_bytes: int, wire_bytes: int, reshard: bool,
-              grad_accum: int, offload: bool, adam_foreach: bool, overlap: bool = True) -> FsdpLayout:
+def layout_of(
+    tensors: Sequence[ParamTensor],
+    dp: int,
+    param_bytes: int,
+    wire_bytes: int,
+    reshard: bool,
+    grad_accum: int,
+    offload: bool,
+    adam_foreach: bool,
+    overlap: bool = True,
+) -> FsdpLayout:
     blocks: dict[str, int] = {}
     root = 0
     for p in tensors:
@@ -77,10 +86,20 @@ def layout_of(tensors: Sequence[ParamTensor], dp: int, param_bytes: int, wire_by
         else:
             root += p.numel
     shard = sum(-(-p.numel // dp) for p in tensors)
-    return FsdpLayout(blocks=list(blocks.values()), root=root, shard=shard,
-                      largest_tensor=max(p.numel for p in tensors), dp=dp, param_bytes=param_bytes,
-                      wire_bytes=wire_bytes, reshard_after_forward=reshard, grad_accum=grad_accum, offload=offload,
-                      adam_foreach=adam_foreach, overlap=overlap)
+    return FsdpLayout(
+        blocks=list(blocks.values()),
+        root=root,
+        shard=shard,
+        largest_tensor=max(p.numel for p in tensors),
+        dp=dp,
+        param_bytes=param_bytes,
+        wire_bytes=wire_bytes,
+        reshard_after_forward=reshard,
+        grad_accum=grad_accum,
+        offload=offload,
+        adam_foreach=adam_foreach,
+        overlap=overlap,
+    )
 
 
 def fsdp_states(f: FsdpLayout) -> dict[str, int]:
@@ -103,9 +122,18 @@ def fsdp_states(f: FsdpLayout) -> dict[str, int]:
         offloaded = params + shard_grads + optimizer
         static -= params + optimizer
         params = shard_grads = optimizer = temporaries = 0
-    return dict(params=params, grads=grads, optimizer=optimizer, buffers=gathered + block_grads,
-                gathered=gathered, optimizer_step=0, optimizer_temporaries=temporaries, grads_at_step=shard_grads,
-                static=static, offloaded=offloaded)
+    return dict(
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        buffers=gathered + block_grads,
+        gathered=gathered,
+        optimizer_step=0,
+        optimizer_temporaries=temporaries,
+        grads_at_step=shard_grads,
+        static=static,
+        offloaded=offloaded,
+    )
 
 
 def fsdp_step_time(f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network) -> StepTime:
@@ -123,9 +151,9 @@ def fsdp_step_time(f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network) -
     def backward(sync: bool) -> float:
         # the last block's gather waits (when resharded); then each block's backward hides the
         # next one's gather and the previous one's reduce-scatter; the last reduce-scatters wait
-        rs_prev = [0.0] + (rs[:n - 1] if sync else [0.0] * (n - 1))
+        rs_prev = [0.0] + (rs[: n - 1] if sync else [0.0] * (n - 1))
         hidden = sum(max(bwd_block, nxt + prev) for nxt, prev in zip([*back_ag[1:], 0.0], rs_prev))
-        return back_ag[0] + hidden + (sum(rs[n - 1:]) if sync else 0.0)
+        return back_ag[0] + hidden + (sum(rs[n - 1 :]) if sync else 0.0)
 
     micro = fwd_s + bwd_s
     compute = f.grad_accum * micro
@@ -134,17 +162,39 @@ def fsdp_step_time(f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network) -
     else:  # every collective blocks the rank: nothing hides
         step = compute + f.grad_accum * (sum(ag) + sum(root.seconds) + sum(back_ag)) + sum(rs)
     exposed = max(0.0, step - compute)
-    totals = {"forward": f.grad_accum * (sum(ag) + sum(root.seconds)),
-              "backward": f.grad_accum * sum(back_ag), "reduce": sum(rs)}
+    totals = {
+        "forward": f.grad_accum * (sum(ag) + sum(root.seconds)),
+        "backward": f.grad_accum * sum(back_ag),
+        "reduce": sum(rs),
+    }
     share = {k: v / math.fsum(totals.values()) if math.fsum(totals.values()) else 0.0 for k, v in totals.items()}
     c: list[Collective] = [
-        collective("forward, each block (prefetched), every micro batch", gather, net, per_step=f.grad_accum,
-                   exposed_s=exposed * share["forward"]),
-        collective("forward, the root's parameters, every micro batch", root, net, per_step=f.grad_accum, exposed_s=0.0)]
+        collective(
+            "forward, each block (prefetched), every micro batch",
+            gather,
+            net,
+            per_step=f.grad_accum,
+            exposed_s=exposed * share["forward"],
+        ),
+        collective(
+            "forward, the root's parameters, every micro batch", root, net, per_step=f.grad_accum, exposed_s=0.0
+        ),
+    ]
     if f.reshard_after_forward:
-        c.append(collective("backward, each block again (resharded after forward), every micro batch", gather, net,
-                            per_step=f.grad_accum, exposed_s=exposed * share["backward"]))
-    c.append(collective("backward, each block's gradients, last micro batch", scatter, net,
-                        exposed_s=exposed * share["reduce"]))
-    return StepTime(compute_s=compute, comm_s=math.fsum(x.time_s for x in c), exposed_s=exposed, step_s=step,
-                    collectives=c)
+        c.append(
+            collective(
+                "backward, each block again (resharded after forward), every micro batch",
+                gather,
+                net,
+                per_step=f.grad_accum,
+                exposed_s=exposed * share["backward"],
+            )
+        )
+    c.append(
+        collective(
+            "backward, each block's gradients, last micro batch", scatter, net, exposed_s=exposed * share["reduce"]
+        )
+    )
+    return StepTime(
+        compute_s=compute, comm_s=math.fsum(x.time_s for x in c), exposed_s=exposed, step_s=step, collectives=c
+    )

@@ -40,16 +40,32 @@ class HostMemory:
         return {**asdict(self), "fits": self.fits}
 
 
-def host_memory(parameters: int, built_partitioned: bool, dp: int, offloaded: int, process: int,
-                ranks_per_node: int, capacity: int | None, capacity_source: str) -> HostMemory:
+def host_memory(
+    parameters: int,
+    built_partitioned: bool,
+    dp: int,
+    offloaded: int,
+    process: int,
+    ranks_per_node: int,
+    capacity: int | None,
+    capacity_source: str,
+) -> HostMemory:
     """The host memory of one node of a GPU trial. The build's copy is freed once the engine
     has moved the model to the device, before offload allocates its states, so the peak is
     the larger of the two (and the process beside it)."""
     built = FP32_BYTES * (-(-parameters // dp) if built_partitioned else parameters)
     per_rank = max(built, offloaded) + process
-    return HostMemory(built=built, partitioned=built_partitioned, offloaded=offloaded, process=process, per_rank=per_rank,
-                      ranks_per_node=ranks_per_node, per_node=per_rank * ranks_per_node, capacity=capacity,
-                      capacity_source=capacity_source)
+    return HostMemory(
+        built=built,
+        partitioned=built_partitioned,
+        offloaded=offloaded,
+        process=process,
+        per_rank=per_rank,
+        ranks_per_node=ranks_per_node,
+        per_node=per_rank * ranks_per_node,
+        capacity=capacity,
+        capacity_source=capacity_source,
+    )
 
 
 def slurm_size_bytes(size: str) -> int:

@@ -31,6 +31,7 @@ freed). On a CPU bench/memory_matrix.py checks it against the allocator's own co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -161,14 +162,22 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
         offloaded += params
         static -= params
         params = 0
-    return dict(params=int(params), grads=int(grads), optimizer=int(optimizer), buffers=int(buffers),
-                gathered=int(gathered), optimizer_step=int(step), optimizer_temporaries=int(temporaries),
-                # ZeRO 1-2 have reduced the low-precision gradients into the fp32 partition and
-                # freed them when the optimizer runs; stage 0 steps on them, stage 3 keeps its own.
-                grads_at_step=int(grads if z.stage in (0, 3) else 0),
-                static=int(static), offloaded=int(offloaded),
-                untouched=int(untouched if z.lazy_pages else 0),
-                untouched_static=int(untouched_static if z.lazy_pages else 0))
+    return dict(
+        params=int(params),
+        grads=int(grads),
+        optimizer=int(optimizer),
+        buffers=int(buffers),
+        gathered=int(gathered),
+        optimizer_step=int(step),
+        optimizer_temporaries=int(temporaries),
+        # ZeRO 1-2 have reduced the low-precision gradients into the fp32 partition and
+        # freed them when the optimizer runs; stage 0 steps on them, stage 3 keeps its own.
+        grads_at_step=int(grads if z.stage in (0, 3) else 0),
+        static=int(static),
+        offloaded=int(offloaded),
+        untouched=int(untouched if z.lazy_pages else 0),
+        untouched_static=int(untouched_static if z.lazy_pages else 0),
+    )
 
 
 # Bytes the optimizer step moves through memory per parameter it updates. torch's AdamW
@@ -184,8 +193,9 @@ ADAM_TRAFFIC = 80 + 4
 CPU_ADAM_TRAFFIC = 4 * 4 + 3 * 4
 
 
-def offloaded_step_s(updated_params: int, precision: str, host_gbps: float, ranks_per_node: int,
-                     link_gbps: float) -> float:
+def offloaded_step_s(
+    updated_params: int, precision: str, host_gbps: float, ranks_per_node: int, link_gbps: float
+) -> float:
     """The optimizer step that zero.offload_optimizer=cpu moves to the host: CPU Adam on the
     node's memory bandwidth (shared by its ranks) after the gradients come down the link."""
     host = updated_params * CPU_ADAM_TRAFFIC * ranks_per_node / (host_gbps * 1e9)
@@ -313,37 +323,67 @@ def phases(states: dict[str, int], activations: int, recompute: int, loss_backwa
     alive with every activation: an upper bound, as a block's activations are freed while
     its gradients arrive.
     """
-    return {phase: sum(v for _, v in parts)
-            for phase, parts in phase_parts(states, activations, recompute, loss_backward).items()}
+    return {
+        phase: sum(v for _, v in parts)
+        for phase, parts in phase_parts(states, activations, recompute, loss_backward).items()
+    }
 
 
-def phase_parts(states: dict[str, int], activations: int, recompute: int,
-                loss_backward: int) -> dict[str, list[tuple[str, int]]]:
+def phase_parts(
+    states: dict[str, int], activations: int, recompute: int, loss_backward: int
+) -> dict[str, list[tuple[str, int]]]:
     """What is alive at each of phases()' moments, by component (the plan table's names)."""
     s = states
-    return {"loss backward": [("between steps", s["static"]), ("gathered", s["gathered"]),
-                              ("activations", activations), ("loss backward", loss_backward)],
-            "backward": [("parameters", s["params"]), ("gradients", s["grads"]), ("optimizer states", s["optimizer"]),
-                         ("buffers", s["buffers"]), ("activations", activations), ("recomputed block", recompute)],
-            "optimizer step": [("parameters", s["params"]), ("gradients", s["grads_at_step"]),
-                               ("optimizer states", s["optimizer"]),
-                               ("optimizer step", s["optimizer_step"] + s["optimizer_temporaries"])]}
+    return {
+        "loss backward": [
+            ("between steps", s["static"]),
+            ("gathered", s["gathered"]),
+            ("activations", activations),
+            ("loss backward", loss_backward),
+        ],
+        "backward": [
+            ("parameters", s["params"]),
+            ("gradients", s["grads"]),
+            ("optimizer states", s["optimizer"]),
+            ("buffers", s["buffers"]),
+            ("activations", activations),
+            ("recomputed block", recompute),
+        ],
+        "optimizer step": [
+            ("parameters", s["params"]),
+            ("gradients", s["grads_at_step"]),
+            ("optimizer states", s["optimizer"]),
+            ("optimizer step", s["optimizer_step"] + s["optimizer_temporaries"]),
+        ],
+    }
 
 
-def peak_memory(states: dict[str, int], activations: int, recompute: int, loss_backward: int, runtime: int,
-                capacity: int) -> Memory:
+def peak_memory(
+    states: dict[str, int], activations: int, recompute: int, loss_backward: int, runtime: int, capacity: int
+) -> Memory:
     at = phases(written(states), activations, recompute, loss_backward)
-    phase = max(at, key=at.get)
+    phase = max(at, key=lambda name: at[name])
     allocated = phases(states, activations, recompute, loss_backward)
-    return Memory(activations=activations, recompute=recompute, loss_backward=loss_backward, runtime=runtime,
-                  capacity=capacity, total=runtime + at[phase], peak_phase=phase,
-                  allocated=runtime + max(allocated.values()), **{"untouched": 0, "untouched_static": 0, **states})
+    return Memory(
+        activations=activations,
+        recompute=recompute,
+        loss_backward=loss_backward,
+        runtime=runtime,
+        capacity=capacity,
+        total=runtime + at[phase],
+        peak_phase=phase,
+        allocated=runtime + max(allocated.values()),
+        **{"untouched": 0, "untouched_static": 0, **states},
+    )
 
 
 def written(states: dict[str, int]) -> dict[str, int]:
     """`states` as the device holds them: buffers less their never-written part (a CPU's)."""
-    return {**states, "buffers": states["buffers"] - states.get("untouched", 0),
-            "static": states["static"] - states.get("untouched_static", 0)}
+    return {
+        **states,
+        "buffers": states["buffers"] - states.get("untouched", 0),
+        "static": states["static"] - states.get("untouched_static", 0),
+    }
 
 
 class SampleBytes(NamedTuple):
@@ -355,8 +395,9 @@ class SampleBytes(NamedTuple):
 
 def sample_bytes(model: ModelConfig, recompute: str, precision: str) -> SampleBytes:
     activations = activation_bytes(model, 1, recompute, precision)
-    return SampleBytes(activations + loss_backward_bytes(model, 1),
-                       activations + recompute_bytes(model, 1, recompute, precision))
+    return SampleBytes(
+        activations + loss_backward_bytes(model, 1), activations + recompute_bytes(model, 1, recompute, precision)
+    )
 
 
 def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sample: SampleBytes) -> int:
@@ -371,7 +412,7 @@ def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sam
     return max(0, min(room_start, room_inside))
 
 
-def _stage3_states(model: ModelConfig, z: ZeroLayout, tensors: list, low: int) -> tuple[int, ...]:
+def _stage3_states(model: ModelConfig, z: ZeroLayout, tensors: Sequence, low: int) -> tuple[int, ...]:
     """ZeRO-3's (shard, params, grads, optimizer, step, gathered, buffers, static) per rank.
 
     Each parameter is split into ceil(numel / dp) elements per rank. Parameters of at most
@@ -389,7 +430,16 @@ def _stage3_states(model: ModelConfig, z: ZeroLayout, tensors: list, low: int) -
     live = min(n, max(largest, min(largest + z.prefetch_bucket_size, z.max_live_parameters)))
     gathered = low * live if dp > 1 else 0  # one rank's partition is the whole parameter
     ipg_bucket = low * z.reduce_bucket_size  # allocated once and kept
-    return shard, params, grads, optimizer, step, gathered, gathered + ipg_bucket, params + grads + optimizer + ipg_bucket
+    return (
+        shard,
+        params,
+        grads,
+        optimizer,
+        step,
+        gathered,
+        gathered + ipg_bucket,
+        params + grads + optimizer + ipg_bucket,
+    )
 
 
 def sub_groups(partitions: list[int], sub_group_size: int) -> list[int]:
@@ -411,10 +461,20 @@ def sub_groups(partitions: list[int], sub_group_size: int) -> list[int]:
 
 def zero_layout(spec: TrialSpec) -> ZeroLayout:
     z = spec.cfg.zero
-    return ZeroLayout(stage=z.stage, dp=spec.dp, precision=spec.precision, reduce_bucket_size=z.reduce_bucket_size,
-                      overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
-                      prefetch_bucket_size=z.prefetch_bucket_size, max_live_parameters=z.max_live_parameters,
-                      param_persistence_threshold=z.param_persistence_threshold, sub_group_size=z.sub_group_size,
-                      offload_optimizer=z.offload_optimizer != "none", offload_param=z.offload_param != "none",
-                      adam_foreach=spec.cfg.hardware.device.is_gpu, lazy_pages=not spec.cfg.hardware.device.is_gpu,
-                      fp32_grad_accum=z.stage == 1 and spec.precision == "bf16" and z.grad_accum_dtype == "fp32")
+    return ZeroLayout(
+        stage=z.stage,
+        dp=spec.dp,
+        precision=spec.precision,
+        reduce_bucket_size=z.reduce_bucket_size,
+        overlap_comm=z.overlap_comm,
+        contiguous_gradients=z.contiguous_gradients,
+        prefetch_bucket_size=z.prefetch_bucket_size,
+        max_live_parameters=z.max_live_parameters,
+        param_persistence_threshold=z.param_persistence_threshold,
+        sub_group_size=z.sub_group_size,
+        offload_optimizer=z.offload_optimizer != "none",
+        offload_param=z.offload_param != "none",
+        adam_foreach=spec.cfg.hardware.device.is_gpu,
+        lazy_pages=not spec.cfg.hardware.device.is_gpu,
+        fp32_grad_accum=z.stage == 1 and spec.precision == "bf16" and z.grad_accum_dtype == "fp32",
+    )

@@ -37,24 +37,41 @@ def parameter_tensors(m: ModelConfig) -> tuple[ParamTensor, ...]:
 # Cached per shape: a sweep plans one model at many points, each plan reads the list
 # several times, and a deep model has thousands of tensors.
 @functools.lru_cache(maxsize=64)
-def _tensors(arch: str, h: int, f: int, v: int, kv: int, max_positions: int, n_layers: int,
-             tie_embeddings: bool) -> tuple[ParamTensor, ...]:
+def _tensors(
+    arch: str, h: int, f: int, v: int, kv: int, max_positions: int, n_layers: int, tie_embeddings: bool
+) -> tuple[ParamTensor, ...]:
     t = ParamTensor
     if arch == "gpt2":
         # Conv1D layers carry a bias; LayerNorm a weight and a bias.
         embed = [t("wte", v * h, matmul=tie_embeddings), t("wpe", max_positions * h, False)]
-        layer = [t("ln_1", h, False), t("ln_1", h, False), t("attn.c_attn", h * 3 * h, True),
-                 t("attn.c_attn", 3 * h, False), t("attn.c_proj", h * h, True), t("attn.c_proj", h, False),
-                 t("ln_2", h, False), t("ln_2", h, False),
-                 t("mlp.c_fc", h * f, True), t("mlp.c_fc", f, False), t("mlp.c_proj", f * h, True),
-                 t("mlp.c_proj", h, False)]
+        layer = [
+            t("ln_1", h, False),
+            t("ln_1", h, False),
+            t("attn.c_attn", h * 3 * h, True),
+            t("attn.c_attn", 3 * h, False),
+            t("attn.c_proj", h * h, True),
+            t("attn.c_proj", h, False),
+            t("ln_2", h, False),
+            t("ln_2", h, False),
+            t("mlp.c_fc", h * f, True),
+            t("mlp.c_fc", f, False),
+            t("mlp.c_proj", f * h, True),
+            t("mlp.c_proj", h, False),
+        ]
         final = [t("ln_f", h, False), t("ln_f", h, False)]
     else:
         embed = [t("embed_tokens", v * h, matmul=tie_embeddings)]
-        layer = [t("input_layernorm", h, False), t("self_attn.q_proj", h * h, True), t("self_attn.k_proj", h * kv, True),
-                 t("self_attn.v_proj", h * kv, True), t("self_attn.o_proj", h * h, True),
-                 t("post_attention_layernorm", h, False), t("mlp.gate_proj", h * f, True),
-                 t("mlp.up_proj", h * f, True), t("mlp.down_proj", f * h, True)]
+        layer = [
+            t("input_layernorm", h, False),
+            t("self_attn.q_proj", h * h, True),
+            t("self_attn.k_proj", h * kv, True),
+            t("self_attn.v_proj", h * kv, True),
+            t("self_attn.o_proj", h * h, True),
+            t("post_attention_layernorm", h, False),
+            t("mlp.gate_proj", h * f, True),
+            t("mlp.up_proj", h * f, True),
+            t("mlp.down_proj", f * h, True),
+        ]
         final = [t("norm", h, False)]
     layers = [ParamTensor(f"layers.{i}.{p.module}", p.numel, p.matmul) for i in range(n_layers) for p in layer]
     head = [] if tie_embeddings else [t("lm_head", v * h, True)]

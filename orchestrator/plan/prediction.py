@@ -16,7 +16,6 @@ from orchestrator.plan.flops import Flops
 from orchestrator.plan.host_memory import HostMemory
 from orchestrator.plan.memory import Memory
 
-
 # How far a plan typically misses: its median |predicted / measured - 1| on the published rows
 # no preset was fitted on (the Ultra-Scale 1B rows on their cluster's network and IBM's
 # fms-fsdp eager rows; bench/published.py). Two plans closer than this are not ranked by the
@@ -32,8 +31,12 @@ class Comm:
     exposed_s: float  # what compute does not hide
 
     def as_dict(self) -> dict:
-        return {"bytes_per_rank_per_step": self.bytes_per_rank_per_step,
-                "collectives": [c.as_dict() for c in self.collectives], "time_s": self.time_s, "exposed_s": self.exposed_s}
+        return {
+            "bytes_per_rank_per_step": self.bytes_per_rank_per_step,
+            "collectives": [c.as_dict() for c in self.collectives],
+            "time_s": self.time_s,
+            "exposed_s": self.exposed_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,10 @@ class Time:
     added_micro_batch_s: float = 0.0
 
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in asdict(self).items() if k != "micro_batch"}, "micro_batch": self.micro_batch.as_dict()}
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "micro_batch"},
+            "micro_batch": self.micro_batch.as_dict(),
+        }
 
 
 def step_s_at(plan: dict, global_batch: int) -> float:
@@ -80,8 +86,14 @@ def planned_step_s(plan: dict, global_batches: list[int] | tuple[int, ...]) -> f
 
 def timed_batches(history: list[dict] | None) -> list[int]:
     """The global batch of each timed step of a trial's history (result.json's)."""
-    return [h["global_batch_size"] for h in history or () if isinstance(h, dict) and h.get("timed")
-            and isinstance(h.get("global_batch_size"), int) and h["global_batch_size"] > 0]
+    return [
+        h["global_batch_size"]
+        for h in history or ()
+        if isinstance(h, dict)
+        and h.get("timed")
+        and isinstance(h.get("global_batch_size"), int)
+        and h["global_batch_size"] > 0
+    ]
 
 
 def planned_for_timed_steps(plan: dict, history: list[dict] | None) -> dict:
@@ -95,8 +107,13 @@ def planned_for_timed_steps(plan: dict, history: list[dict] | None) -> dict:
     # a rate scales with the tokens a step carries over the time it takes
     rates = [b / full * time["step_s"] / s if s else 1.0 for b, s in zip(batches, steps)]
     scaled = lambda key: None if time.get(key) is None else median([time[key] * r for r in rates])  # noqa: E731
-    return {"step_s": planned_step_s(plan, batches), "tokens_per_sec_per_gpu": scaled("tokens_per_sec_per_gpu"),
-            "mfu": scaled("mfu"), "hfu": scaled("hfu"), "at_full_batch": all(b == full for b in batches)}
+    return {
+        "step_s": planned_step_s(plan, batches),
+        "tokens_per_sec_per_gpu": scaled("tokens_per_sec_per_gpu"),
+        "mfu": scaled("mfu"),
+        "hfu": scaled("hfu"),
+        "at_full_batch": all(b == full for b in batches),
+    }
 
 
 @dataclass(frozen=True)
@@ -122,8 +139,17 @@ class Plan:
         return self.memory.fits
 
     def as_dict(self) -> dict:
-        return {"parameters": self.parameters, "parallel": self.parallel, "batch": self.batch,
-                "memory": self.memory.as_dict(), "flops": self.flops.as_dict(), "comm": self.comm.as_dict(),
-                "time": self.time.as_dict(), "max_micro_batch": self.max_micro_batch, "warnings": self.warnings,
-                "assumptions": self.assumptions, "sources": self.sources,
-                "host_memory": self.host_memory.as_dict() if self.host_memory else None}
+        return {
+            "parameters": self.parameters,
+            "parallel": self.parallel,
+            "batch": self.batch,
+            "memory": self.memory.as_dict(),
+            "flops": self.flops.as_dict(),
+            "comm": self.comm.as_dict(),
+            "time": self.time.as_dict(),
+            "max_micro_batch": self.max_micro_batch,
+            "warnings": self.warnings,
+            "assumptions": self.assumptions,
+            "sources": self.sources,
+            "host_memory": self.host_memory.as_dict() if self.host_memory else None,
+        }

@@ -42,8 +42,9 @@ class TrialFiles:
     slurm: dict | None  # submitit parameters and the per-task command
 
 
-def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None,
-                      sweep: dict | None = None) -> TrialFiles:
+def write_trial_files(
+    spec: TrialSpec, trial_dir: Path, plan: dict | None = None, sweep: dict | None = None
+) -> TrialFiles:
     """sweep: {"group", "name", "index", "swept"} for W&B; plan: the plan's dict (plan.json)."""
     trial_dir = trial_dir.resolve()
     paths = TrialPaths(trial_dir)
@@ -54,21 +55,34 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
     }
     if plan is not None:  # its text holds what users named (a link, a table's path and comment): masked
         files[paths.plan] = redact(plan)
-    explain = ["# How this trial's configs follow from it", "", f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`", ""]
+    explain = [
+        "# How this trial's configs follow from it",
+        "",
+        f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`",
+        "",
+    ]
     if spec.cfg.engine.backend == "deepspeed":
         files[paths.ds_config] = deepspeed.ds_config(spec)
-        explain += [f"## {paths.ds_config.name} (DeepSpeed)", ""] + [f"- {line}" for line in deepspeed.explain(spec)] + [""]
+        explain += (
+            [f"## {paths.ds_config.name} (DeepSpeed)", ""] + [f"- {line}" for line in deepspeed.explain(spec)] + [""]
+        )
     if spec.cfg.engine.name == "fsdp":
         explain += ["## FSDP2 (engine=fsdp, under torchrun)", ""] + [f"- {line}" for line in fsdp.explain(spec)] + [""]
     if spec.cfg.engine.name == "accelerate":
-        files[paths.accelerate_config] = yaml.safe_dump(accelerate.accelerate_config(spec, paths.ds_config),
-                                                        sort_keys=False)
-        explain += [f"## {paths.accelerate_config.name}", ""] + [f"- {line}" for line in accelerate.explain(spec)] + [""]
+        files[paths.accelerate_config] = yaml.safe_dump(
+            accelerate.accelerate_config(spec, paths.ds_config), sort_keys=False
+        )
+        explain += (
+            [f"## {paths.accelerate_config.name}", ""] + [f"- {line}" for line in accelerate.explain(spec)] + [""]
+        )
 
     command, slurm_launch, warnings = None, None, list(bind.warnings)
     run = spec.cfg.run
-    if run.data and os.path.isfile(run.data) and (few := few_windows_warning(run.data, run.data_dtype,
-                                                                             spec.cfg.model.seq_len, spec.global_batch_size)):
+    if (
+        run.data
+        and os.path.isfile(run.data)
+        and (few := few_windows_warning(run.data, run.data_dtype, spec.cfg.model.seq_len, spec.global_batch_size))
+    ):
         warnings.append(few)
     if spec.cfg.cluster.name == "local":
         if spec.cfg.engine.name == "accelerate" and bind.accelerate_args and spec.cfg.numa.mode != "node":
@@ -76,14 +90,22 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
         command = local_command(spec, trial_dir, bind)
         files[paths.launch_json] = {"cluster": "local", "argv": command.argv, "env": command.env}
         files[paths.launch_sh] = _local_script(command)
-        explain += ["## launch", "", f"- {spec.world_size} processes on this machine: "
-                    + ("accelerate launch" if spec.cfg.engine.name == "accelerate" else "torchrun --standalone")
-                    + (f", NUMA binding {bind.torchrun_args or bind.accelerate_args}" if bind.torchrun_args else "")]
+        explain += [
+            "## launch",
+            "",
+            f"- {spec.world_size} processes on this machine: "
+            + ("accelerate launch" if spec.cfg.engine.name == "accelerate" else "torchrun --standalone")
+            + (f", NUMA binding {bind.torchrun_args or bind.accelerate_args}" if bind.torchrun_args else ""),
+        ]
     else:
-        slurm_launch = {"submitit": slurm.submitit_parameters(spec, bind),
-                        "sbatch": slurm.sbatch_options(spec, bind, trial_dir), "srun": slurm.srun_options(spec, bind),
-                        "task": slurm.task_command(spec, trial_dir), "env": rank_environment(spec, spec.threads_per_rank),
-                        "result": slurm.result_command(spec, trial_dir)}
+        slurm_launch = {
+            "submitit": slurm.submitit_parameters(spec, bind),
+            "sbatch": slurm.sbatch_options(spec, bind, trial_dir),
+            "srun": slurm.srun_options(spec, bind),
+            "task": slurm.task_command(spec, trial_dir),
+            "env": rank_environment(spec, spec.threads_per_rank),
+            "result": slurm.result_command(spec, trial_dir),
+        }
         files[paths.launch_json] = {"cluster": "slurm", **slurm_launch}
         files[paths.launch_sh] = _sbatch_script(spec, slurm_launch)
         paths.logs.mkdir(parents=True, exist_ok=True)  # sbatch --output's folder: SLURM makes none
@@ -105,23 +127,34 @@ def write_trial_files(spec: TrialSpec, trial_dir: Path, plan: dict | None = None
 def _slurm_explain(spec: TrialSpec, bind) -> list[str]:
     c = spec.cfg.cluster
     tasks, cpus = slurm.node_tasks(spec)
-    shape = (f"{tasks} task a node, which starts its {spec.gpus_per_node} ranks through accelerate launch "
-             f"(--machine_rank: SLURM's node index), {cpus} CPUs" if spec.cfg.engine.name == "accelerate"
-             else f"{tasks} tasks, one per GPU (ntasks-per-node = ranks per node)")
-    return ["## launch (SLURM)", "", f"- {spec.nodes} node(s) x {shape}; time {c.time}"
-            + ("; the nodes to itself (--exclusive: cluster.exclusive)" if c.exclusive else ""),
-            f"- `sbatch launch.sh` starts the job `orchestrator run cluster=slurm` submits through submitit: "
-            f"each task runs {slurm.TASK_MODULE} (rendezvous from SLURM's variables, {spec.threads_per_rank} "
-            f"threads a rank: cluster.cpus_per_task), a rank that dies ends the others (srun --kill-on-bad-exit), "
-            f"SLURM's warning checkpoints and requeues (at most cluster.max_requeues={c.max_requeues} times); "
-            "its last line writes result.json",
-            f"- interpreter: `{shlex.join(slurm.task_python(spec))}` (cluster.python"
-            + (")" if c.python else "; null: the one that wrote this file, which must be at that path on the nodes)"),
-            f"- binding: srun {bind.srun_args or 'none'}, sbatch {bind.sbatch_options or 'none'}"]
+    shape = (
+        f"{tasks} task a node, which starts its {spec.gpus_per_node} ranks through accelerate launch "
+        f"(--machine_rank: SLURM's node index), {cpus} CPUs"
+        if spec.cfg.engine.name == "accelerate"
+        else f"{tasks} tasks, one per GPU (ntasks-per-node = ranks per node)"
+    )
+    return [
+        "## launch (SLURM)",
+        "",
+        f"- {spec.nodes} node(s) x {shape}; time {c.time}"
+        + ("; the nodes to itself (--exclusive: cluster.exclusive)" if c.exclusive else ""),
+        f"- `sbatch launch.sh` starts the job `orchestrator run cluster=slurm` submits through submitit: "
+        f"each task runs {slurm.TASK_MODULE} (rendezvous from SLURM's variables, {spec.threads_per_rank} "
+        f"threads a rank: cluster.cpus_per_task), a rank that dies ends the others (srun --kill-on-bad-exit), "
+        f"SLURM's warning checkpoints and requeues (at most cluster.max_requeues={c.max_requeues} times); "
+        "its last line writes result.json",
+        f"- interpreter: `{shlex.join(slurm.task_python(spec))}` (cluster.python"
+        + (")" if c.python else "; null: the one that wrote this file, which must be at that path on the nodes)"),
+        f"- binding: srun {bind.srun_args or 'none'}, sbatch {bind.sbatch_options or 'none'}",
+    ]
 
 
 def _local_script(command: Command) -> str:
-    lines = ["#!/usr/bin/env bash", "# Written by orchestrator translate: runs this trial's ranks on this machine.", "set -e"]
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Written by orchestrator translate: runs this trial's ranks on this machine.",
+        "set -e",
+    ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in command.env.items()]
     return "\n".join(lines + ["exec " + shlex.join(command.argv)]) + "\n"
 
@@ -129,9 +162,11 @@ def _local_script(command: Command) -> str:
 def _sbatch_script(spec: TrialSpec, launch: dict) -> str:
     lines = ["#!/usr/bin/env bash", "#SBATCH --job-name=orchestrator"]
     lines += [f"#SBATCH {opt}" for opt in launch["sbatch"]]
-    lines += ["# Written by orchestrator translate: `sbatch launch.sh` runs one task per GPU, the job that",
-              "# `orchestrator run cluster=slurm` submits (EXPLAIN.md), then writes result.json.",
-              "set -u  # not -e: the last line records a failed step too"]
+    lines += [
+        "# Written by orchestrator translate: `sbatch launch.sh` runs one task per GPU, the job that",
+        "# `orchestrator run cluster=slurm` submits (EXPLAIN.md), then writes result.json.",
+        "set -u  # not -e: the last line records a failed step too",
+    ]
     lines += secret_exports(spec.cfg.cluster.setup)[0]  # the user's setup lines (module load ...), no secret
     lines += [f"export {k}={shlex.quote(v)}" for k, v in launch["env"].items()]  # what every rank's environment needs
     lines += ["started=$(date +%s)", "srun " + shlex.join([*launch["srun"], *launch["task"]])]

@@ -54,50 +54,73 @@ def accelerate_config(spec: TrialSpec, ds_config_path: Path) -> dict:
         del common["mixed_precision"]
         # deepspeed_multinode_launcher=standard: torchrun on each node, which the node's SLURM task
         # starts (accelerate's default, pdsh, would ssh from one node into the others).
-        return {**common, "distributed_type": "DEEPSPEED", "deepspeed_config": {
-            "deepspeed_config_file": str(ds_config_path), "zero3_init_flag": cfg.zero.stage == 3,
-            "deepspeed_multinode_launcher": "standard"}}
+        return {
+            **common,
+            "distributed_type": "DEEPSPEED",
+            "deepspeed_config": {
+                "deepspeed_config_file": str(ds_config_path),
+                "zero3_init_flag": cfg.zero.stage == 3,
+                "deepspeed_multinode_launcher": "standard",
+            },
+        }
     if cfg.zero.stage == 0:
         # DDP (accelerate's MULTI_CPU launcher wants MPI; MULTI_GPU's torchrun path runs on gloo).
         return {**common, "distributed_type": "MULTI_GPU"}
-    return {**common, "distributed_type": "FSDP", "fsdp_config": {
-        "fsdp_version": 2,
-        "fsdp_reshard_after_forward": cfg.zero.stage == 3,
-        "fsdp_offload_params": cfg.zero.offload_param != "none" or cfg.zero.offload_optimizer != "none",
-        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "fsdp_transformer_layer_cls_to_wrap": LAYER_CLASS[cfg.model.arch],
-        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": False,
-        # Off whatever recompute.mode says: the workload applies it itself (apply_recompute, the
-        # same for every engine), and accelerate's own on top would checkpoint each block twice.
-        "fsdp_activation_checkpointing": False,
-    }}
+    return {
+        **common,
+        "distributed_type": "FSDP",
+        "fsdp_config": {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": cfg.zero.stage == 3,
+            "fsdp_offload_params": cfg.zero.offload_param != "none" or cfg.zero.offload_optimizer != "none",
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": LAYER_CLASS[cfg.model.arch],
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": False,
+            # Off whatever recompute.mode says: the workload applies it itself (apply_recompute, the
+            # same for every engine), and accelerate's own on top would checkpoint each block twice.
+            "fsdp_activation_checkpointing": False,
+        },
+    }
 
 
 def explain(spec: TrialSpec) -> list[str]:
     cfg = spec.cfg
-    lines = [f"distributed_type: engine.backend={cfg.engine.backend}, zero.stage={cfg.zero.stage}",
-             f"mixed_precision = {MIXED_PRECISION[spec.precision]}: run.bf16 / run.fp16"
-             + (" (in ds_config.json, which accelerate requires for DeepSpeed)" if cfg.engine.backend == "deepspeed" else ""),
-             f"num_processes = {spec.world_size} (parallel.dp), num_machines = {spec.nodes} "
-             f"(ceil(dp / cluster.gpus_per_node) on SLURM)"
-             + ("; on SLURM one task a node runs accelerate launch with its --machine_rank (SLURM's node index) and "
-                "the first node's --main_process_ip / --main_process_port, so the file's 0 and null stand for those"
-                if cfg.cluster.name == "slurm" else ""),
-             "use_cpu = false: accelerate launch drops DeepSpeed and FSDP with it; torchrun's path runs on CPUs too",
-             f"enable_cpu_affinity: numa.mode={cfg.numa.mode} (binds only where there are GPUs)"]
+    lines = [
+        f"distributed_type: engine.backend={cfg.engine.backend}, zero.stage={cfg.zero.stage}",
+        f"mixed_precision = {MIXED_PRECISION[spec.precision]}: run.bf16 / run.fp16"
+        + (
+            " (in ds_config.json, which accelerate requires for DeepSpeed)" if cfg.engine.backend == "deepspeed" else ""
+        ),
+        f"num_processes = {spec.world_size} (parallel.dp), num_machines = {spec.nodes} "
+        f"(ceil(dp / cluster.gpus_per_node) on SLURM)"
+        + (
+            "; on SLURM one task a node runs accelerate launch with its --machine_rank (SLURM's node index) and "
+            "the first node's --main_process_ip / --main_process_port, so the file's 0 and null stand for those"
+            if cfg.cluster.name == "slurm"
+            else ""
+        ),
+        "use_cpu = false: accelerate launch drops DeepSpeed and FSDP with it; torchrun's path runs on CPUs too",
+        f"enable_cpu_affinity: numa.mode={cfg.numa.mode} (binds only where there are GPUs)",
+    ]
     if cfg.engine.backend == "deepspeed":
         lines.append("deepspeed_config_file: the ds_config.json beside this file")
     elif cfg.zero.stage == 0:
-        lines.append(f"DDP bucket_cap_mb = {ddp_bucket_mb(spec):.4g}: zero.reduce_bucket_size={cfg.zero.reduce_bucket_size:,} "
-                     "elements (passed to DistributedDataParallel by the workload; the config file has no such key)")
+        lines.append(
+            f"DDP bucket_cap_mb = {ddp_bucket_mb(spec):.4g}: zero.reduce_bucket_size={cfg.zero.reduce_bucket_size:,} "
+            "elements (passed to DistributedDataParallel by the workload; the config file has no such key)"
+        )
     elif cfg.zero.stage:
-        lines += [f"fsdp_reshard_after_forward = {str(cfg.zero.stage == 3).lower()}: zero.stage 3 reshards, 2 keeps "
-                  "parameters gathered until backward",
-                  f"fsdp_activation_checkpointing = false: recompute.mode={cfg.recompute.mode} is applied by the "
-                  "workload, as for every engine (accelerate's own would checkpoint each block a second time)"]
+        lines += [
+            f"fsdp_reshard_after_forward = {str(cfg.zero.stage == 3).lower()}: zero.stage 3 reshards, 2 keeps "
+            "parameters gathered until backward",
+            f"fsdp_activation_checkpointing = false: recompute.mode={cfg.recompute.mode} is applied by the "
+            "workload, as for every engine (accelerate's own would checkpoint each block a second time)",
+        ]
         if cfg.zero.communication_dtype:
-            lines.append(f"gradients reduced in {cfg.zero.communication_dtype} (zero.communication_dtype): the "
-                         "workload's FullyShardedDataParallelPlugin(mixed_precision_policy=...), the config file "
-                         "has no such key")
+            lines.append(
+                f"gradients reduced in {cfg.zero.communication_dtype} (zero.communication_dtype): the "
+                "workload's FullyShardedDataParallelPlugin(mixed_precision_policy=...), the config file "
+                "has no such key"
+            )
     return lines

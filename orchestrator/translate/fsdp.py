@@ -12,22 +12,32 @@ from orchestrator.spec import TrialSpec
 def fsdp_settings(spec: TrialSpec) -> dict:
     """fully_shard's settings for this trial (also recorded in metrics.engine)."""
     z = spec.cfg.zero
-    return {"reshard_after_forward": z.stage == 3, "param_dtype": spec.precision,
-            "reduce_dtype": str(z.communication_dtype or spec.precision), "cpu_offload": z.offload_param != "none"}
+    return {
+        "reshard_after_forward": z.stage == 3,
+        "param_dtype": spec.precision,
+        "reduce_dtype": str(z.communication_dtype or spec.precision),
+        "cpu_offload": z.offload_param != "none",
+    }
 
 
 def explain(spec: TrialSpec) -> list[str]:
     s = fsdp_settings(spec)
-    return [f"fully_shard on each transformer block, then on the root (torchtitan's order), on a "
-            f"{spec.world_size}-rank device mesh",
-            f"reshard_after_forward={s['reshard_after_forward']} on the blocks: zero.stage={spec.cfg.zero.stage} "
-            + ("(parameters gathered again for the backward, ZeRO-3's pattern)" if s["reshard_after_forward"]
-               else "(parameters kept from the forward to the backward, ZeRO-2's memory for them)")
-            + "; False on the root, whose backward needs its parameters first",
-            f"MixedPrecisionPolicy(param_dtype={s['param_dtype']}, reduce_dtype={s['reduce_dtype']}): "
-            "run.bf16 / zero.communication_dtype; shards and Adam's states stay fp32",
-            "CPUOffloadPolicy (zero.offload_param=cpu): parameters, gradients and the optimizer step on the host"
-            if s["cpu_offload"] else "no offload",
-            f"gradient accumulation over {spec.grad_accum_steps} micro batch(es): the reduce-scatter runs on the last "
-            "(set_requires_gradient_sync)",
-            "checkpoints: torch.distributed.checkpoint, each rank its own shards"]
+    return [
+        f"fully_shard on each transformer block, then on the root (torchtitan's order), on a "
+        f"{spec.world_size}-rank device mesh",
+        f"reshard_after_forward={s['reshard_after_forward']} on the blocks: zero.stage={spec.cfg.zero.stage} "
+        + (
+            "(parameters gathered again for the backward, ZeRO-3's pattern)"
+            if s["reshard_after_forward"]
+            else "(parameters kept from the forward to the backward, ZeRO-2's memory for them)"
+        )
+        + "; False on the root, whose backward needs its parameters first",
+        f"MixedPrecisionPolicy(param_dtype={s['param_dtype']}, reduce_dtype={s['reduce_dtype']}): "
+        "run.bf16 / zero.communication_dtype; shards and Adam's states stay fp32",
+        "CPUOffloadPolicy (zero.offload_param=cpu): parameters, gradients and the optimizer step on the host"
+        if s["cpu_offload"]
+        else "no offload",
+        f"gradient accumulation over {spec.grad_accum_steps} micro batch(es): the reduce-scatter runs on the last "
+        "(set_requires_gradient_sync)",
+        "checkpoints: torch.distributed.checkpoint, each rank its own shards",
+    ]

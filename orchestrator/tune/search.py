@@ -55,8 +55,7 @@ class Search:
 
     def runnable(self) -> list[Candidate]:
         """Candidates that fit by the plan and by what the OOMs taught."""
-        return [c for c in self.space.fitting
-                if self.oom_bound is None or (c.predicted_memory or 0) < self.oom_bound]
+        return [c for c in self.space.fitting if self.oom_bound is None or (c.predicted_memory or 0) < self.oom_bound]
 
     def dropped_by_oom(self) -> list[Candidate]:
         runnable = {c.key for c in self.runnable()}
@@ -68,7 +67,7 @@ class Search:
 
     def best(self) -> tuple[Candidate, CandidateRun] | None:
         ok = self.measured_ok()
-        return max(ok, key=lambda pair: pair[1].tokens_per_sec_per_gpu) if ok else None
+        return max(ok, key=lambda pair: pair[1].tokens_per_sec_per_gpu or 0.0) if ok else None
 
     def rate_at_median_step(self, c: Candidate, o: CandidateRun) -> float:
         """The measured tokens/s/GPU the calibrated model is comparable with: the tokens of a
@@ -78,8 +77,9 @@ class Search:
         of the one beside a measurement of the other ended searches that had candidates left."""
         if not (o.step_s and c.spec):
             return o.tokens_per_sec_per_gpu or 0.0
-        tokens = (statistics.median(o.timed_batches) * c.spec.cfg.model.seq_len if o.timed_batches
-                  else c.spec.tokens_per_step)
+        tokens = (
+            statistics.median(o.timed_batches) * c.spec.cfg.model.seq_len if o.timed_batches else c.spec.tokens_per_step
+        )
         return tokens / o.step_s / c.spec.world_size
 
     def predicted(self, c: Candidate) -> float:
@@ -107,6 +107,7 @@ class Search:
         self.uncertainty = max(MIN_UNCERTAINTY, math.sqrt(sum(e * e for e in errors) / len(errors)))
         self.calibrated = {}
         for c in self.runnable():
+            assert c.spec is not None  # a runnable candidate was planned
             step_s = predicted_step_s(c.spec, self.params)
             self.calibrated[c.key] = c.spec.tokens_per_step / step_s / c.spec.world_size
 
@@ -137,14 +138,25 @@ class Search:
             o = self.outcomes.get(c.key)
             status = o.status if o else ("dropped: ran out of memory nearby" if c.key in dropped else c.status)
             reason = (o.error if o else "") or (
-                f"predicted {c.predicted_memory / GIB:.2f} GiB >= {self.oom_bound / GIB:.2f} GiB, where a candidate "
-                "ran out of memory: the memory plan under-estimates here" if status.startswith("dropped") else c.reason)
-            rows.append({"candidate": c.label(), "status": status, "reason": reason,
-                         "predicted_tokens_per_sec_per_gpu": c.predicted_tokens_per_sec_per_gpu,
-                         "calibrated_tokens_per_sec_per_gpu": self.calibrated.get(c.key),
-                         "measured_tokens_per_sec_per_gpu": o.tokens_per_sec_per_gpu if o else None,
-                         "predicted_memory_gib": c.predicted_memory / GIB if c.predicted_memory else None,
-                         "round": o.round if o else None, "trial_dir": o.trial_dir if o else None})
+                f"predicted {(c.predicted_memory or 0) / GIB:.2f} GiB >= {(self.oom_bound or 0) / GIB:.2f} GiB, "
+                "where a candidate "
+                "ran out of memory: the memory plan under-estimates here"
+                if status.startswith("dropped")
+                else c.reason
+            )
+            rows.append(
+                {
+                    "candidate": c.label(),
+                    "status": status,
+                    "reason": reason,
+                    "predicted_tokens_per_sec_per_gpu": c.predicted_tokens_per_sec_per_gpu,
+                    "calibrated_tokens_per_sec_per_gpu": self.calibrated.get(c.key),
+                    "measured_tokens_per_sec_per_gpu": o.tokens_per_sec_per_gpu if o else None,
+                    "predicted_memory_gib": c.predicted_memory / GIB if c.predicted_memory else None,
+                    "round": o.round if o else None,
+                    "trial_dir": o.trial_dir if o else None,
+                }
+            )
         return rows
 
 

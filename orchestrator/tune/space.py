@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -31,10 +31,9 @@ from orchestrator.errors import ConfigError, PlanRefused
 from orchestrator.hydra_errors import config_error
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.params import count_parameters
-from orchestrator.planning import plan_trial
 from orchestrator.plan.prediction import Plan
+from orchestrator.planning import plan_trial
 from orchestrator.spec import TrialSpec, build_spec
-
 
 # DeepSpeed's default bucket is 5e8 elements; the axis tries it and two smaller ones.
 BUCKETS = ["5e7", "2e8", "5e8"]
@@ -48,10 +47,15 @@ DEFAULT_AXES: dict[str, list[str]] = {
     "zero.offload_optimizer": ["none", "cpu"],
 }
 # Which ZeRO stages read an axis (DeepSpeed's zero_optimization: stage 0 all-reduces in
-# fixed-size buffers, allgather_bucket_size is stages 1-2's, stage3_prefetch_bucket_size stage 3's, offload needs a partitioned optimizer).
-READ_BY_STAGES = {"zero.reduce_bucket_size": {1, 2, 3}, "zero.allgather_bucket_size": {1, 2},
-                  "zero.prefetch_bucket_size": {3},
-                  "zero.offload_optimizer": {1, 2, 3}, "zero.offload_param": {3}}
+# fixed-size buffers, allgather_bucket_size is stages 1-2's, stage3_prefetch_bucket_size stage 3's,
+# offload needs a partitioned optimizer).
+READ_BY_STAGES = {
+    "zero.reduce_bucket_size": {1, 2, 3},
+    "zero.allgather_bucket_size": {1, 2},
+    "zero.prefetch_bucket_size": {3},
+    "zero.offload_optimizer": {1, 2, 3},
+    "zero.offload_param": {3},
+}
 
 
 @dataclass
@@ -82,26 +86,29 @@ class Space:
         return [c for c in self.candidates if c.status == "fits"]
 
 
-def axes_of(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+def axes_of(overrides: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
     """(the fixed overrides, the axes) of a tune command line."""
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception as exc:  # Hydra's parse error, said our way
-        raise config_error(exc, overrides) from None
+        raise config_error(exc, list(overrides)) from None
     axes = dict(DEFAULT_AXES)
-    fixed = []
+    fixed: list[str] = []
     for o in parsed:
         name = o.key_or_group
         if o.is_sweep_override():
             if not o.is_discrete_sweep() or o.value_type == ValueType.GLOB_CHOICE_SWEEP:
-                raise ConfigError(name, o.input_line.partition("=")[2], "a list of values (a,b,c) or "
-                                  "range(start,stop[,step]) to search over")
+                raise ConfigError(
+                    name,
+                    str(o.input_line).partition("=")[2],
+                    "a list of values (a,b,c) or range(start,stop[,step]) to search over",
+                )
             axes[name] = [str(v) for v in o.sweep_string_iterator()]
         else:
             axes.pop(name, None)  # fixed by the user
             if name == "zero.stage":
                 axes.pop("zero", None)
-            fixed.append(o.input_line)
+            fixed.append(str(o.input_line))
     if "zero.stage" in axes:  # zero.stage=0,1 sweeps the same thing as zero=stage0,stage1
         axes.pop("zero", None)
     return fixed, axes
@@ -122,8 +129,11 @@ def points(axes: dict[str, list[str]], fixed_stage: int | None) -> list[tuple[st
     for values in itertools.product(*(axes[n] for n in names)):
         point = dict(zip(names, values))
         stage = _stage(point, fixed_stage)
-        key = tuple(f"{n}={v}" for n, v in point.items()
-                    if stage is None or n not in READ_BY_STAGES or stage in READ_BY_STAGES[n])
+        key = tuple(
+            f"{n}={v}"
+            for n, v in point.items()
+            if stage is None or n not in READ_BY_STAGES or stage in READ_BY_STAGES[n]
+        )
         seen.setdefault(key, None)
     return list(seen)
 
@@ -147,9 +157,13 @@ def _plan_space(overrides: tuple[str, ...], runnable_check: Callable[[TrialSpec]
         raise ConfigError(empty[0], "(no values)", "at least one value: the search space is empty")
     size = math.prod(len(v) for v in axes.values())
     if size > MAX_POINTS:
-        raise ConfigError("search space", f"{size:,} combinations", f"at most {MAX_POINTS:,} (each is planned "
-                          "before the search starts, about 10 ms each); narrow an axis")
-    candidates, effects = [], {}
+        raise ConfigError(
+            "search space",
+            f"{size:,} combinations",
+            f"at most {MAX_POINTS:,} (each is planned before the search starts, about 10 ms each); narrow an axis",
+        )
+    candidates: list[Candidate] = []
+    effects: dict[tuple, Candidate] = {}
     for key in points(axes, base.cfg.zero.stage):
         overrides_ = (*fixed, *key)
         try:
@@ -159,8 +173,15 @@ def _plan_space(overrides: tuple[str, ...], runnable_check: Callable[[TrialSpec]
             continue
         effect = in_effect(key, spec)
         if effect in effects:
-            candidates.append(Candidate(key, overrides_, "same in effect", f"runs as {effects[effect].label()} does "
-                                        f"({', '.join(why for _, why in effect if why) or 'the same settings'})"))
+            candidates.append(
+                Candidate(
+                    key,
+                    overrides_,
+                    "same in effect",
+                    f"runs as {effects[effect].label()} does "
+                    f"({', '.join(why for _, why in effect if why) or 'the same settings'})",
+                )
+            )
             continue
         candidates.append(planned(key, overrides_, spec, plan_trial(spec)))
         effects[effect] = candidates[-1]
@@ -207,8 +228,10 @@ def nothing_runs(space: Space) -> str:
     sized = [c for c in space.candidates if c.status == "does not fit"]
     if sized:
         least = min(sized, key=lambda c: c.predicted_memory or 0)
-        return (f"at least one candidate that fits in device memory, but none does: the smallest, {least.label()}, "
-                f"needs {least.reason.removeprefix('predicted ')}; more ranks (parallel.dp), a larger ZeRO stage, "
-                "smaller micro batches, more recompute or offload would be needed")
+        return (
+            f"at least one candidate that fits in device memory, but none does: the smallest, {least.label()}, "
+            f"needs {least.reason.removeprefix('predicted ')}; more ranks (parallel.dp), a larger ZeRO stage, "
+            "smaller micro batches, more recompute or offload would be needed"
+        )
     first = space.candidates[0].reason if space.candidates else "no candidate"
     return f"at least one valid candidate, but every one is invalid, e.g.: {first}"

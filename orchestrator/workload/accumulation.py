@@ -4,7 +4,7 @@ micro batches itself (gradient_accumulation_steps in ds_config.json)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -23,8 +23,13 @@ class MicroBatches:
     def grad_accum(self) -> int:
         return grad_accum_steps(self.global_batch, self.micro_batch_size, self.dp)
 
-    def backward_and_step(self, loss: torch.Tensor, backward: Callable[[torch.Tensor, bool], None],
-                          optimizer: torch.optim.Optimizer, clip: Callable[[], object] | None = None) -> None:
+    def backward_and_step(
+        self,
+        loss: torch.Tensor,
+        backward: Callable[[torch.Tensor, bool], None],
+        optimizer: torch.optim.Optimizer,
+        clip: Callable[[], object] | None = None,
+    ) -> None:
         """backward(scaled_loss, sync): sync is False on all but the last micro batch, whose
         gradients the engine then reduces; after the last one, clip and step."""
         self.done += 1

@@ -12,11 +12,13 @@ Usage: python -m orchestrator.workload.collective_timing SIZES_BYTES REPS [DEVIC
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
 import statistics
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -54,9 +56,11 @@ def main() -> None:
     for nbytes in sizes:
         elements = max(n, nbytes // 4 // n * n)  # fp32, divisible by the world size
         full, part = torch.ones(elements, device=device.torch), torch.ones(elements // n, device=device.torch)
-        calls = {"all_reduce": lambda: dist.all_reduce(full),
-                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
-                 "all_gather": lambda: dist.all_gather_into_tensor(full, part)}
+        calls: dict[str, Callable[[], object]] = {  # each bound to this size's tensors
+            "all_reduce": functools.partial(dist.all_reduce, full),
+            "reduce_scatter": functools.partial(dist.reduce_scatter_tensor, part, full),
+            "all_gather": functools.partial(dist.all_gather_into_tensor, full, part),
+        }
         for op, call in calls.items():
             rows.append({"op": op, "bytes": elements * 4, "seconds": max(0.0, timed(call, reps, device) - barrier)})
     hosts = [None] * n

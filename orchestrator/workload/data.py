@@ -33,7 +33,7 @@ class TokenFile(Dataset):
 
     def __init__(self, path: str, dtype: str, seq_len: int, vocab: int, seed: int):
         check_token_file(path, dtype, seq_len, vocab)  # again on the rank's host: on SLURM it is first seen here
-        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        self.tokens: np.ndarray = np.memmap(path, dtype=np.dtype(dtype), mode="r")
         self.seq_len, self.vocab, self.seed = seq_len, vocab, seed
 
     def __len__(self) -> int:
@@ -42,7 +42,7 @@ class TokenFile(Dataset):
     def __getitem__(self, index: int) -> torch.Tensor:
         rng = np.random.default_rng(self.seed * 1_000_003 + index)
         start = int(rng.integers(0, windows(len(self.tokens), self.seq_len)))
-        return torch.from_numpy(self.tokens[start:start + self.seq_len].astype(np.int64))
+        return torch.from_numpy(self.tokens[start : start + self.seq_len].astype(np.int64))
 
 
 class RankSampler(torch.utils.data.Sampler):
@@ -66,6 +66,11 @@ def batches(spec, rank: int, world: int, consumed: int = 0) -> DataLoader:
     else:
         dataset = SyntheticTokens(m.vocab, m.seq_len, run.seed)
     sampler = RankSampler(rank, world, start=consumed * spec.micro_batch_size)
-    return DataLoader(dataset, batch_size=spec.micro_batch_size, sampler=sampler,
-                      num_workers=run.dataloader_workers, pin_memory=run.pin_memory,
-                      persistent_workers=run.dataloader_workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=spec.micro_batch_size,
+        sampler=sampler,
+        num_workers=run.dataloader_workers,
+        pin_memory=run.pin_memory,
+        persistent_workers=run.dataloader_workers > 0,
+    )

@@ -15,8 +15,9 @@ from __future__ import annotations
 import random
 import resource
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ class Device:
     accel: Any = None  # the GPU runtime (torch.cuda); None on a CPU
 
     @classmethod
-    def for_rank(cls, kind: DeviceType | str, env: Mapping[str, str], accel: Any = None) -> "Device":
+    def for_rank(cls, kind: DeviceType | str, env: Mapping[str, str], accel: Any = None) -> Device:
         """This rank's device: a CPU, or the GPU its launcher's environment gives it (made current)."""
         kind = DeviceType(kind)
         if not kind.is_gpu:

@@ -20,13 +20,12 @@ from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import ddp_bucket_mb
 from orchestrator.translate.fsdp import fsdp_settings
+from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload.accumulation import MicroBatches
 from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt
 from orchestrator.workload.device import Device
-from orchestrator.workload.model import torch_dtype
-from orchestrator.workload.model import apply_recompute, build_model
+from orchestrator.workload.model import apply_recompute, build_model, torch_dtype
 from orchestrator.workload.model import import_libraries as import_model_libraries
-from orchestrator.trial_dir import TrialPaths
 
 
 class DeepSpeedEngine:
@@ -46,8 +45,9 @@ class DeepSpeedEngine:
         apply_recompute(model, spec.cfg.recompute.mode)
         # DeepSpeed would take cuda:LOCAL_RANK; the rank's own pick (placement.py) wins.
         args = argparse.Namespace(device_rank=device.index) if device.is_gpu else None
-        self.engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
-                                               config=self.config)
+        self.engine, *_ = deepspeed.initialize(
+            args=args, model=model, model_parameters=model.parameters(), config=self.config
+        )
         if spec.cfg.run.compile:
             self.engine.compile()
         self.global_batch = self.config["train_batch_size"]
@@ -79,8 +79,12 @@ class DeepSpeedEngine:
         self.engine.load_checkpoint(str(root), tag=tag)
 
     def describe(self) -> dict:
-        return {"engine": "deepspeed", "zero_stage": self.engine.zero_optimization_stage(),
-                "optimizer": type(self.engine.optimizer).__name__, "built_partitioned": self.built_partitioned}
+        return {
+            "engine": "deepspeed",
+            "zero_stage": self.engine.zero_optimization_stage(),
+            "optimizer": type(self.engine.optimizer).__name__,
+            "built_partitioned": self.built_partitioned,
+        }
 
 
 class AccelerateEngine:
@@ -96,15 +100,20 @@ class AccelerateEngine:
         handlers += [InitProcessGroupKwargs(**spec.collective_timeout)] if spec.collective_timeout else []
         if self.deepspeed and not device.is_gpu:  # the Accelerator starts DeepSpeed's backend
             leave_shm_comm_unbuilt()
-        self.accelerator = Accelerator(cpu=not device.is_gpu and not self.deepspeed, kwargs_handlers=handlers,
-                                       fsdp_plugin=fsdp_plugin(spec))
+        self.accelerator = Accelerator(
+            cpu=not device.is_gpu and not self.deepspeed, kwargs_handlers=handlers, fsdp_plugin=fsdp_plugin(spec)
+        )
         if device.is_gpu and self.accelerator.device != device.torch:  # accelerate takes cuda:LOCAL_RANK
-            raise RuntimeError(f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device.torch} "
-                               "(LOCAL_RANK and CUDA_VISIBLE_DEVICES disagree: workload/placement.py)")
+            raise RuntimeError(
+                f"accelerate chose {self.accelerator.device}, but this rank's GPU is {device.torch} "
+                "(LOCAL_RANK and CUDA_VISIBLE_DEVICES disagree: workload/placement.py)"
+            )
         expected = "DEEPSPEED" if self.deepspeed else "FSDP" if spec.cfg.zero.stage else "MULTI_"
         if spec.world_size > 1 and expected not in str(self.accelerator.distributed_type):
-            raise RuntimeError(f"accelerate set up {self.accelerator.distributed_type}, not the {expected} this trial "
-                               "asks for; nothing measured would mean what it says")
+            raise RuntimeError(
+                f"accelerate set up {self.accelerator.distributed_type}, not the {expected} this trial "
+                "asks for; nothing measured would mean what it says"
+            )
         # With DeepSpeed ZeRO-3 the Accelerator (zero3_init_flag) has already told
         # transformers to build the model partitioned.
         model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed)
@@ -114,8 +123,9 @@ class AccelerateEngine:
         if self.deepspeed:  # the optimizer is in ds_config.json
             optimizer = DummyOptim(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
         else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS,
-                                          weight_decay=run.weight_decay)
+            optimizer = torch.optim.AdamW(
+                model.parameters(), lr=run.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=run.weight_decay
+            )
         if run.compile:
             model = torch.compile(model)
         if self.deepspeed:  # accelerate's DeepSpeed plugin builds the engine in prepare
@@ -131,12 +141,16 @@ class AccelerateEngine:
         if self.deepspeed:  # accelerate's DeepSpeed wrapper runs engine.backward + engine.step
             self.accelerator.backward(loss)
             return
+
         def backward(scaled: torch.Tensor, sync: bool) -> None:
             with contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model):
                 self.accelerator.backward(scaled)
 
-        clip = (lambda: self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)) \
-            if self.grad_clip else None
+        clip = (
+            (lambda: self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+            if self.grad_clip
+            else None
+        )
         self.micro_batches.backward_and_step(loss, backward, self.optimizer, clip)
 
     def set_global_batch(self, size: int) -> None:
@@ -157,9 +171,14 @@ class AccelerateEngine:
 
     def describe(self) -> dict:
         bucket = getattr(self.model, "bucket_bytes_cap", None)  # DDP's: the plan's reduce bucket
-        return {"engine": "accelerate", "distributed_type": str(self.accelerator.distributed_type),
-                "model_wrapper": type(self.model).__name__, "optimizer": type(self.optimizer).__name__,
-                "built_partitioned": self.built_partitioned, "ddp_bucket_bytes": bucket}
+        return {
+            "engine": "accelerate",
+            "distributed_type": str(self.accelerator.distributed_type),
+            "model_wrapper": type(self.model).__name__,
+            "optimizer": type(self.optimizer).__name__,
+            "built_partitioned": self.built_partitioned,
+            "ddp_bucket_bytes": bucket,
+        }
 
     def engine_global_batch(self) -> int:
         if self.deepspeed:
@@ -178,8 +197,11 @@ def fsdp_plugin(spec: TrialSpec):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     s = fsdp_settings(spec)
-    return FullyShardedDataParallelPlugin(mixed_precision_policy=MixedPrecisionPolicy(
-        param_dtype=torch_dtype(s["param_dtype"]), reduce_dtype=torch_dtype(s["reduce_dtype"])))
+    return FullyShardedDataParallelPlugin(
+        mixed_precision_policy=MixedPrecisionPolicy(
+            param_dtype=torch_dtype(s["param_dtype"]), reduce_dtype=torch_dtype(s["reduce_dtype"])
+        )
+    )
 
 
 def built_partitioned(model) -> bool:
@@ -188,8 +210,11 @@ def built_partitioned(model) -> bool:
 
 
 # What each engine's constructor imports besides torch and the model's modules.
-ENGINE_LIBRARIES = {"deepspeed": ("deepspeed",), "accelerate": ("accelerate",),
-                    "fsdp": ("torch.distributed.fsdp", "torch.distributed.device_mesh")}
+ENGINE_LIBRARIES = {
+    "deepspeed": ("deepspeed",),
+    "accelerate": ("accelerate",),
+    "fsdp": ("torch.distributed.fsdp", "torch.distributed.device_mesh"),
+}
 
 
 def import_libraries(spec: TrialSpec) -> None:

@@ -36,7 +36,6 @@ from orchestrator.workload.device import Device
 from orchestrator.workload.model import apply_recompute, build_model, torch_dtype
 
 
-
 class FSDP2Engine:
     def __init__(self, spec: TrialSpec, trial_dir: Path, device: Device):
         import torch.distributed as dist
@@ -49,10 +48,15 @@ class FSDP2Engine:
         self.settings = fsdp_settings(spec)
         model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed)
         apply_recompute(model, spec.cfg.recompute.mode)
-        shard = dict(mesh=mesh, reshard_after_forward=self.settings["reshard_after_forward"],
-                     mp_policy=MixedPrecisionPolicy(param_dtype=torch_dtype(self.settings["param_dtype"]),
-                                                    reduce_dtype=torch_dtype(self.settings["reduce_dtype"])),
-                     offload_policy=CPUOffloadPolicy() if self.settings["cpu_offload"] else OffloadPolicy())
+        shard = dict(
+            mesh=mesh,
+            reshard_after_forward=self.settings["reshard_after_forward"],
+            mp_policy=MixedPrecisionPolicy(
+                param_dtype=torch_dtype(self.settings["param_dtype"]),
+                reduce_dtype=torch_dtype(self.settings["reduce_dtype"]),
+            ),
+            offload_policy=CPUOffloadPolicy() if self.settings["cpu_offload"] else OffloadPolicy(),
+        )
         blocks = [m for m in model.modules() if type(m).__name__ == LAYER_CLASS[spec.cfg.model.arch]]
         for block in blocks:
             fully_shard(block, **shard)
@@ -64,8 +68,9 @@ class FSDP2Engine:
             model.to(device.torch)  # the shards move; each rank holds 1/dp of every parameter
         run = spec.cfg.run
         self.model = torch.compile(model) if run.compile else model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS,
-                                           weight_decay=run.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=run.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=run.weight_decay
+        )
         self.sharded = all(type(p).__name__ == "DTensor" for p in model.parameters())
         self.blocks = len(blocks)
         self._block_names = tuple(f"{n}." for n, m in model.named_modules() if m in blocks)
@@ -94,8 +99,11 @@ class FSDP2Engine:
             self._fsdp_root.set_requires_gradient_sync(sync)  # reduce-scatter only after the last micro batch
             scaled.backward()
 
-        clip = (lambda: torch.nn.utils.clip_grad_norm_(self._fsdp_root.parameters(), self.grad_clip)) \
-            if self.grad_clip else None
+        clip = (
+            (lambda: torch.nn.utils.clip_grad_norm_(self._fsdp_root.parameters(), self.grad_clip))
+            if self.grad_clip
+            else None
+        )
         self.micro_batches.backward_and_step(loss, backward, self.optimizer, clip)
 
     def set_global_batch(self, size: int) -> None:
@@ -124,10 +132,17 @@ class FSDP2Engine:
 
         state = self._state()
         dcp.load(state, checkpoint_id=str(root / tag))
-        set_state_dict(self._fsdp_root, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        set_state_dict(
+            self._fsdp_root, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
 
     def describe(self) -> dict:
-        return {"engine": "fsdp2", **self.settings, "sharded_blocks": self.blocks, "parameters_sharded": self.sharded,
-                "optimizer": type(self.optimizer).__name__, "built_partitioned": False,
-                "gathered_after_forward": self._gathered_after_forward}
+        return {
+            "engine": "fsdp2",
+            **self.settings,
+            "sharded_blocks": self.blocks,
+            "parameters_sharded": self.sharded,
+            "optimizer": type(self.optimizer).__name__,
+            "built_partitioned": False,
+            "gathered_after_forward": self._gathered_after_forward,
+        }

@@ -42,13 +42,17 @@ class RunState:
     nonfinite: list[int] = field(default_factory=list)  # steps whose loss was NaN or infinite
 
     @classmethod
-    def resumed(cls, saved: dict | None) -> "RunState":
+    def resumed(cls, saved: dict | None) -> RunState:
         if saved is None:
             return cls()
-        return cls(history=saved["history"], memory={k: saved.get(k) for k in MEMORY_KEYS},
-                   resumed_at=[*saved.get("resumed_at", []), saved["step"]], on_warning=list(saved.get("on_warning", [])),
-                   resumed_from_saved_at=[*saved.get("resumed_from_saved_at", []), saved["written_at"]],
-                   nonfinite=[h["step"] for h in saved["history"] if not _finite(h["loss"])])
+        return cls(
+            history=saved["history"],
+            memory={k: saved.get(k) for k in MEMORY_KEYS},
+            resumed_at=[*saved.get("resumed_at", []), saved["step"]],
+            on_warning=list(saved.get("on_warning", [])),
+            resumed_from_saved_at=[*saved.get("resumed_from_saved_at", []), saved["written_at"]],
+            nonfinite=[h["step"] for h in saved["history"] if not _finite(h["loss"])],
+        )
 
     def add(self, record: dict) -> None:
         self.history.append(record)
@@ -57,13 +61,23 @@ class RunState:
 
     def saved(self, step: int) -> dict:
         """What a checkpoint after `step` stores."""
-        return {"step": step + 1, "history": self.history, **self.memory, "resumed_at": self.resumed_at,
-                "on_warning": self.on_warning, "resumed_from_saved_at": self.resumed_from_saved_at}
+        return {
+            "step": step + 1,
+            "history": self.history,
+            **self.memory,
+            "resumed_at": self.resumed_at,
+            "on_warning": self.on_warning,
+            "resumed_from_saved_at": self.resumed_from_saved_at,
+        }
 
     def restarts(self) -> dict:
-        return {"restarts": len(self.resumed_at), "resumed_at_steps": self.resumed_at,
-                "checkpoints_on_warning": self.on_warning, "resumed_from_saved_at": self.resumed_from_saved_at,
-                "nonfinite_loss_steps": self.nonfinite}
+        return {
+            "restarts": len(self.resumed_at),
+            "resumed_at_steps": self.resumed_at,
+            "checkpoints_on_warning": self.on_warning,
+            "resumed_from_saved_at": self.resumed_from_saved_at,
+            "nonfinite_loss_steps": self.nonfinite,
+        }
 
 
 def _finite(loss: float | None) -> bool:
@@ -79,8 +93,14 @@ class MemoryProbes:
     def around_step(self, step: int):
         """The CPU's live-tensor peak, on the second step if it is not timed: the static
         census is then exactly what was alive when it began."""
-        watch = (not self.device.is_gpu and step == 1 and step < self.run.warmup_steps and not self.run.profile
-                 and self.memory["live_peak_bytes"] is None and self.memory["static_bytes"] is not None)
+        watch = (
+            not self.device.is_gpu
+            and step == 1
+            and step < self.run.warmup_steps
+            and not self.run.profile
+            and self.memory["live_peak_bytes"] is None
+            and self.memory["static_bytes"] is not None
+        )
         return self._watching() if watch else contextlib.nullcontext()
 
     @contextlib.contextmanager
@@ -118,8 +138,10 @@ class Reporter:
         if self.tracker:
             self.tracker.log_step(record)
         if state.nonfinite and self.run.stop_on_nonfinite_loss:
-            raise NonFiniteLoss(f"the loss is {record['loss']} at step {record['step'] + 1} of {self.run.steps} "
-                                f"(run.lr={self.run.lr}); run.stop_on_nonfinite_loss=false trains on")
+            raise NonFiniteLoss(
+                f"the loss is {record['loss']} at step {record['step'] + 1} of {self.run.steps} "
+                f"(run.lr={self.run.lr}); run.stop_on_nonfinite_loss=false trains on"
+            )
 
 
 class Checkpointer:
@@ -130,13 +152,15 @@ class Checkpointer:
         self.every, self.enabled = every, enabled
 
     def resume(self) -> RunState:
-        return RunState.resumed(checkpoint.resume(self.engine, self.trial_dir, self.rank, self.device)
-                                if self.enabled else None)
+        return RunState.resumed(
+            checkpoint.resume(self.engine, self.trial_dir, self.rank, self.device) if self.enabled else None
+        )
 
     def __call__(self, step: int, steps: int, state: RunState) -> None:
         if not self.enabled or step + 1 >= steps or not (why := checkpoint.wanted(step, self.every, self.device)):
             return
         if why == checkpoint.WARNED:
             state.on_warning.append(step + 1)
-        checkpoint.save(self.engine, self.trial_dir, self.rank, self.device, state.saved(step),
-                        warned=why == checkpoint.WARNED)
+        checkpoint.save(
+            self.engine, self.trial_dir, self.rank, self.device, state.saved(step), warned=why == checkpoint.WARNED
+        )

@@ -84,7 +84,7 @@ class ActivationCensus:
     as the engine's working set, not as activations.
     """
 
-    def __enter__(self) -> "ActivationCensus":
+    def __enter__(self) -> ActivationCensus:
         self._mode = _Creations()
         self._mode.__enter__()
         return self
@@ -93,8 +93,9 @@ class ActivationCensus:
         self._mode.__exit__(*exc)
         alive = [t for t in (ref() for ref in self._mode.created) if t is not None]
         parameters = {_storage_key(t) for t in _heap_parameters()}
-        self.bytes = unique_storage_bytes(t for t in alive if _storage_key(t) in self._mode.allocated
-                                          and _storage_key(t) not in parameters)
+        self.bytes = unique_storage_bytes(
+            t for t in alive if _storage_key(t) in self._mode.allocated and _storage_key(t) not in parameters
+        )
 
 
 def _heap_parameters() -> list[torch.nn.Parameter]:
@@ -125,8 +126,11 @@ def _heap_tensors(device_type: str | None) -> list[torch.Tensor]:
     """Every tensor the Python heap holds, on `device_type` (None: any)."""
     with warnings.catch_warnings():  # isinstance() on deprecated module objects warns
         warnings.simplefilter("ignore")
-        return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)
-                and (device_type is None or o.device.type == device_type)]
+        return [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, torch.Tensor) and (device_type is None or o.device.type == device_type)
+        ]
 
 
 class AllocatorPeak:
@@ -142,7 +146,7 @@ class AllocatorPeak:
     profiler running; it slows the step it watches, so it watches an untimed one.
     """
 
-    def __enter__(self) -> "AllocatorPeak":
+    def __enter__(self) -> AllocatorPeak:
         from torch.profiler import ProfilerActivity, profile
 
         self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -167,8 +171,11 @@ class AllocatorPeak:
 
 def live_storage_addresses(device_type: str) -> set[int]:
     """The data pointers of every storage on `device_type` a Python-visible tensor holds."""
-    return {s.data_ptr() for t in _heap_tensors(device_type)
-            if t.layout == torch.strided and (s := storage_of(t)) is not None}
+    return {
+        s.data_ptr()
+        for t in _heap_tensors(device_type)
+        if t.layout == torch.strided and (s := storage_of(t)) is not None
+    }
 
 
 def held_growth(events: list[tuple[int, int]]) -> tuple[int, int | None]:

@@ -20,14 +20,38 @@ def hf_config(m: ModelConfig):
 
     f = m.ffn
     if m.arch == "gpt2":
-        return GPT2Config(vocab_size=m.vocab, n_positions=m.max_positions, n_embd=m.hidden, n_layer=m.n_layers,
-                          n_head=m.heads, n_inner=f, activation_function="gelu_pytorch_tanh", resid_pdrop=m.dropout, embd_pdrop=m.dropout, attn_pdrop=m.dropout,
-                          tie_word_embeddings=m.tie_embeddings, attn_implementation=m.attention, use_cache=False,
-                          bos_token_id=m.vocab - 1, eos_token_id=m.vocab - 1)
-    return LlamaConfig(vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=f, num_hidden_layers=m.n_layers,
-                       num_attention_heads=m.heads, num_key_value_heads=m.kv_heads or m.heads,
-                       max_position_embeddings=m.max_positions, attention_dropout=m.dropout, rms_norm_eps=m.norm_eps, rope_theta=m.rope_theta,
-                       tie_word_embeddings=m.tie_embeddings, attn_implementation=m.attention, use_cache=False)
+        return GPT2Config(
+            vocab_size=m.vocab,
+            n_positions=m.max_positions,
+            n_embd=m.hidden,
+            n_layer=m.n_layers,
+            n_head=m.heads,
+            n_inner=f,
+            activation_function="gelu_pytorch_tanh",
+            resid_pdrop=m.dropout,
+            embd_pdrop=m.dropout,
+            attn_pdrop=m.dropout,
+            tie_word_embeddings=m.tie_embeddings,
+            attn_implementation=m.attention,
+            use_cache=False,
+            bos_token_id=m.vocab - 1,
+            eos_token_id=m.vocab - 1,
+        )
+    return LlamaConfig(
+        vocab_size=m.vocab,
+        hidden_size=m.hidden,
+        intermediate_size=f,
+        num_hidden_layers=m.n_layers,
+        num_attention_heads=m.heads,
+        num_key_value_heads=m.kv_heads or m.heads,
+        max_position_embeddings=m.max_positions,
+        attention_dropout=m.dropout,
+        rms_norm_eps=m.norm_eps,
+        rope_theta=m.rope_theta,
+        tie_word_embeddings=m.tie_embeddings,
+        attn_implementation=m.attention,
+        use_cache=False,
+    )
 
 
 def torch_dtype(precision: str):
@@ -44,8 +68,12 @@ def import_libraries(arch: str) -> None:
     import importlib
 
     leave_scipy_unimported()
-    for module in ("torch", "transformers.initialization", "transformers.integrations",
-                   f"transformers.models.{arch}.modeling_{arch}"):
+    for module in (
+        "torch",
+        "transformers.initialization",
+        "transformers.integrations",
+        f"transformers.models.{arch}.modeling_{arch}",
+    ):
         importlib.import_module(module)
 
 
@@ -117,8 +145,14 @@ def _saved_ops() -> set:
     import torch
 
     aten = torch.ops.aten
-    names = ("mm", "addmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    names = (
+        "mm",
+        "addmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
     return {getattr(aten, n).default for n in names if hasattr(aten, n)}
 
 

@@ -42,9 +42,11 @@ def cuda_device_index(env: Mapping[str, str], device_count: int) -> int:
     if 0 <= local_rank < count:
         return local_rank
     shown = ",".join(visible) if visible is not None else f"unset, {device_count} device(s)"
-    raise DeviceNotVisible(f"local rank {local_rank} needs a GPU of its own, but it sees {count} "
-                           f"(CUDA_VISIBLE_DEVICES={shown}); ask SLURM for cluster.gpus_per_node GPUs per node, "
-                           "one per task")
+    raise DeviceNotVisible(
+        f"local rank {local_rank} needs a GPU of its own, but it sees {count} "
+        f"(CUDA_VISIBLE_DEVICES={shown}); ask SLURM for cluster.gpus_per_node GPUs per node, "
+        "one per task"
+    )
 
 
 def one_gpu_task(env: Mapping[str, str]) -> dict[str, str]:

@@ -2,17 +2,18 @@
 orchestrator.workload.step_timing SETTINGS_JSON` prints one JSON line.
 
 A stand-in model has the trial's modules in their order, each holding one parameter per
-tensor, in the proportions of the trial's model, and computes nothing worth timing: the engine's hooks run per module (ZeRO-3's fetch and
-release) or per block (FSDP2's `fully_shard` on every transformer block, then the root), as
-on the real model. The real engine wraps it (DeepSpeed's `deepspeed.initialize` with the trial's ZeRO section,
-precision and clipping; or FSDP2's `fully_shard` with its mixed precision, torch's AdamW and
-clipping) on a one-rank group in this process, on the trial's device (gloo on a CPU, NCCL
-on a GPU, where the host's time per tensor is most of a small model's step). Timed: the engine's forward and
-backward of the stand-in, the same without the engine, and the optimizer step as the
-engine runs it (DeepSpeed's fp32 master copies, gradient norm, AdamW, the copy back to the
-model's dtype; FSDP2's AdamW over its sharded parameters). The difference of the first two
-is what the engine adds around a real model's forward and backward (its hooks, buckets and
-bookkeeping), the third its step: neither is a kernel the plan could time alone.
+tensor, in the proportions of the trial's model, and computes nothing worth timing: the engine's
+hooks run per module (ZeRO-3's fetch and release) or per block (FSDP2's `fully_shard` on every
+transformer block, then the root), as on the real model. The real engine wraps it (DeepSpeed's
+`deepspeed.initialize` with the trial's ZeRO section, precision and clipping; or FSDP2's
+`fully_shard` with its mixed precision, torch's AdamW and clipping) on a one-rank group in this
+process, on the trial's device (gloo on a CPU, NCCL on a GPU, where the host's time per tensor is
+most of a small model's step). Timed: the engine's forward and backward of the stand-in, the same
+without the engine, and the optimizer step as the engine runs it (DeepSpeed's fp32 master copies,
+gradient norm, AdamW, the copy back to the model's dtype; FSDP2's AdamW over its sharded
+parameters). The difference of the first two is what the engine adds around a real model's forward
+and backward (its hooks, buckets and bookkeeping), the third its step: neither is a kernel the plan
+could time alone.
 
 Run in its own process (engine_timing.py starts it): the engine needs a process group, and
 the planning process must not keep one, nor DeepSpeed's global state. With `--when-told` it
@@ -84,8 +85,9 @@ class StandIn(torch.nn.Module):
             parts = name.split(".")
             block, module = (".".join(parts[:2]), ".".join(parts[2:])) if parts[0] == "layers" else ("ends", name)
             grouped.setdefault(block, {}).setdefault(module, []).append(size)
-        self.blocks = torch.nn.ModuleList([Block([Part(sizes, dtype) for sizes in mods.values()])
-                                           for mods in grouped.values()])
+        self.blocks = torch.nn.ModuleList(
+            [Block([Part(sizes, dtype) for sizes in mods.values()]) for mods in grouped.values()]
+        )
         self.layer_blocks = [b for name, b in zip(grouped, self.blocks) if name != "ends"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,8 +99,9 @@ class StandIn(torch.nn.Module):
 def join_one_rank_group(device: str) -> None:
     """This process as the one rank of its own group on `device`, whatever the process it was
     started from is (a SLURM task, a rank): DeepSpeed reads the variables to size its world."""
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT="0")
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"
+    )
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(0)  # the one GPU this process was given (CUDA_VISIBLE_DEVICES)
     dist.init_process_group(group_of(device)[0], store=dist.HashStore(), rank=0, world_size=1)
@@ -122,7 +125,8 @@ def median_times(forward, backward, step, device: str = "cpu") -> tuple[float, f
         synchronize(device)
         times.append((b - a, time.perf_counter() - c, c - b))
     kept = times[2:]
-    return tuple(statistics.median(t[i] for t in kept) for i in (0, 2, 1))  # forward, backward, step
+    forward_s, step_s, backward_s = (statistics.median(t[i] for t in kept) for i in range(3))
+    return forward_s, backward_s, step_s
 
 
 def plain(settings: dict) -> tuple[float, float]:
@@ -130,17 +134,26 @@ def plain(settings: dict) -> tuple[float, float]:
     device = settings["device"]
     model = StandIn(settings["modules"], torch_dtype(settings["precision"])).to(device)
     x = torch.ones((), device=device)
-    fwd, bwd, _ = median_times(lambda: model(x), lambda out: out.backward(), lambda: model.zero_grad(set_to_none=True),
-                               device)
+    fwd, bwd, _ = median_times(
+        lambda: model(x), lambda out: out.backward(), lambda: model.zero_grad(set_to_none=True), device
+    )
     return fwd, bwd
 
 
 def deepspeed_config(settings: dict) -> dict:
     precision = settings["precision"]
-    return {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-            "gradient_clipping": settings["grad_clip"], "bf16": {"enabled": precision == "bf16"},
-            "fp16": {"enabled": precision == "fp16"}, "zero_optimization": settings["zero"],
-            "optimizer": settings["optimizer"], "steps_per_print": 10**9, "wall_clock_breakdown": False}
+    return {
+        "train_batch_size": 1,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": settings["grad_clip"],
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
+        "zero_optimization": settings["zero"],
+        "optimizer": settings["optimizer"],
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
 
 
 def import_engine(settings: dict) -> None:
@@ -174,14 +187,17 @@ def fsdp_step(settings: dict) -> tuple[float, float, float, str]:
 
     device = settings["device"]
     model = StandIn(settings["modules"], torch.float32).to(device)
-    shard = {"mesh": init_device_mesh(group_of(device)[1], (1,)),
-             "mp_policy": MixedPrecisionPolicy(param_dtype=torch_dtype(settings["precision"]))}
+    shard = {
+        "mesh": init_device_mesh(group_of(device)[1], (1,)),
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch_dtype(settings["precision"])),
+    }
     for block in model.layer_blocks:  # as workload/fsdp.py: every transformer block, then the root
         fully_shard(block, **shard)
     fully_shard(model, **shard, reshard_after_forward=False)
     opt = settings["optimizer"]["params"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
-                                  weight_decay=opt["weight_decay"])
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"]
+    )
     clip = settings["grad_clip"]
 
     def step() -> None:
@@ -237,7 +253,7 @@ def main() -> None:
     print(json.dumps({"lines": lines_through(points), "optimizer": optimizer, "points": points}))
 
 
-def lines_through(points: list[tuple[int, tuple[float, ...]]]) -> dict[str, tuple[float, float]]:
+def lines_through(points: list[tuple[int, tuple[float, float, float]]]) -> dict[str, tuple[float, float]]:
     """Each part's (intercept s, s per element) through its times at two sizes. More elements
     never cost less: a dip is noise (the machine slowed while the smaller size was timed), and
     a flat line at the smaller size's time would charge a small model a large one's step

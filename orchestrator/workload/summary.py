@@ -14,7 +14,6 @@ import importlib.metadata as md
 import os
 import platform
 
-
 from orchestrator.files import read_json, real_number
 from orchestrator.plan.flops import flops_per_token
 from orchestrator.spec import TrialSpec
@@ -70,20 +69,28 @@ def summarize(spec: TrialSpec, history: list[dict], world: int, device: Device, 
         "loss_last": history[-1]["loss"],
         "losses": [h["loss"] for h in history],
         "global_batch_sizes": [h["global_batch_size"] for h in history],
-        "memory": {**memory, "peak_source": device.peak_source,
-                   "live_peak_source": None if memory.get("live_peak_bytes") is None else LIVE_PEAK_SOURCE},
+        "memory": {
+            **memory,
+            "peak_source": device.peak_source,
+            "live_peak_source": None if memory.get("live_peak_bytes") is None else LIVE_PEAK_SOURCE,
+        },
         "history": history,
-        "tuning": {"compile": run.compile, "gc_collect_every": run.gc_collect_every,
-                   "gc_enabled": gc.isenabled(), "gc_frozen_objects": gc.get_freeze_count(), "dataloader_workers": run.dataloader_workers,
-                   "pin_memory": run.pin_memory,
-                   "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device.is_gpu else None,
-                   "profile": str(TrialPaths(trial_dir).profile) if run.profile else None},
+        "tuning": {
+            "compile": run.compile,
+            "gc_collect_every": run.gc_collect_every,
+            "gc_enabled": gc.isenabled(),
+            "gc_frozen_objects": gc.get_freeze_count(),
+            "dataloader_workers": run.dataloader_workers,
+            "pin_memory": run.pin_memory,
+            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device.is_gpu else None,
+            "profile": str(TrialPaths(trial_dir).profile) if run.profile else None,
+        },
     }
 
 
 def versions() -> dict:
     """The versions a result was measured with."""
-    out = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version()}
     for name in ("torch", "deepspeed", "accelerate", "transformers", "hydra-core"):
         try:
             out[name] = md.version(name)

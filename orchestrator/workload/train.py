@@ -30,6 +30,7 @@ import time
 import traceback
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import Interrupted
 from orchestrator.process import die_with_parent, flush, leave, redirect_output
@@ -106,11 +107,16 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         peak = device.peak_bytes()
         # the host's peak too: a GPU rank builds its model there first (plan/host_memory.py)
         host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-        mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "peak_bytes": peak,
-                "host_peak_bytes": host_peak,
-                "affinity": sorted(os.sched_getaffinity(0)),
-                "forked": forked()}
-        everyone = [None] * world
+        mine = {
+            "rank": rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "peak_bytes": peak,
+            "host_peak_bytes": host_peak,
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "forked": forked(),
+        }
+        everyone: list[Any] = [None] * world
         dist.all_gather_object(everyone, mine)
         dist.barrier()  # every rank is done with every collective before any leaves
         if rank != 0:
@@ -118,9 +124,15 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         metrics = summarize(spec, state.history, world, device, trial_dir, {**state.memory, "peak_bytes": peak})
         metrics["engine"] = engine.describe()
         metrics.update(state.restarts())
-        env = {"versions": versions(), "hosts": sorted({r["host"] for r in everyone}), "world_size": world,
-               "ranks": everyone, "affinity": {str(r["rank"]): r["affinity"] for r in everyone},
-               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "threads_per_rank": torch.get_num_threads()}
+        env = {
+            "versions": versions(),
+            "hosts": sorted({r["host"] for r in everyone}),
+            "world_size": world,
+            "ranks": everyone,
+            "affinity": {str(r["rank"]): r["affinity"] for r in everyone},
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "threads_per_rank": torch.get_num_threads(),
+        }
         atomic_write_json(paths.metrics, {"metrics": metrics, "env": env})
         if tracker:
             tracker.finish(metrics, plan, "ok")
@@ -140,8 +152,14 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     run, seq_len = spec.cfg.run, spec.cfg.model.seq_len
     sizes = batch_sizes_per_step(spec.schedule, run.steps, seq_len)
     seen = list(itertools.accumulate(size * seq_len for size in sizes))  # tokens after each step
-    checkpointer = Checkpointer(engine, trial_dir, rank, device, run.checkpoint_every,
-                                enabled=bool(run.checkpoint_every) or spec.cfg.cluster.name == "slurm")
+    checkpointer = Checkpointer(
+        engine,
+        trial_dir,
+        rank,
+        device,
+        run.checkpoint_every,
+        enabled=bool(run.checkpoint_every) or spec.cfg.cluster.name == "slurm",
+    )
     state = checkpointer.resume()
     probes, report = MemoryProbes(device, run, state.memory), Reporter(run, console, tracker)
     consumed = sum(grad_accum_steps(h["global_batch_size"], spec.micro_batch_size, world) for h in state.history)
@@ -165,8 +183,18 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                 time.sleep(run.step_sleep_s)
             seconds = device.clock() - start
             probes.after_step()
-            state.add(_step_record(spec, engine, step, grad_accum * spec.micro_batch_size * world, seconds,
-                                   losses, seen[step], started_at))
+            state.add(
+                _step_record(
+                    spec,
+                    engine,
+                    step,
+                    grad_accum * spec.micro_batch_size * world,
+                    seconds,
+                    losses,
+                    seen[step],
+                    started_at,
+                )
+            )
             report(state.history[-1], state)
             checkpointer(step, run.steps, state)
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
@@ -200,20 +228,30 @@ def _step_record(spec, engine, step: int, ran: int, seconds: float, losses: list
     import torch
 
     run = spec.cfg.run
-    return {"step": step, "loss": float(torch.stack(losses).float().mean()), "step_time_s": seconds,
-            "global_batch_size": ran, "engine_global_batch_size": engine.engine_global_batch(),
-            "tokens_per_sec_per_gpu": ran * spec.cfg.model.seq_len / seconds / spec.world_size,
-            "tokens_seen": seen, "lr": engine.learning_rate(), "timed": step >= run.warmup_steps,
-            "started_at": started_at}  # wall clock: step to step includes the bookkeeping
+    return {
+        "step": step,
+        "loss": float(torch.stack(losses).float().mean()),
+        "step_time_s": seconds,
+        "global_batch_size": ran,
+        "engine_global_batch_size": engine.engine_global_batch(),
+        "tokens_per_sec_per_gpu": ran * spec.cfg.model.seq_len / seconds / spec.world_size,
+        "tokens_seen": seen,
+        "lr": engine.learning_rate(),
+        "timed": step >= run.warmup_steps,
+        "started_at": started_at,
+    }  # wall clock: step to step includes the bookkeeping
 
 
 def _profiler(trial_dir: Path, steps: int, device):
     """torch.profiler with 000's schedule: skip 1 step, warm up 1, record 3."""
     import torch.profiler as tp
 
-    return tp.profile(activities=device.profiler_activities(),
-                      schedule=tp.schedule(wait=1, warmup=1, active=min(3, max(1, steps - 2)), repeat=1),
-                      on_trace_ready=tp.tensorboard_trace_handler(str(TrialPaths(trial_dir).profile)), record_shapes=True)
+    return tp.profile(
+        activities=device.profiler_activities(),
+        schedule=tp.schedule(wait=1, warmup=1, active=min(3, max(1, steps - 2)), repeat=1),
+        on_trace_ready=tp.tensorboard_trace_handler(str(TrialPaths(trial_dir).profile)),
+        record_shapes=True,
+    )
 
 
 def _fail(mode: str) -> None:
@@ -277,10 +315,19 @@ def _record_failure(trial_dir: Path, rank: int, exc: BaseException) -> None:
 
     try:
         traceback.print_exc()
-        atomic_write_json(TrialPaths(trial_dir).rank_error(rank), {
-            "type": type(exc).__name__, "message": str(exc)[:2000], "rank": rank, "oom": is_out_of_memory(exc),
-            "traceback": traceback.format_exc()[-8000:], "time": time.time(), "host": socket.gethostname(),
-            **({"signal": str(exc)} if isinstance(exc, Interrupted) else {})})
+        atomic_write_json(
+            TrialPaths(trial_dir).rank_error(rank),
+            {
+                "type": type(exc).__name__,
+                "message": str(exc)[:2000],
+                "rank": rank,
+                "oom": is_out_of_memory(exc),
+                "traceback": traceback.format_exc()[-8000:],
+                "time": time.time(),
+                "host": socket.gethostname(),
+                **({"signal": str(exc)} if isinstance(exc, Interrupted) else {}),
+            },
+        )
     except OSError:
         pass
 

@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TextIO
 
-from orchestrator.launchers import forked
-from orchestrator.launchers.binding import Binding
 from orchestrator import cpu_allocator
 from orchestrator.config import DeviceType
-from orchestrator.spec import TrialSpec
+from orchestrator.launchers import forked
+from orchestrator.launchers.binding import Binding
 from orchestrator.process import PROGRESS, clear_stale_build_locks, die_with_parent, end_group
+from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths, disk_full
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
@@ -51,8 +53,15 @@ def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
     if spec.cfg.engine.name == "accelerate":
         argv = [sys.executable, *accelerate_launch(trial_dir, bind), "--module", WORKLOAD_MODULE, str(trial_dir)]
     elif spec.cfg.hardware.device.is_gpu:
-        argv = [sys.executable, "-m", "torch.distributed.run", *_torchrun_flags(spec, bind), "--module", WORKLOAD_MODULE,
-                str(trial_dir)]
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *_torchrun_flags(spec, bind),
+            "--module",
+            WORKLOAD_MODULE,
+            str(trial_dir),
+        ]
     else:  # each rank a fork of one process that imported the ranks' libraries (forked.py)
         argv = [sys.executable, "-m", FORKED_LAUNCHER, *_torchrun_flags(spec, bind), str(trial_dir)]
     return Command(argv=argv, env=env)
@@ -61,8 +70,13 @@ def local_command(spec: TrialSpec, trial_dir: Path, bind: Binding) -> Command:
 def accelerate_launch(trial_dir: Path, bind: Binding) -> list[str]:
     """`accelerate launch` with the trial's config and binding, up to the module it runs (after
     an interpreter; on SLURM each node's task adds its place among the machines)."""
-    return ["-m", "accelerate.commands.launch", "--config_file", str(TrialPaths(trial_dir).accelerate_config),
-            *bind.accelerate_args]
+    return [
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(TrialPaths(trial_dir).accelerate_config),
+        *bind.accelerate_args,
+    ]
 
 
 def _torchrun_flags(spec: TrialSpec, bind: Binding) -> list[str]:
@@ -82,8 +96,9 @@ class LocalExit:
     log: Path  # the launcher's own output (torchrun / accelerate messages)
 
 
-def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
-              on_progress: Callable[[dict], None]) -> LocalExit:
+def run_local(
+    command: Command, trial_dir: Path, timeout_s: float | None, on_progress: Callable[[dict], None]
+) -> LocalExit:
     """Run the ranks and wait. A rank's crash ends torchrun (max restarts 0), which ends
     the other ranks; a timeout ends the whole process group."""
     log = TrialPaths(trial_dir).launcher_log
@@ -111,7 +126,9 @@ def run_local(command: Command, trial_dir: Path, timeout_s: float | None,
         reader.join(timeout=10)
         if not reader.is_alive():
             output.close()
-    return LocalExit(returncode=proc.returncode, timed_out=timed_out, seconds=time.monotonic() - start, log=log)
+    # None only where the launcher outlived end_group's SIGKILL (a process stuck in the kernel).
+    returncode = -signal.SIGKILL if proc.returncode is None else proc.returncode
+    return LocalExit(returncode=returncode, timed_out=timed_out, seconds=time.monotonic() - start, log=log)
 
 
 def _start(command: Command, trial_dir: Path, output_fd: int) -> subprocess.Popen | forked.ForkedLauncher:
@@ -122,8 +139,9 @@ def _start(command: Command, trial_dir: Path, output_fd: int) -> subprocess.Pope
     env = environment(command)
     if command.argv[1:3] == ["-m", FORKED_LAUNCHER]:
         return forked.launcher_server(trial_dir, env).launch(command.argv[3:], env, output_fd)
-    return subprocess.Popen(command.argv, env=env, stdout=output_fd, stderr=output_fd, start_new_session=True,
-                            preexec_fn=die_with_parent)
+    return subprocess.Popen(
+        command.argv, env=env, stdout=output_fd, stderr=output_fd, start_new_session=True, preexec_fn=die_with_parent
+    )
 
 
 class _LauncherLog:
@@ -131,6 +149,7 @@ class _LauncherLog:
     its result, written into the space reserved for it, says what filled up."""
 
     def __init__(self, path: Path):
+        self._file: TextIO | None
         try:
             self._file = open(path, "a", buffering=1)
         except OSError as exc:
@@ -145,7 +164,7 @@ class _LauncherLog:
         except OSError:
             pass
 
-    def __enter__(self) -> "_LauncherLog":
+    def __enter__(self) -> _LauncherLog:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -162,7 +181,7 @@ def _pump(stream, sink, on_progress: Callable[[dict], None]) -> None:
     for line in stream:
         if line.startswith(PROGRESS):
             try:
-                on_progress(json.loads(line[len(PROGRESS):]))
+                on_progress(json.loads(line[len(PROGRESS) :]))
                 continue
             except ValueError:
                 pass

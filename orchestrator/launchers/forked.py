@@ -112,12 +112,18 @@ class LauncherServer:
             # A session of its own: a terminal's Ctrl-C reaches the orchestrator, which ends
             # the ranks in order (launchers/local.py); DeepSpeed's import warnings go nowhere.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", __name__, SERVE, str(theirs.fileno()), str(trial_dir)], env=env,
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+                [sys.executable, "-m", __name__, SERVE, str(theirs.fileno()), str(trial_dir)],
+                env=env,
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
         self.socket = ours
 
-    def launch(self, argv: list[str], env: dict[str, str], output_fd: int) -> "ForkedLauncher":
+    def launch(self, argv: list[str], env: dict[str, str], output_fd: int) -> ForkedLauncher:
         """`python -m orchestrator.launchers.forked ARGV` as a fork of the server, its
         stdout and stderr on `output_fd`, in a session of its own (as Popen's
         start_new_session), with `env` and this process's working directory."""
@@ -181,14 +187,15 @@ class ForkedLauncher:
     `returncode` (negative: the signal that ended it), `wait(timeout)`."""
 
     def __init__(self, server: LauncherServer, pid: int):
-        self.server, self.pid, self.returncode = server, pid, None
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             try:
-                self.returncode = self.server.reply(timeout)["returncode"]
-            except socket.timeout:
-                raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout) from None
+                self.returncode = int(self.server.reply(timeout)["returncode"])
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout or 0.0) from None
             except ServerEnded:
                 self.returncode = 1
         return self.returncode

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import submitit
 
+from orchestrator.checks import time_limit_s
 from orchestrator.files import atomic_write_json, read_json
 from orchestrator.launchers.binding import Binding, trial_binding
 from orchestrator.launchers.slurm_task import TASK_MODULE, SlurmTask, task_python
 from orchestrator.redact import secret_exports
 from orchestrator.results import Status, error_record, now
-from orchestrator.checks import time_limit_s
 from orchestrator.spec import TrialSpec
 from orchestrator.trial_dir import TrialPaths
 
@@ -50,11 +50,16 @@ def node_tasks(spec: TrialSpec) -> tuple[int, int]:
 def submitit_parameters(spec: TrialSpec, bind: Binding) -> dict:
     c = spec.cfg.cluster
     tasks, cpus = node_tasks(spec)
-    params = {"nodes": spec.nodes, "tasks_per_node": tasks, "cpus_per_task": cpus,
-              "timeout_min": timeout_minutes(c.time), "slurm_signal_delay_s": c.signal_delay_s,
-              "slurm_setup": secret_exports(c.setup)[0],  # secrets go through sbatch's environment
-              "slurm_srun_args": srun_options(spec, bind),
-              "slurm_additional_parameters": {**c.additional_parameters, **bind.sbatch_options}}
+    params = {
+        "nodes": spec.nodes,
+        "tasks_per_node": tasks,
+        "cpus_per_task": cpus,
+        "timeout_min": timeout_minutes(c.time),
+        "slurm_signal_delay_s": c.signal_delay_s,
+        "slurm_setup": secret_exports(c.setup)[0],  # secrets go through sbatch's environment
+        "slurm_srun_args": srun_options(spec, bind),
+        "slurm_additional_parameters": {**c.additional_parameters, **bind.sbatch_options},
+    }
     if spec.cfg.hardware.device.is_gpu:
         params["gpus_per_node"] = spec.gpus_per_node
     if c.mem_gb is not None:
@@ -83,8 +88,12 @@ def sbatch_options(spec: TrialSpec, bind: Binding, trial_dir: Path) -> list[str]
         opts.append("--exclusive")
     # As the orchestrator submits it: SLURM warns the ranks (SIGUSR2) signal_delay_s before
     # the limit so that they checkpoint, and a preempted job is requeued, its log appended.
-    opts += [f"--signal=USR2@{c.signal_delay_s}", "--requeue", "--open-mode=append",
-             f"--output={TrialPaths(trial_dir).sbatch_output}"]
+    opts += [
+        f"--signal=USR2@{c.signal_delay_s}",
+        "--requeue",
+        "--open-mode=append",
+        f"--output={TrialPaths(trial_dir).sbatch_output}",
+    ]
     extra = {**c.additional_parameters, **bind.sbatch_options}
     return opts + [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()]
 
@@ -157,25 +166,32 @@ def partition_refusal(spec: TrialSpec, nodes: list[NodeShape]) -> str | None:
         return f"cluster.partition={c.partition}: sinfo lists no node in {where}"
     cpus = max(n.cpus for n in nodes)
     if per_node > cpus:
-        return (f"cluster.gpus_per_node={per_node}: {per_node} tasks per node (one per rank), but no node of {where} "
-                f"has more than {cpus} CPUs; the most that fits is cluster.gpus_per_node={cpus} with cpus_per_task=1")
+        return (
+            f"cluster.gpus_per_node={per_node}: {per_node} tasks per node (one per rank), but no node of {where} "
+            f"has more than {cpus} CPUs; the most that fits is cluster.gpus_per_node={cpus} with cpus_per_task=1"
+        )
     if per_node * c.cpus_per_task > cpus:
-        return (f"cluster.cpus_per_task={c.cpus_per_task}: {per_node} tasks per node x {c.cpus_per_task} CPUs = "
-                f"{per_node * c.cpus_per_task} CPUs per node, but no node of {where} has more than {cpus}; "
-                f"the most that fits is cluster.cpus_per_task={cpus // per_node}")
+        return (
+            f"cluster.cpus_per_task={c.cpus_per_task}: {per_node} tasks per node x {c.cpus_per_task} CPUs = "
+            f"{per_node * c.cpus_per_task} CPUs per node, but no node of {where} has more than {cpus}; "
+            f"the most that fits is cluster.cpus_per_task={cpus // per_node}"
+        )
     cuda, gpus = spec.cfg.hardware.device.is_gpu, max(n.gpus for n in nodes)
     if cuda and per_node > gpus:
-        return (f"cluster.gpus_per_node={per_node}: no node of {where} has more than {gpus} GPUs (sinfo's GRES); "
-                f"the most that fits is cluster.gpus_per_node={gpus}")
+        return (
+            f"cluster.gpus_per_node={per_node}: no node of {where} has more than {gpus} GPUs (sinfo's GRES); "
+            f"the most that fits is cluster.gpus_per_node={gpus}"
+        )
     able = [n for n in nodes if n.cpus >= per_node * c.cpus_per_task and (not cuda or n.gpus >= per_node)]
     if spec.nodes > len(able):
-        return (f"parallel.dp={spec.dp}: {spec.nodes} nodes of {per_node} ranks, but {where} has {len(able)} node(s) "
-                f"that can hold them; the largest that fits is parallel.dp={len(able) * per_node}")
+        return (
+            f"parallel.dp={spec.dp}: {spec.nodes} nodes of {per_node} ranks, but {where} has {len(able)} node(s) "
+            f"that can hold them; the largest that fits is parallel.dp={len(able) * per_node}"
+        )
     return None
 
 
 # --- submission (login node) ------------------------------------------------------------
-
 
 
 def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
@@ -186,15 +202,18 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
     groups: dict[str, list[tuple[TrialSpec, Path]]] = {}
     for spec, trial_dir in trials:
         params = submitit_parameters(spec, trial_binding(spec))
-        key = json.dumps([params, spec.cfg.cluster.max_requeues, secret_exports(spec.cfg.cluster.setup)[1],
-                          task_python(spec)], sort_keys=True)
+        key = json.dumps(
+            [params, spec.cfg.cluster.max_requeues, secret_exports(spec.cfg.cluster.setup)[1], task_python(spec)],
+            sort_keys=True,
+        )
         groups.setdefault(key, []).append((spec, trial_dir))
     job_ids = []
     for key, members in groups.items():
         params, max_requeues, secrets, _ = json.loads(key)
         python = shlex.join(task_python(members[0][0]))  # cluster.python is a submitit parameter too
-        executor = submitit.AutoExecutor(folder=logs / "%j", cluster="slurm", slurm_max_num_timeout=max_requeues,
-                                         slurm_python=python)
+        executor = submitit.AutoExecutor(
+            folder=logs / "%j", cluster="slurm", slurm_max_num_timeout=max_requeues, slurm_python=python
+        )
         executor.update_parameters(name="orchestrator", **params)
         # The ranks' save after SLURM's warning must end before the job does: leave 20 s.
         tasks = [SlurmTask.for_trial(s, d) for s, d in members]
@@ -204,9 +223,11 @@ def submit(trials: list[tuple[TrialSpec, Path]], logs: Path) -> list[str]:
                     jobs = [executor.submit(task) for task in tasks]
             else:
                 jobs = [executor.submit(tasks[0])]
-        for (spec, trial_dir), job in zip(members, jobs):
-            atomic_write_json(TrialPaths(trial_dir).slurm_job, {"job_id": job.job_id, "logs": str(job.paths.folder),
-                                                     "array": len(members) > 1, "submitted_at": now()})
+        for (_, trial_dir), job in zip(members, jobs):
+            atomic_write_json(
+                TrialPaths(trial_dir).slurm_job,
+                {"job_id": job.job_id, "logs": str(job.paths.folder), "array": len(members) > 1, "submitted_at": now()},
+            )
             job_ids.append(job.job_id)
     return job_ids
 
@@ -224,13 +245,28 @@ def _environment(extra: dict[str, str]):
 
 # --- state and results (login node) -------------------------------------------------------
 
-RUNNING = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
-           "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
-ENDED = {"TIMEOUT": (Status.TIMEOUT, "the SLURM time limit ended it"),
-         "CANCELLED": (Status.FAILED, "cancelled (scancel)"), "NODE_FAIL": (Status.FAILED, "a node failed"),
-         "PREEMPTED": (Status.PREEMPTED, "preempted by SLURM"),
-         "OUT_OF_MEMORY": (Status.OOM, "SLURM killed it for exceeding its memory"),
-         "BOOT_FAIL": (Status.FAILED, "the node failed to boot"), "DEADLINE": (Status.TIMEOUT, "past its deadline")}
+RUNNING = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "CONFIGURING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SIGNALING",
+    "STAGE_OUT",
+}
+ENDED = {
+    "TIMEOUT": (Status.TIMEOUT, "the SLURM time limit ended it"),
+    "CANCELLED": (Status.FAILED, "cancelled (scancel)"),
+    "NODE_FAIL": (Status.FAILED, "a node failed"),
+    "PREEMPTED": (Status.PREEMPTED, "preempted by SLURM"),
+    "OUT_OF_MEMORY": (Status.OOM, "SLURM killed it for exceeding its memory"),
+    "BOOT_FAIL": (Status.FAILED, "the node failed to boot"),
+    "DEADLINE": (Status.TIMEOUT, "past its deadline"),
+}
 
 
 # Pending reasons that no amount of waiting clears: the job asks for what the partition or
@@ -260,16 +296,22 @@ def job_states(job_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
     ids = sorted(set(job_ids))
     if not ids:
         return {}
-    out = subprocess.run(["sacct", "-j", ",".join(ids), "-X", "-n", "-P", "-o", "JobID,State,Reason"],
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["sacct", "-j", ",".join(ids), "-X", "-n", "-P", "-o", "JobID,State,Reason"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     states = dict.fromkeys(ids, ("UNKNOWN", ""))
     for line in out.splitlines():
         jid, state, reason = (line.split("|") + ["", ""])[:3]
         if jid in states:
             states[jid] = (state.split()[0] if state else "UNKNOWN", reason)
     live = _pending_reasons([j for j, (state, _) in states.items() if state == "PENDING"])
-    return {j: (state, live.get(j) or reason) if state == "PENDING" else (state, reason)
-            for j, (state, reason) in states.items()}
+    return {
+        j: (state, live.get(j) or reason) if state == "PENDING" else (state, reason)
+        for j, (state, reason) in states.items()
+    }
 
 
 def _completed(trial_dir: Path, steps: int) -> bool:
@@ -297,8 +339,9 @@ def _pending_reasons(job_ids: list[str]) -> dict[str, str]:
     if not job_ids:
         return {}
     try:
-        proc = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%r"], capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%r"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {}
     if proc.returncode != 0:
@@ -321,8 +364,13 @@ def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
     cause, completed = _submitit_cause(job), _completed(trial_dir, spec.cfg.run.steps)
     if never:  # end it now: `wait` would otherwise wait for ever
         subprocess.run(["scancel", job["job_id"]], capture_output=True, timeout=60)
-        status, error = Status.FAILED, error_record(
-            "SlurmNeverStarts", f"SLURM can never start it: {NEVER_STARTS[reason]} (pending reason {reason}); cancelled")
+        status, error = (
+            Status.FAILED,
+            error_record(
+                "SlurmNeverStarts",
+                f"SLURM can never start it: {NEVER_STARTS[reason]} (pending reason {reason}); cancelled",
+            ),
+        )
     elif completed:
         # Every step ran and rank 0 wrote the figures: whatever the job's end looked like
         # (a last warning with no requeue left fails submitit's task 0), the trial is done.
@@ -337,9 +385,16 @@ def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
         if error and error["type"] == "ProcessExit" and error["rank"] is None:
             error["message"] = f"the job failed (sacct: {state} {reason})"
     if status == "ok" and not (state == "COMPLETED" or completed):
-        status = "failed"  # never report as completed what did not complete
+        status = Status.FAILED  # never report as completed what did not complete
     if error and cause:
         error["message"] += f"; submitit: {cause}"
-    return write_result(trial_dir, spec, plan, status, job["submitted_at"], error,
-                        slurm={"job_id": job["job_id"], "state": state, "reason": reason},
-                        host_load=read_json(TrialPaths(trial_dir).node_load))  # None: no rank started
+    return write_result(
+        trial_dir,
+        spec,
+        plan,
+        status,
+        job["submitted_at"],
+        error,
+        slurm={"job_id": job["job_id"], "state": state, "reason": reason},
+        host_load=read_json(TrialPaths(trial_dir).node_load),
+    )  # None: no rank started

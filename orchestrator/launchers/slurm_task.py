@@ -52,8 +52,14 @@ def accelerate_node_launch(spec: TrialSpec, trial_dir: Path) -> list[str]:
     machines and the module, as accelerate runs on several machines (accelerate's SLURM
     example: one `accelerate launch` a node; SlurmTask._command adds --machine_rank and the
     first node's address, which only the node knows)."""
-    return [*task_python(spec), *accelerate_launch(trial_dir, trial_binding(spec)), "--num_machines", str(spec.nodes),
-            "--num_processes", str(spec.world_size)]
+    return [
+        *task_python(spec),
+        *accelerate_launch(trial_dir, trial_binding(spec)),
+        "--num_machines",
+        str(spec.nodes),
+        "--num_processes",
+        str(spec.world_size),
+    ]
 
 
 def task_environment() -> dict[str, str]:
@@ -76,8 +82,14 @@ class SlurmTask(submitit.helpers.Checkpointable):
     or preemption, submitit asks task 0 for `checkpoint()`, then requeues the job; the
     requeued ranks resume from the workload's last checkpoint."""
 
-    def __init__(self, trial_dir: str, env: dict[str, str], save_wait_s: float = 60,
-                 node_launcher: list[str] | None = None, ranks_per_node: int = 1):
+    def __init__(
+        self,
+        trial_dir: str,
+        env: dict[str, str],
+        save_wait_s: float = 60,
+        node_launcher: list[str] | None = None,
+        ranks_per_node: int = 1,
+    ):
         """node_launcher: engine=accelerate's `accelerate launch ...` (accelerate_node_launch):
         then this is the node's one task, and it starts the node's ranks through it, told its
         node's place (--machine_rank) and the first node's address, as accelerate runs on
@@ -114,14 +126,25 @@ class SlurmTask(submitit.helpers.Checkpointable):
             raise RuntimeError(f"rank {rank} was ended by SLURM (SIGTERM: requeue, scancel or time limit)")
         if code != 0:
             if code == -signal.SIGKILL:  # not SLURM: it sends SIGTERM first, and we would have seen it
-                message = (f"rank {rank} was killed by SIGKILL without a warning (the kernel's OOM killer does this "
-                           "when the node runs out of memory; or kill -9)")
+                message = (
+                    f"rank {rank} was killed by SIGKILL without a warning (the kernel's OOM killer does this "
+                    "when the node runs out of memory; or kill -9)"
+                )
             else:
                 message = f"rank {rank} exited with code {code} without a Python error"
             if not error.exists():  # it died without a Python error: say so
-                atomic_write_json(error, {
-                    "type": "Killed" if code == -signal.SIGKILL else "ProcessExit", "silent": True, "rank": rank,
-                    "oom": False, "time": started, "message": message, "host": socket.gethostname()})
+                atomic_write_json(
+                    error,
+                    {
+                        "type": "Killed" if code == -signal.SIGKILL else "ProcessExit",
+                        "silent": True,
+                        "rank": rank,
+                        "oom": False,
+                        "time": started,
+                        "message": message,
+                        "host": socket.gethostname(),
+                    },
+                )
             raise RuntimeError(message)
         return {"rank": rank}
 
@@ -135,8 +158,14 @@ class SlurmTask(submitit.helpers.Checkpointable):
         node = int(task["RANK"])  # one task a node: submitit's rank is the node's index
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             env.pop(name, None)
-        place = ["--machine_rank", str(node), "--main_process_ip", task["MASTER_ADDR"],
-                 "--main_process_port", task["MASTER_PORT"]]
+        place = [
+            "--machine_rank",
+            str(node),
+            "--main_process_ip",
+            task["MASTER_ADDR"],
+            "--main_process_port",
+            task["MASTER_PORT"],
+        ]
         argv = [*self.node_launcher, *place, "--module", WORKLOAD_MODULE, self.trial_dir]
         return argv, env, node * self.ranks_per_node
 
@@ -162,17 +191,25 @@ class SlurmTask(submitit.helpers.Checkpointable):
             # A save flagged as asked for by the warning, in this attempt: the ranks often
             # save before this handler even runs, so "after the handler started" missed
             # it and every allocation waited out save_wait_s before the requeue.
-            if latest.is_file() and latest.stat().st_mtime >= self._attempt_started \
-                    and json.loads(latest.read_text())["signalled"]:
+            if (
+                latest.is_file()
+                and latest.stat().st_mtime >= self._attempt_started
+                and json.loads(latest.read_text())["signalled"]
+            ):
                 break
             time.sleep(0.1)
 
     @classmethod
-    def for_trial(cls, spec: TrialSpec, trial_dir: Path) -> "SlurmTask":
+    def for_trial(cls, spec: TrialSpec, trial_dir: Path) -> SlurmTask:
         """The task of one trial, the same from submitit and from launch.sh."""
         launcher = accelerate_node_launch(spec, trial_dir) if spec.cfg.engine.name == "accelerate" else None
-        return cls(str(trial_dir), rank_environment(spec, spec.threads_per_rank), save_wait_s=save_wait_s(spec),
-                   node_launcher=launcher, ranks_per_node=spec.gpus_per_node)
+        return cls(
+            str(trial_dir),
+            rank_environment(spec, spec.threads_per_rank),
+            save_wait_s=save_wait_s(spec),
+            node_launcher=launcher,
+            ranks_per_node=spec.gpus_per_node,
+        )
 
     def __getstate__(self) -> dict:  # the running child does not travel with the requeued job
         return {**self.__dict__, "_proc": None}
@@ -198,8 +235,12 @@ def plan_on_the_node(paths: TrialPaths, rank: int, env: dict[str, str]) -> None:
         return
     submitted = read_json(paths.plan)
     try:  # a plan that failed or ran out of time leaves the submitted one; its cause is in the task's log
-        subprocess.run([sys.executable, "-m", TASK_MODULE, "--plan", str(paths.root)], env={**os.environ, **env},
-                       timeout=NODE_PLAN_WAIT_S - 10, check=False)
+        subprocess.run(
+            [sys.executable, "-m", TASK_MODULE, "--plan", str(paths.root)],
+            env={**os.environ, **env},
+            timeout=NODE_PLAN_WAIT_S - 10,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         print(f"the node's plan took over {NODE_PLAN_WAIT_S - 10} s; the submitted plan stays", file=sys.stderr)
     finally:  # the other ranks go on either way
@@ -220,12 +261,20 @@ def save_wait_s(spec: TrialSpec) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {TASK_MODULE}",
-                                     description="One SLURM task of a trial: what launch.sh's srun runs in each task.")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {TASK_MODULE}",
+        description="One SLURM task of a trial: what launch.sh's srun runs in each task.",
+    )
     parser.add_argument("trial_dir", type=Path)
-    parser.add_argument("--result", type=int, metavar="SRUN_EXIT_CODE",
-                        help="after srun, in the batch script: write result.json from how the job's ranks ended")
-    parser.add_argument("--started", type=float, default=None, help="when the batch script began (seconds since the epoch)")
+    parser.add_argument(
+        "--result",
+        type=int,
+        metavar="SRUN_EXIT_CODE",
+        help="after srun, in the batch script: write result.json from how the job's ranks ended",
+    )
+    parser.add_argument(
+        "--started", type=float, default=None, help="when the batch script began (seconds since the epoch)"
+    )
     parser.add_argument("--plan", action="store_true", help=argparse.SUPPRESS)  # plan_on_the_node's own process
     args = parser.parse_args(argv)
     paths = TrialPaths(args.trial_dir.resolve())
@@ -266,16 +315,28 @@ def write_job_result(paths: TrialPaths, srun_code: int, started: float | None) -
     from orchestrator.results import Status, now, outcome_status, write_result
 
     asked = read_json(paths.requeue_asked) or {}
-    if asked.get("restart_count") == int(os.environ.get("SLURM_RESTART_COUNT", "0")) \
-            and asked.get("job_id") == os.environ.get("SLURM_JOB_ID"):
+    if asked.get("restart_count") == int(os.environ.get("SLURM_RESTART_COUNT", "0")) and asked.get(
+        "job_id"
+    ) == os.environ.get("SLURM_JOB_ID"):
         return 0
     spec = load_spec(paths.root)
     status, error = outcome_status(paths.root, srun_code, timed_out=False)
-    start = now() if started is None else dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(timespec="seconds")
-    write_result(paths.root, spec, read_json(paths.plan), status, start, error,
-                 slurm={"job_id": os.environ.get("SLURM_JOB_ID"), "state": "COMPLETED" if srun_code == 0 else "FAILED",
-                        "reason": f"srun exit code {srun_code}", "submitted_by": "sbatch launch.sh"},
-                 host_load=read_json(paths.node_load))
+    start = now() if started is None else dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds")
+    write_result(
+        paths.root,
+        spec,
+        read_json(paths.plan),
+        status,
+        start,
+        error,
+        slurm={
+            "job_id": os.environ.get("SLURM_JOB_ID"),
+            "state": "COMPLETED" if srun_code == 0 else "FAILED",
+            "reason": f"srun exit code {srun_code}",
+            "submitted_by": "sbatch launch.sh",
+        },
+        host_load=read_json(paths.node_load),
+    )
     return 0 if status == Status.OK else 1
 
 

@@ -33,13 +33,20 @@ def binding(mode: str, device: str, ranks_per_node: int, sockets_per_node: int =
     if mode == "none":
         return Binding()
     if not DeviceType(device).is_gpu:
-        return Binding(warnings=[f"numa.mode={mode}: there is no GPU to bind ranks near (hardware.device={device}); "
-                                 "nothing is bound"])
+        return Binding(
+            warnings=[
+                f"numa.mode={mode}: there is no GPU to bind ranks near (hardware.device={device}); nothing is bound"
+            ]
+        )
     sbatch = {"gres-flags": "enforce-binding"}
     if mode == "socket":
         sbatch["ntasks-per-socket"] = str(max(1, ranks_per_node // sockets_per_node))
-    return Binding(torchrun_args=[f"--numa-binding={mode}"], accelerate_args=["--enable_cpu_affinity"],
-                   srun_args=[f"--cpu-bind={SRUN_CPU_BIND[mode]}"], sbatch_options=sbatch)
+    return Binding(
+        torchrun_args=[f"--numa-binding={mode}"],
+        accelerate_args=["--enable_cpu_affinity"],
+        srun_args=[f"--cpu-bind={SRUN_CPU_BIND[mode]}"],
+        sbatch_options=sbatch,
+    )
 
 
 def trial_binding(spec: TrialSpec) -> Binding:
