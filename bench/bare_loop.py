@@ -22,8 +22,8 @@ import deepspeed  # noqa: E402
 import torch  # noqa: E402
 
 from orchestrator.plan.batch import grad_accum_steps  # noqa: E402
+from orchestrator.records.trial_dir import TrialPaths  # noqa: E402
 from orchestrator.spec import load_spec  # noqa: E402
-from orchestrator.trial_dir import TrialPaths  # noqa: E402
 from orchestrator.workload.data import batches  # noqa: E402
 from orchestrator.workload.deepspeed_compat import leave_shm_comm_unbuilt  # noqa: E402
 from orchestrator.workload.device import Device  # noqa: E402

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from published import ultrascale_overrides
 
+from orchestrator.analysis.plots import BucketPoint, bucket_plot
 from orchestrator.plan.prediction import HELD_OUT_ERROR
-from orchestrator.planning import plan_trial
-from orchestrator.plots import BucketPoint, bucket_plot
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 
 BUCKETS = (1_000_000, 5_000_000, 25_000_000, 50_000_000, 100_000_000, 500_000_000)  # zero.reduce_bucket_size

@@ -3,7 +3,7 @@
     .venv/bin/python bench/memory_matrix.py bench-runs/matrix     # the 48 trials, ~8 min
     .venv/bin/python bench/calibration_check.py bench-runs/matrix [--fit-on NAME,NAME,...]
 
-Fits the step-time parameters (orchestrator/calibrate.py, what `orchestrator calibrate`
+Fits the step-time parameters (orchestrator/analysis/calibrate.py, what `orchestrator calibrate`
 does) on the named trials of the matrix (by default six: each shape with ZeRO 0 and 3,
 dp 1 and 2), then prints predicted / measured step time, before and
 after (with the cpu preset as it ships, and fitted), for every trial of the matrix and for the
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.calibrate import current_params, fit, log_error, measured_trials, predicted_step_s
+from orchestrator.analysis.calibrate import current_params, fit, log_error, measured_trials, predicted_step_s
 from orchestrator.spec import build_spec
 
 FIT_ON = (

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.plan.collectives import Level, Network, ring_steps, ring_time
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from orchestrator.hardware import measured_cpu_bandwidth_gbps, measured_cpu_peak_tflops
+from orchestrator.measure.hardware import measured_cpu_bandwidth_gbps, measured_cpu_peak_tflops
 from orchestrator.plan.compute import gemm_time
 from orchestrator.plan.inputs import MachineFacts
 from orchestrator.plan.planner import rates

@@ -11,7 +11,7 @@ Two halves:
 - the real step, timed with the host waiting on the GPU at its end (as the trial's clock
   does): forward + backward + torch's AdamW (foreach), one micro batch, median of 10 after
   3 warm-ups; and forward + backward alone;
-- the kernels as the plan times them on the device (orchestrator/kernel_timing.py), with the
+- the kernels as the plan times them on the device (orchestrator/measure/kernel_timing.py), with the
   block and the model's ends timed whole;
 - the host alone: the same model's forward + backward on one sequence of 8 tokens, where
   every kernel is far shorter than its issuing, so the wall clock is the host's; and the
@@ -96,7 +96,7 @@ def _kernels_launched(op) -> int:
 def measure_shape(label: str, m: ModelConfig, micro: int) -> dict:
     import torch
 
-    from orchestrator import kernel_timing, kernels
+    from orchestrator.measure import kernel_timing, kernels
     from orchestrator.workload.model import build_model
 
     sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
@@ -184,7 +184,7 @@ def measure(out: Path) -> None:
 def predictions(row: dict, host_op_us: float) -> dict[str, float]:
     """Seconds of the row's forward + backward as each way of planning it says."""
     from orchestrator.plan.compute import KernelTimes, micro_batch_time
-    from orchestrator.planning import plan_trial
+    from orchestrator.run.planning import plan_trial
     from orchestrator.spec import build_spec
 
     m = ModelConfig(**{k: v for k, v in row["model"].items()})
@@ -316,10 +316,10 @@ def _one_engine(engine: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from orchestrator import engine_timing
+    from orchestrator.measure import engine_timing
+    from orchestrator.measure.trial_measurements import engine_settings
     from orchestrator.plan.params import parameter_tensors
     from orchestrator.spec import build_spec
-    from orchestrator.trial_measurements import engine_settings
     from orchestrator.workload.model import build_model
 
     stage = 0 if engine == "deepspeed" else 3

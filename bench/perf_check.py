@@ -29,8 +29,8 @@ from pathlib import Path
 
 from published import mpt_overrides
 
-from orchestrator.calibrate import BOUNDS, FITTED, current_params, fit, with_params
-from orchestrator.planning import plan_trial
+from orchestrator.analysis.calibrate import BOUNDS, FITTED, current_params, fit, with_params
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import TrialSpec, build_spec
 
 CSV = Path(__file__).resolve().parent / "data" / "llm-foundry.csv"  # its source: bench/data/README.md

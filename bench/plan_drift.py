@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from orchestrator.plan.prediction import planned_for_timed_steps
-from orchestrator.trial_dir import TrialPaths
+from orchestrator.records.trial_dir import TrialPaths
 
 # The targets: |predicted / measured - 1| at most this.
 STATIC_TOLERANCE = 0.03
@@ -45,7 +45,7 @@ def deepspeed_estimate(n_params: int, largest_layer: int, stage: int, dp: int) -
 
 
 def compare(trial_dir: Path) -> dict:
-    from orchestrator.planning import plan_trial
+    from orchestrator.run.planning import plan_trial
     from orchestrator.spec import load_spec
 
     result = json.loads(TrialPaths(trial_dir).result.read_text())

@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.compose import expand_sweep
-from orchestrator.kernel_cache import Cache
-from orchestrator.planning import plan_trial
+from orchestrator.hydra_glue.compose import expand_sweep
+from orchestrator.measure.kernel_cache import Cache
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 
 CPU_SWEEP = [

@@ -25,9 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.calibrate import Measured, current_params, determined, fit_in_stages, fitted_names, with_params
+from orchestrator.analysis.calibrate import (
+    Measured,
+    current_params,
+    determined,
+    fit_in_stages,
+    fitted_names,
+    with_params,
+)
 from orchestrator.plan.prediction import Plan
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 
 DATA = Path(__file__).resolve().parent / "data"

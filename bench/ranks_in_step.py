@@ -24,7 +24,7 @@ import time
 
 
 def pieces(overrides: list[str]) -> dict:
-    from orchestrator import kernels
+    from orchestrator.measure import kernels
     from orchestrator.spec import build_spec
 
     spec = build_spec(["hardware=cpu", *overrides])

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from published import CLUSTER, DATA, ultrascale_overrides
 
-from orchestrator.conf_tree import Source, use_source
-from orchestrator.planning import plan_trial
+from orchestrator.hydra_glue.conf_tree import Source, use_source
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 
 CSV = DATA / "ultrascale-1b.csv"

@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.errors import ConfigError, did_you_mean, one_of
+from orchestrator.core.errors import ConfigError, did_you_mean, one_of
 
 
 def reject_unknown_keys(node: DictConfig, prefix: str = "", skip: Collection[str] = ()) -> None:

@@ -13,19 +13,19 @@ import sys
 from pathlib import Path
 
 from orchestrator import commands
+from orchestrator.analysis.report import COLUMNS, collect, write_report
 from orchestrator.checks import number_from_text
-from orchestrator.compose import MAX_POINTS
-from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
-from orchestrator.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
-from orchestrator.errors import ConfigError, Interrupted, MeasurementFailed, PlanRefused, did_you_mean, one_of
-from orchestrator.files import read_json, strict_json
-from orchestrator.process import freeze_at_exit
-from orchestrator.redact import redacted_output
-from orchestrator.report import COLUMNS, collect, write_report
+from orchestrator.core.errors import ConfigError, Interrupted, MeasurementFailed, PlanRefused, did_you_mean, one_of
+from orchestrator.core.files import read_json, strict_json
+from orchestrator.core.process import freeze_at_exit
+from orchestrator.core.redact import redacted_output
+from orchestrator.hydra_glue.compose import MAX_POINTS
+from orchestrator.hydra_glue.conf_tree import presets
+from orchestrator.records.trial_dir import TrialPaths, trials_below
+from orchestrator.run.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
+from orchestrator.run.trial import collect_states, wait_for
 from orchestrator.spec import build_spec
-from orchestrator.trial import collect_states, wait_for
-from orchestrator.trial_dir import TrialPaths, trials_below
 
 FIELDS_ONLY = "(fields, no presets)"
 HYDRA_COMMANDS = {  # commands.COMMANDS, summed up for `orchestrator --help`
@@ -122,7 +122,7 @@ def report_command(args: argparse.Namespace) -> int:
         )
         return 2
     written = write_report(directory, rows, results)
-    from orchestrator.tune.record import render  # a tune's directory: its own table and plot again
+    from orchestrator.analysis.tune.record import render  # a tune's directory: its own table and plot again
 
     written += render(directory)
     if args.json:
@@ -134,7 +134,7 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
-    from orchestrator.calibrate import calibrate  # the planner and its fit: not needed by other commands
+    from orchestrator.analysis.calibrate import calibrate  # the planner and its fit: not needed by other commands
 
     if args.links:
         return links_command(args)
@@ -152,7 +152,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 def links_command(args: argparse.Namespace) -> int:
     """calibrate --links: the network measured as nccl-tests does, fitted, written."""
-    from orchestrator import links  # measures with torchrun or srun: not needed by other commands
+    from orchestrator.measure import links  # measures with torchrun or srun: not needed by other commands
 
     args.hardware = args.hardware or "cpu"
     links.check_hardware(args.hardware)
@@ -171,8 +171,8 @@ def links_command(args: argparse.Namespace) -> int:
 def nccl_tests_command(args: argparse.Namespace) -> int:
     """calibrate --nccl-tests FILE...: published or the user's own nccl-tests logs, as the
     network table of NAME-calibrated."""
-    from orchestrator import links, nccl_tests  # not needed by other commands
-    from orchestrator.calibrate import preset_lock, writable_preset_dir
+    from orchestrator.analysis.calibrate import preset_lock, writable_preset_dir
+    from orchestrator.measure import links, nccl_tests  # not needed by other commands
 
     if args.hardware is None:  # --links' default is this CPU; nccl-tests ran on GPUs someone must name
         raise ConfigError(

@@ -11,8 +11,8 @@ from typing import Any
 
 from orchestrator.checks import above_zero, positive, time_limit_s
 from orchestrator.config import TrialConfig
-from orchestrator.errors import ConfigError
-from orchestrator.redact import redact, secret_export
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.redact import redact, secret_export
 
 
 def check_cluster(cfg: TrialConfig) -> None:

@@ -39,28 +39,28 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.orchestrator_launcher.orchestrator_launcher import OrchestratorLauncher
 from hydra_plugins.orchestrator_tuner.orchestrator_tuner import TuneSweeper
-from orchestrator.compose import MAX_POINTS, PROGRESS_EVERY_S, compose_trial, expand_sweep, fixed_part
-from orchestrator.conf_tree import CONFIG_NAME, Source, current_source, use_source
+from orchestrator.analysis.report import COLUMNS, collect
+from orchestrator.analysis.tune.record import resumable_tune, same_space, tune_budget
+from orchestrator.analysis.tune.space import plan_space
 from orchestrator.config import OBJECTIVES
-from orchestrator.display import console, show_report, trial_label
-from orchestrator.errors import ConfigError, PlanRefused
-from orchestrator.files import read_json, strict_json
-from orchestrator.host_load import available_bytes
-from orchestrator.hydra_compat import hydra_arguments
-from orchestrator.hydra_errors import foreign_launcher
-from orchestrator.hydra_registry import override_key
-from orchestrator.plan_display import show_plan, show_sweep
-from orchestrator.planning import plan_trial
-from orchestrator.report import COLUMNS, collect
-from orchestrator.results import exit_code_of, result_or_none
+from orchestrator.core.errors import ConfigError, PlanRefused
+from orchestrator.core.files import read_json, strict_json
+from orchestrator.hydra_glue.compose import MAX_POINTS, PROGRESS_EVERY_S, compose_trial, expand_sweep, fixed_part
+from orchestrator.hydra_glue.conf_tree import CONFIG_NAME, Source, current_source, use_source
+from orchestrator.hydra_glue.hydra_compat import hydra_arguments
+from orchestrator.hydra_glue.hydra_errors import foreign_launcher
+from orchestrator.hydra_glue.hydra_registry import override_key
+from orchestrator.measure.host_load import available_bytes
+from orchestrator.records.results import exit_code_of, result_or_none
+from orchestrator.records.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, claim, trials_below, writable_dir
+from orchestrator.run.display import console, show_report, trial_label
+from orchestrator.run.plan_display import show_plan, show_sweep
+from orchestrator.run.planning import plan_trial
+from orchestrator.run.sweep_batch import SweepBatch, TaskReturn
+from orchestrator.run.trial import check_runnable_here, refusal, wait_for
 from orchestrator.spec import TrialSpec, build_spec
-from orchestrator.sweep_batch import SweepBatch, TaskReturn
-from orchestrator.tracking import sync_hint
 from orchestrator.translate import write_trial_files
-from orchestrator.trial import check_runnable_here, refusal, wait_for
-from orchestrator.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, claim, trials_below, writable_dir
-from orchestrator.tune.record import resumable_tune, same_space, tune_budget
-from orchestrator.tune.space import plan_space
+from orchestrator.workload.tracking import sync_hint
 
 OWN_FLAGS = {
     "run": {"--out": True, "--overwrite": False, "--max-points": True},

@@ -8,8 +8,8 @@ import functools
 import os
 from pathlib import Path
 
-from orchestrator.errors import ConfigError
-from orchestrator.files import atomic_write_text, read_text
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.files import atomic_write_text, read_text
 from orchestrator.plan.bus_table import BusTable, parse, render
 
 

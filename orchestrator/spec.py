@@ -23,19 +23,20 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator import hardware, network_table
+from orchestrator import network_table
 from orchestrator.checks import at_most, check_choice, positive, typed_config, whole_number
 from orchestrator.cluster_checks import check_cluster, placement
-from orchestrator.compose import Composed, compose_trial, composing
-from orchestrator.conf_tree import presets, user_conf_dir
 from orchestrator.config import KernelSource, TrialConfig
-from orchestrator.errors import ConfigError, one_of
-from orchestrator.files import read_text, read_yaml
-from orchestrator.hydra_registry import override_key
+from orchestrator.core.errors import ConfigError, one_of
+from orchestrator.core.files import read_text, read_yaml
+from orchestrator.core.redact import redact, redact_text
+from orchestrator.hydra_glue.compose import Composed, compose_trial, composing
+from orchestrator.hydra_glue.conf_tree import presets, user_conf_dir
+from orchestrator.hydra_glue.hydra_registry import override_key
+from orchestrator.measure import hardware
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
-from orchestrator.redact import redact, redact_text
+from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.token_file import check_token_file
-from orchestrator.trial_dir import TrialPaths
 
 # Bounds far past any real run that keep the plan and the ranks from building lists of
 # that length (a per-layer tensor list, a per-step batch list).

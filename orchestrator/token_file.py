@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 SCAN_CHUNK = 2**26  # ids per chunk: the scan's memory stays bounded for any file size
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from orchestrator import process
-from orchestrator.process import clear_stale_build_locks
+from orchestrator.core import process
+from orchestrator.core.process import clear_stale_build_locks
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ def test_a_lock_is_found_where_torch_extensions_dir_names_the_ops_folder_directl
 
 def test_the_plan_clears_a_stale_lock_before_it_times_the_engine(tmp_path, monkeypatch):
     # The engine's timing process would build DeepSpeed's op first and wait on a leftover lock.
-    from orchestrator import engine_timing
+    from orchestrator.measure import engine_timing
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     stale = tmp_path / "deepspeed_shm_comm" / "lock"

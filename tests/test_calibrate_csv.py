@@ -9,7 +9,7 @@ import csv
 import pytest
 import yaml
 
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 
 BASE = {

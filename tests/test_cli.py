@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.conf_tree import presets
 from orchestrator.config import GROUPS
+from orchestrator.hydra_glue.conf_tree import presets
 from tests.conftest import run_cli
 
 # (overrides, field the message must name, value it must show). Every bad input the

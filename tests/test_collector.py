@@ -1,5 +1,5 @@
 """What Python's cyclic collector is kept from walking: imports (collector_paused) and a
-program's exit (freeze_at_exit), both in orchestrator/process.py."""
+program's exit (freeze_at_exit), both in orchestrator/core/process.py."""
 
 import gc
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from orchestrator.process import collector_paused
+from orchestrator.core.process import collector_paused
 
 # A fresh interpreter runs the orchestrator program's `main` as its console script does
 # (argv None) or as a caller does (argv given). A handler registered before main runs after

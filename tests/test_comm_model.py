@@ -10,9 +10,9 @@ from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.plan.collectives import RING_BASE_US, TREE_HOP_US, call_time, network, ring_time, tree_time
 from orchestrator.plan.planner import wire_dtype
 from orchestrator.plan.prediction import planned_for_timed_steps, planned_steps_s, step_s_at
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
+from orchestrator.run.trial import cost_line
 from orchestrator.spec import build_spec
-from orchestrator.trial import cost_line
 
 H100 = dict(intra_busbw_gbps=370, intra_latency_us=3.4, inter_busbw_gbps=368, inter_latency_us=9.6)
 
@@ -272,7 +272,7 @@ def test_the_plan_of_a_warm_up_trial_is_compared_at_the_steps_it_timed():
 
 
 def test_calibrate_fits_a_warm_up_trial_at_the_batches_it_timed():
-    from orchestrator.calibrate import Measured, current_params, log_error
+    from orchestrator.analysis.calibrate import Measured, current_params, log_error
 
     spec = build_spec(
         [

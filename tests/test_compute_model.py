@@ -17,7 +17,7 @@ from orchestrator.plan.compute import (
     kernel_counts,
     micro_batch_time,
 )
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 
 H100 = Rates(
@@ -179,9 +179,9 @@ def test_the_host_paces_a_gpu_plan_only_and_says_so():
 def test_on_a_cpu_the_k_by_n_layout_runs_at_one_threads_rate_whatever_the_rank_has():
     # Measured on the CI machine: nn.Linear's layout runs 1.6-2.3x faster on two threads,
     # the k x n layout 0.9-1.35x (bench/RESULTS.md). Uses this host's measured peaks.
-    from orchestrator import hardware
+    from orchestrator.measure import hardware
+    from orchestrator.measure.trial_measurements import machine_facts
     from orchestrator.plan.planner import rates
-    from orchestrator.trial_measurements import machine_facts
 
     spec = build_spec(["hardware=cpu", "parallel.dp=1", "hardware.gemm_kn_efficiency=0.1"])  # as calibrate sets it
     hw = spec.cfg.hardware

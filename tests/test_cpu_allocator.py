@@ -1,4 +1,4 @@
-"""The ranks' allocator (orchestrator/cpu_allocator.py): a CPU rank returns its freed
+"""The ranks' allocator (orchestrator/measure/cpu_allocator.py): a CPU rank returns its freed
 activations to the system, and whatever times a CPU trial's work allocates as the ranks do."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from orchestrator import cpu_allocator, engine_timing
-from orchestrator.cpu_allocator import ENV, MMAP_THRESHOLD, allocator_key, mmap_threshold
+from orchestrator.measure import cpu_allocator, engine_timing
+from orchestrator.measure.cpu_allocator import ENV, MMAP_THRESHOLD, allocator_key, mmap_threshold
 from orchestrator.spec import build_spec
 
 GLIBC = cpu_allocator.allocator_key().startswith("glibc")
@@ -73,7 +73,7 @@ def test_a_cpu_ranks_freed_activations_go_back_to_the_system(tmp_path):
 def test_a_process_timing_a_cpu_trials_kernels_allocates_as_the_ranks():
     # The planner's kernel timing fixes its own threshold (mallopt: its process has started,
     # too late for the variable), so its kernels pay the ranks' page faults.
-    before = "from orchestrator.cpu_allocator import allocate_as_the_ranks\nallocate_as_the_ranks()"
+    before = "from orchestrator.measure.cpu_allocator import allocate_as_the_ranks\nallocate_as_the_ranks()"
     assert held({}, before) < 16 << 20
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.trial_dir import claim, trials_below
+from orchestrator.records.trial_dir import claim, trials_below
 from tests.conftest import FP32, PRESET_KERNELS, run_cli, run_in_process
 
 pytestmark = pytest.mark.slow
@@ -93,7 +93,7 @@ def test_an_interrupted_sweep_records_the_point_and_closes_its_wandb_run(tmp_pat
 
 SECOND_SIGNAL = """
 import os, signal, sys, time
-from orchestrator.errors import Interrupted
+from orchestrator.core.errors import Interrupted
 Interrupted.install()
 try:
     os.kill(os.getpid(), signal.SIGTERM)
@@ -321,7 +321,7 @@ def test_trials_below_passes_over_a_folder_deleted_while_it_walks(tmp_path, monk
 
 def _memory_cgroup(name: str) -> Path | None:
     """A child of this process's v1 memory cgroup (the CI machine's kind), or None where there is none to make."""
-    from orchestrator import memory_cgroup
+    from orchestrator.measure import memory_cgroup
 
     line = next((x for x in Path("/proc/self/cgroup").read_text().splitlines() if ":memory:" in x), None)
     if line is None:
@@ -415,8 +415,8 @@ def test_a_rank_ended_because_another_failed_records_that_failure(tmp_path, othe
     """torchrun SIGTERMs the survivors once a rank fails; rank 0, which holds the W&B run,
     may see that SIGTERM before the failed collective (a race a slow host loses): its run
     ends with the failed rank's cause, not "interrupted". A SIGTERM alone stays interrupted."""
-    from orchestrator.errors import Interrupted
-    from orchestrator.trial_dir import TrialPaths
+    from orchestrator.core.errors import Interrupted
+    from orchestrator.records.trial_dir import TrialPaths
     from orchestrator.workload.train import ended_status
 
     paths = TrialPaths(tmp_path)
@@ -442,8 +442,8 @@ def test_a_rank_gone_without_python_is_the_cause_even_where_torchrun_names_anoth
     reset rank 0's gloo connection, rank 0 recorded that and exited 1, and torchrun named rank
     0 alone (seen in the failing sweep of test_run.py): rank 1's running marker, left because
     it never came back through Python, still names it. A rank that did come back removed it."""
-    from orchestrator.results import outcome_status
-    from orchestrator.trial_dir import TrialPaths
+    from orchestrator.records.results import outcome_status
+    from orchestrator.records.trial_dir import TrialPaths
 
     paths = TrialPaths(tmp_path)
     paths.logs.mkdir()
@@ -474,7 +474,7 @@ time.sleep(600)
 
 
 def test_ending_a_launcher_ends_the_ranks_it_started_in_sessions_of_their_own():
-    from orchestrator.process import end_group
+    from orchestrator.core.process import end_group
 
     launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True, start_new_session=True

@@ -151,7 +151,7 @@ def test_two_calibrates_at_once_never_both_say_they_wrote(ok_trial, tmp_path):
 
 def live_claim() -> dict:
     """A claim that this test's own (live) process holds, as claim_record writes one."""
-    from orchestrator.process import start_ticks
+    from orchestrator.core.process import start_ticks
 
     return {"pid": os.getpid(), "pid_start": start_ticks(os.getpid()), "host": socket.gethostname()}
 
@@ -361,9 +361,9 @@ def test_cached_kernel_times_no_device_could_take_are_timed_again_and_said(tmp_p
     """Every time read from kernels.json is checked before a plan uses it: one that no device
     can take is dropped, timed again (here a stand-in timing: what is tested is how the
     cache is trusted), said once as a warning, and the cache holds the new time."""
-    from orchestrator import kernel_cache
-    from orchestrator.engine_timing import plausible_line
-    from orchestrator.kernel_cache import Cache
+    from orchestrator.measure import kernel_cache
+    from orchestrator.measure.engine_timing import plausible_line
+    from orchestrator.measure.kernel_cache import Cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(Cache, "_known", None)
@@ -407,9 +407,9 @@ def test_an_engines_line_no_engine_could_take_is_dropped_cached_or_just_timed(tm
     hours. Against the memory's bandwidth: a cached one is dropped and timed again, a just
     timed one is not kept, and the plan says so and keeps torch's AdamW. (The engine's
     process is stood in for: what is tested is how its lines are trusted.)"""
-    from orchestrator import engine_timing
-    from orchestrator.engine_timing import EngineTiming, plausible_line
-    from orchestrator.kernel_cache import Cache
+    from orchestrator.measure import engine_timing
+    from orchestrator.measure.engine_timing import EngineTiming, plausible_line
+    from orchestrator.measure.kernel_cache import Cache
     from orchestrator.plan.compute import KernelTimes
     from orchestrator.plan.inputs import MeasuredKernels
 
@@ -455,7 +455,7 @@ def test_a_cached_cpu_peak_is_read_bounded_and_checked_before_use(tmp_path, monk
     measurement is a stand-in: what is tested is how the cache is read and trusted.)"""
     import threading
 
-    from orchestrator import hardware
+    from orchestrator.measure import hardware
 
     cache_home = tmp_path / "cache"
     path = cache_home / "orchestrator" / "cpu_peak.json"
@@ -515,7 +515,7 @@ def test_calibrate_links_checks_every_argument_before_it_measures(cli, tmp_path,
 
 
 def test_calibrate_links_buffers_past_the_hosts_free_memory_are_refused(cli, tmp_path):
-    from orchestrator.host_load import available_bytes
+    from orchestrator.measure.host_load import available_bytes
 
     too_many_mb = int(available_bytes() / 2**20)  # two ranks, two buffers each: four times what is free
     proc = cli(
@@ -606,7 +606,7 @@ def test_calibrate_csv_reads_its_file_as_trial_files_are_read(cli, tmp_path, kin
 
 
 def test_calibrate_csv_takes_a_byte_order_mark_limits_its_rows_and_says_its_progress(cli, tmp_path, monkeypatch):
-    from orchestrator import calibrate
+    from orchestrator.analysis import calibrate
 
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
     path = tmp_path / "runs.csv"
@@ -653,7 +653,7 @@ def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_
     proc = run_cli("calibrate", str(tmp_path / "bomb"), env=env, timeout=120)
     assert proc.returncode == 0 and "1_trial" in said(proc) and "aliases expand it past" in said(proc), said(proc)
     # --overwrite deletes such a tree too (Python 3.11's shutil.rmtree recurses)
-    from orchestrator.files import remove_tree
+    from orchestrator.core.files import remove_tree
 
     remove_tree(deep)
     assert not deep.exists()
@@ -707,8 +707,8 @@ def test_a_long_trial_name_is_shown_whole_on_one_line_to_be_copied(cli, ok_trial
 @pytest.mark.parametrize("value", ["", "relative/cache", "."])
 def test_an_empty_or_relative_xdg_directory_is_ignored_as_the_spec_says(monkeypatch, tmp_path, value):
     """An empty XDG_CACHE_HOME put kernels.json into whatever directory the command ran in."""
-    from orchestrator.conf_tree import user_conf_dir
-    from orchestrator.hardware import cache_dir
+    from orchestrator.hydra_glue.conf_tree import user_conf_dir
+    from orchestrator.measure.hardware import cache_dir
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("ORCHESTRATOR_USER_CONF", raising=False)
@@ -726,7 +726,7 @@ def test_a_nearly_full_file_system_is_refused_before_anything_is_written(cli, tm
     file system is not one to make in a test), and nothing is written."""
     import collections
 
-    import orchestrator.trial_dir as trial_dir
+    import orchestrator.records.trial_dir as trial_dir
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(trial_dir.shutil, "disk_usage", lambda path: usage(2 << 20, (2 << 20) - 8192, 8192))

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.compose import expand_sweep
+from orchestrator.hydra_glue.compose import expand_sweep
 from orchestrator.plan.collectives import network
 from orchestrator.plan.fsdp import fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.params import parameter_tensors
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 from tests.conftest import run_in_process
 

@@ -1,14 +1,14 @@
 """Before a local trial times anything: how busy the host is, and whether its ranks fit in
-the memory the host has free (orchestrator/host_load.py, trial.py). Real /proc readings."""
+the memory the host has free (orchestrator/measure/host_load.py, trial.py). Real /proc readings."""
 
 import os
 import subprocess
 import sys
 
-from orchestrator import host_load
+from orchestrator.measure import host_load
 from orchestrator.plan.memory import GIB
+from orchestrator.run.trial import host_memory_refusal
 from orchestrator.spec import build_spec
-from orchestrator.trial import host_memory_refusal
 
 
 def test_a_busy_process_is_seen_and_named():
@@ -33,7 +33,7 @@ def test_a_busy_process_is_seen_and_named():
 def test_the_ranks_together_must_fit_in_the_memory_the_host_has_free():
     import dataclasses
 
-    from orchestrator.planning import plan_trial
+    from orchestrator.run.planning import plan_trial
 
     assert host_load.available_bytes() > 0
     cpu = build_spec(["hardware=cpu", "hardware.kernels=preset", "parallel.dp=2"])
@@ -49,10 +49,10 @@ def test_the_ranks_together_must_fit_in_the_memory_the_host_has_free():
 
 def test_a_sigkilled_rank_is_oom_only_where_its_cgroup_counted_an_oom_kill(tmp_path):
     """torchrun's failure summary as it writes it; whether the OOM killer acted comes from
-    the memory cgroup's count (orchestrator/memory_cgroup.py), read before and after."""
-    from orchestrator import memory_cgroup
-    from orchestrator.results import outcome_status
-    from orchestrator.trial_dir import TrialPaths
+    the memory cgroup's count (orchestrator/measure/memory_cgroup.py), read before and after."""
+    from orchestrator.measure import memory_cgroup
+    from orchestrator.records.results import outcome_status
+    from orchestrator.records.trial_dir import TrialPaths
 
     log = TrialPaths(tmp_path).launcher_log
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +83,7 @@ def test_a_sigkilled_rank_is_oom_only_where_its_cgroup_counted_an_oom_kill(tmp_p
 def test_the_free_memory_a_trial_is_checked_against_is_its_cgroups_where_that_is_less(tmp_path):
     """Under SLURM or a container a job's cgroup limit is below the host's MemAvailable: the
     tightest limit over the cgroup and its parents, less what they use, is what a trial has."""
-    from orchestrator.memory_cgroup import headroom_bytes
+    from orchestrator.measure.memory_cgroup import headroom_bytes
 
     job = tmp_path / "system.slice" / "slurmstepd.scope" / "job_42"
     job.mkdir(parents=True)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.compose import expand_sweep
+from orchestrator.hydra_glue.compose import expand_sweep
 from tests.conftest import FP32, PRESET_KERNELS, run_cli, run_in_process
 
 FAST = ["run.steps=1", "run.warmup_steps=0", "logger.mode=disabled", "parallel.dp=1", PRESET_KERNELS, FP32]
@@ -239,7 +239,7 @@ def test_a_swept_value_that_is_a_path_names_one_point_inside_its_sweep(tmp_path)
 
 
 def test_a_point_name_cut_to_fit_keeps_two_points_apart():
-    from orchestrator.hydra_registry import dirname, fit_name
+    from orchestrator.hydra_glue.hydra_registry import dirname, fit_name
 
     long = "logger.group=" + "x" * 200
     assert dirname(long + "1") != dirname(long + "2") and len(dirname(long + "1").encode()) <= 120

@@ -1,4 +1,4 @@
-"""Every private Hydra call the orchestrator makes (orchestrator/hydra_compat.py), checked
+"""Every private Hydra call the orchestrator makes (orchestrator/hydra_glue/hydra_compat.py), checked
 against the installed hydra-core, which pyproject bounds to >=1.3.2,<1.4. A hydra-core
 that moves or changes one of them fails here, by name."""
 
@@ -16,7 +16,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from orchestrator import config
-from orchestrator.hydra_compat import apply_value_changes, hydra_arguments, hydra_config_as, split_sweep
+from orchestrator.hydra_glue.hydra_compat import apply_value_changes, hydra_arguments, hydra_config_as, split_sweep
 
 
 def test_the_installed_hydra_core_is_in_the_range_pyproject_allows():

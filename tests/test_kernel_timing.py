@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cpu_allocator, engine_timing, kernel_timing, kernels, trial_measurements
-from orchestrator.calibrate import with_params
-from orchestrator.cpu_allocator import allocator_key
-from orchestrator.kernel_cache import Cache, plausible_times
-from orchestrator.kernel_timing import KernelTimingError, clock, measure, time_kernel
-from orchestrator.kernels import Kernel, trial_gemms
+from orchestrator.analysis.calibrate import with_params
+from orchestrator.measure import cpu_allocator, engine_timing, kernel_timing, kernels, trial_measurements
+from orchestrator.measure.cpu_allocator import allocator_key
+from orchestrator.measure.kernel_cache import Cache, plausible_times
+from orchestrator.measure.kernel_timing import KernelTimingError, clock, measure, time_kernel
+from orchestrator.measure.kernels import Kernel, trial_gemms
 from orchestrator.plan.compute import KernelTimes, micro_batch_time
 from orchestrator.plan.inputs import MeasuredKernels
 from orchestrator.plan.params import parameter_tensors
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 from tests.conftest import FP32
 
@@ -97,7 +97,7 @@ def test_every_kernel_of_a_micro_batch_is_timed_once_and_cached(fresh_cache, mon
     # A new process whose kernels are all cached reads them without importing torch (1.5 s
     # of every `plan` on a machine without a GPU driver).
     reads = (
-        "import sys; from orchestrator.kernel_timing import measure; from orchestrator.plan.params import "
+        "import sys; from orchestrator.measure.kernel_timing import measure; from orchestrator.plan.params import "
         "parameter_tensors; from tests.test_kernel_timing import small_spec; "
         f"model = small_spec(arch={arch!r}).cfg.model; "
         "m = measure(model, 2, 'bf16', 'cpu', 1, [p.numel for p in parameter_tensors(model)]); "
@@ -292,10 +292,10 @@ def test_a_cpu_is_timed_by_the_wall_clock_and_a_gpu_by_its_own_time_or_cuda_even
 def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(monkeypatch, fresh_cache):
     # No GPU here: the device's name and memory, and its timed kernels, are stood in for.
     # What is tested is everything around them: the resolution, the plan, MFU unknown.
-    from orchestrator import hardware
-    from orchestrator.display import console
-    from orchestrator.errors import ConfigError
-    from orchestrator.plan_display import show_plan
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.measure import hardware
+    from orchestrator.run.display import console
+    from orchestrator.run.plan_display import show_plan
 
     monkeypatch.setattr(hardware, "local_gpu_name", lambda: "NVIDIA L40S")
     monkeypatch.setattr(hardware, "local_gpu_memory_gib", lambda: 44.52)
@@ -339,7 +339,7 @@ def test_kernels_that_sum_past_their_block_timed_whole_are_said_so(monkeypatch):
     plan keeps the whole and says what the line below 0 means (timed figures stood in for)."""
     from rich.console import Console
 
-    from orchestrator.plan_display import show_plan
+    from orchestrator.run.plan_display import show_plan
 
     alone = KernelTimes(
         layer_gemms=(2e-3, 4e-3),
@@ -405,7 +405,7 @@ def test_a_block_too_large_to_time_whole_keeps_its_kernels_sum(fresh_cache, monk
 )
 def test_the_engines_own_step_is_timed_as_it_runs_it(engine, stage, optimizer):
     """The real engine (DeepSpeed, FSDP2) wraps a stand-in with the trial's modules and shares."""
-    from orchestrator.trial_measurements import engine_settings
+    from orchestrator.measure.trial_measurements import engine_settings
 
     spec = small_spec(f"engine={engine if engine == 'fsdp' else 'deepspeed'}", f"zero=stage{stage}", "parallel.dp=2")
     settings = engine_settings(spec)
@@ -421,7 +421,7 @@ def test_the_engines_process_imports_beside_the_kernels_and_times_only_when_told
     """A new shape's plan starts the engine's timing process first: it imports while the
     kernels are timed, says it is ready and times nothing until told (so no timing runs beside
     another); a process never told ends without timing."""
-    from orchestrator.trial_measurements import engine_settings
+    from orchestrator.measure.trial_measurements import engine_settings
 
     # fp32: what is timed when is the point, not the precision (bf16 kernels are 2-20x slower
     # on a CPU without bf16 instructions: docs/measurements.md)
@@ -466,7 +466,7 @@ def test_the_plan_waits_for_the_engines_process_to_import_before_it_times_a_kern
     """`EngineTiming.imported` returns once that process has imported and waits, idle, to be
     told: on a CPU whose planner imports first, the kernels were otherwise timed beside its
     import (and the quiet check then dropped them)."""
-    from orchestrator.trial_measurements import engine_settings
+    from orchestrator.measure.trial_measurements import engine_settings
 
     spec = small_spec("engine=fsdp", "zero=stage3", "parallel.dp=1")
     with engine_timing.EngineTiming(engine_settings(spec), 1, 10_000, "cpu") as engine:
@@ -500,8 +500,8 @@ def test_a_busy_machine_is_said_and_its_timings_are_not_cached(fresh_cache, monk
 def test_the_engine_is_timed_on_the_trials_device_with_its_backend():
     """Which group and device the engine's timing uses (the GPU path ran on an H100:
     bench/RESULTS.md; here only the choice can be checked)."""
-    from orchestrator.engine_timing import DEFAULT_SIZES
-    from orchestrator.trial_measurements import engine_settings
+    from orchestrator.measure.engine_timing import DEFAULT_SIZES
+    from orchestrator.measure.trial_measurements import engine_settings
     from orchestrator.workload.step_timing import group_of
 
     assert group_of("cpu") == ("gloo", "cpu") and group_of("cuda:1") == ("nccl", "cuda")
@@ -530,7 +530,7 @@ def test_the_engine_is_timed_at_the_powers_of_two_around_the_ranks_share():
     # Pure arithmetic: no GPU needed. A line extrapolated 8x from small stand-ins moved 3x
     # between two timings on an H200, and 16x from a CPU's L3-sized ones 8x; bracketing the
     # share reads the line between its points.
-    from orchestrator.engine_timing import DEFAULT_SIZES, MAX_SIZE, stand_in_sizes
+    from orchestrator.measure.engine_timing import DEFAULT_SIZES, MAX_SIZE, stand_in_sizes
 
     assert stand_in_sizes("cpu", 6_293_760) == [2**22, 2**23]  # Llama h256, 4 layers, dp 1
     assert stand_in_sizes("cpu", 2**20) == [2**19, 2**20]  # a power of two is its own top
@@ -548,7 +548,7 @@ def test_kernels_timed_in_a_process_of_their_own_come_back_whole(fresh_cache):
     """measure_apart (a GPU's path: its CUDA context ends with the process) returns what
     measure returns here, and this process reads the cache that process wrote."""
     from orchestrator.config import ModelConfig
-    from orchestrator.kernel_cache import Cache
+    from orchestrator.measure.kernel_cache import Cache
 
     model = ModelConfig(n_layers=1, hidden=64, heads=2, vocab=256, seq_len=32, max_positions=32)
     apart, discarded = kernel_timing.measure_apart(model, 1, "fp32", "cpu", 1, [64 * 64])
@@ -564,7 +564,7 @@ def test_a_gemm_time_no_device_of_its_peak_can_take_is_timed_again(fresh_cache):
     """A tampered or busy-machine cache (3,000 s for a kernel of the tiny model, or a GEMM
     faster than the device's peak) is not a kernel's time: against the peak and the memory
     bandwidth it is dropped, timed again, and the plan says so; a real one is kept."""
-    from orchestrator.kernel_timing import possible_times
+    from orchestrator.measure.kernel_timing import possible_times
 
     gemm = possible_times(2e9, 1e12)  # 2 GFLOP forward on a 1 TFLOPS device: 2 ms at the peak
     assert gemm(0.004, 0.008) and gemm(0.15, 0.3)  # at half the peak; 75x below it

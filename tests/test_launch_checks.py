@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 import torch
 
-from orchestrator.errors import ConfigError
-from orchestrator.kernel_timing import KernelTimingError, kernels_busy_s, software
+from orchestrator.core.errors import ConfigError
+from orchestrator.measure.kernel_timing import KernelTimingError, kernels_busy_s, software
+from orchestrator.run.trial import check_runnable_here
 from orchestrator.spec import build_spec
-from orchestrator.trial import check_runnable_here
 from orchestrator.workload.placement import cuda_device_index, one_gpu_task
 from tests.conftest import run_in_process
 
@@ -141,8 +141,8 @@ def test_the_collective_timeout_reaches_the_process_group_keywords():
 def test_a_gpu_trials_host_memory_is_planned_per_node_and_refused_past_what_slurm_grants():
     from orchestrator.plan.host_memory import host_memory, slurm_size_bytes
     from orchestrator.plan.memory import GIB
-    from orchestrator.planning import plan_trial
-    from orchestrator.trial import refusal
+    from orchestrator.run.planning import plan_trial
+    from orchestrator.run.trial import refusal
 
     # eight ranks of a 70B model each building it whole in fp32: over 2 TB of one node
     whole = host_memory(70_553_706_496, False, 64, 0, 0, 8, None, "")

@@ -1,10 +1,10 @@
-"""The link measurement's arithmetic (orchestrator/links.py): nccl-tests' bandwidths, and the
+"""The link measurement's arithmetic (orchestrator/measure/links.py): nccl-tests' bandwidths, and the
 fit recovering a level from calls timed by the model itself. The measuring is the
 multinode group's (tests/test_links_multinode.py)."""
 
 import pytest
 
-from orchestrator.links import Measurement, fit_level, fit_network, sizes
+from orchestrator.measure.links import Measurement, fit_level, fit_network, sizes
 from orchestrator.plan.collectives import Level, Network, ring_time
 
 

@@ -1,4 +1,4 @@
-"""This host's links, measured by the plan (orchestrator/local_links.py): a CPU trial with
+"""This host's links, measured by the plan (orchestrator/measure/local_links.py): a CPU trial with
 several ranks on this host is planned over what gloo between them measured, not over the
 preset's assumed inside-node level."""
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from orchestrator import links, trial_measurements
-from orchestrator import local_links as local
-from orchestrator.links import OPS, Measurement
-from orchestrator.local_links import cache_path, key, local_links
+from orchestrator.measure import links, trial_measurements
+from orchestrator.measure import local_links as local
+from orchestrator.measure.links import OPS, Measurement
+from orchestrator.measure.local_links import cache_path, key, local_links
 from orchestrator.plan import planner
 from orchestrator.plan.collectives import ring_time
 from orchestrator.spec import build_spec
@@ -121,7 +121,7 @@ def test_links_that_cannot_be_measured_leave_the_preset_and_say_why(cache, monke
 def test_a_cached_call_no_link_can_make_is_measured_again():
     """A tampered local_links.json (a 16 MB call in 1e-12 s planned gloo at 2.8e8 GB/s) is
     not this host's links: refused as a cache, so they are measured again."""
-    from orchestrator.local_links import rows_of
+    from orchestrator.measure.local_links import rows_of
 
     good = {"when": "2026-12-02T00:00:00Z", "rows": [[op, 2, 1, 1 << 20, 2e-3] for op in OPS]}
     assert rows_of(good) is not None

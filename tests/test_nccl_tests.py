@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from orchestrator import network_table
-from orchestrator.errors import ConfigError
-from orchestrator.nccl_tests import parse_run, parse_runs, read_runs, table_of
+from orchestrator.core.errors import ConfigError
+from orchestrator.measure.nccl_tests import parse_run, parse_runs, read_runs, table_of
 
 SIZES = [2**k for k in range(20, 31, 2)]  # 1 MiB to 1 GiB
 TYPE_BYTES = {"float": 4, "bfloat16": 2}

@@ -9,12 +9,12 @@ import math
 import pytest
 
 from orchestrator import network_table
+from orchestrator.measure.trial_measurements import machine_facts
 from orchestrator.plan.bus_table import BusRow, BusTable, alpha_beta, curve_busbw
 from orchestrator.plan.collectives import Level, Network, bus_factor, call_time
 from orchestrator.plan.planner import network_of
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
-from orchestrator.trial_measurements import machine_facts
 
 MiB = 2**20
 P5 = ["hardware=h100-p5", "cluster=slurm", "cluster.gpus_per_node=8", "model=gpt2-1.3b"]

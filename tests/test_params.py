@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from orchestrator.conf_tree import presets
+from orchestrator.hydra_glue.conf_tree import presets
 from orchestrator.plan.params import count_parameters, parameter_tensors
 from orchestrator.spec import build_spec
 from orchestrator.workload.model import build_model

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.planning import plan_trial
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec
 
 H100 = ["hardware=h100-sxm"]
@@ -120,7 +120,7 @@ def test_run_refuses_what_does_not_fit_and_records_it(tmp_path, capsys):
 
 
 def test_force_lifts_the_refusal():
-    from orchestrator.trial import refusal
+    from orchestrator.run.trial import refusal
 
     spec = build_spec(["model=gpt3-175b", "hardware=cpu"])
     forced = build_spec(["model=gpt3-175b", "hardware=cpu", "run.force=true"])

@@ -145,7 +145,7 @@ def test_recompute_orders_measured_activations(drift_trial):
 ENGINE_SUB_GROUPS = """
 import json, sys
 import deepspeed
-from orchestrator.process import leave
+from orchestrator.core.process import leave
 from orchestrator.spec import build_spec
 from orchestrator.translate.deepspeed import ds_config
 from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt

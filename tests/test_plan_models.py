@@ -241,7 +241,7 @@ def test_a_cpu_holds_only_the_written_part_of_its_reduce_buckets(stage, buckets)
     gradients write at most the model's size into each: a CPU commits only written pages,
     so its plan's total leaves the rest out (the allocator's count keeps it, `allocated`);
     a GPU's caching allocator holds all of it."""
-    from orchestrator.planning import plan_trial
+    from orchestrator.run.planning import plan_trial
 
     cpu = plan_trial(build_spec(["hardware=cpu", f"zero=stage{stage}"])).memory
     n = count_parameters(build_spec(["hardware=cpu"]).cfg.model)
@@ -268,7 +268,7 @@ def test_a_cpu_holds_only_the_written_part_of_its_reduce_buckets(stage, buckets)
 def test_what_the_peak_is_made_of_adds_up_to_the_total(overrides):
     """The memory table's rows are each component's own figure, not all alive at once: the
     line under its total names what the peak holds, and that adds up to it."""
-    from orchestrator.planning import plan_trial
+    from orchestrator.run.planning import plan_trial
 
     plan = plan_trial(build_spec(["model=gpt2-1.3b", "hardware=h100-sxm", *overrides]))
     assert sum(v for _, v in plan.memory.at_peak()) == plan.memory.total

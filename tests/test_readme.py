@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.conf_tree import presets
-from orchestrator.trial_dir import SweepPaths, TrialPaths
+from orchestrator.hydra_glue.conf_tree import presets
+from orchestrator.records.trial_dir import SweepPaths, TrialPaths
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -341,7 +341,7 @@ def test_a_timing_target_stops_the_ranks_together_where_rank_0s_steps_pin_the_me
     """run.timing_ci: two ranks step on until the median of rank 0's timed steps is known to
     within 30 %, at least 6 of them, at most 40 steps. When that happens depends on the
     machine's load, so the test replays the rule on the steps the trial recorded."""
-    from orchestrator.timing_stats import precise_enough
+    from orchestrator.core.timing_stats import precise_enough
 
     proc = run(
         tmp_path / "t",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.trial_dir import TrialPaths
+from orchestrator.records.trial_dir import TrialPaths
 from tests.conftest import FP32, PRESET_KERNELS, history_is_whole, run_in_process, sacct
 from tests.test_slurm_faults import rank_pid
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.redact import MASK, RedactedOutput, redact, redact_text, secret_exports
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.redact import MASK, RedactedOutput, redact, redact_text, secret_exports
 from tests.conftest import FP32, PRESET_KERNELS, run_cli
 
 SPELLINGS = {  # the value after each spelling is the secret

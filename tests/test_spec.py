@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from orchestrator import hardware
-from orchestrator.compose import expand_sweep
-from orchestrator.conf_tree import conf_dir, presets
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
+from orchestrator.hydra_glue.compose import expand_sweep
+from orchestrator.hydra_glue.conf_tree import conf_dir, presets
+from orchestrator.measure import hardware
 from orchestrator.spec import build_spec
 
 GPU = ["hardware=h100-sxm"]

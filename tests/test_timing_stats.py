@@ -1,4 +1,4 @@
-"""A trial's timed steps as a median with its spread and interval (orchestrator/timing_stats.py),
+"""A trial's timed steps as a median with its spread and interval (orchestrator/core/timing_stats.py),
 and the report's verdict against the best trial. Pure arithmetic, then the report on
 crafted result files."""
 
@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from orchestrator.report import collect
-from orchestrator.timing_stats import NOISY_RELATIVE_IQR, beyond_noise, coverage, median_interval, spread
+from orchestrator.analysis.report import collect
+from orchestrator.core.timing_stats import NOISY_RELATIVE_IQR, beyond_noise, coverage, median_interval, spread
 
 # The issue's trial, timed while another job ran on the machine.
 BUSY = [1.089, 0.136, 0.458, 0.12, 0.536, 0.855, 0.892, 0.763]
@@ -76,7 +76,7 @@ def test_the_report_says_which_trials_differ_from_the_best_beyond_noise(tmp_path
 
 
 def test_timing_stops_once_the_median_is_pinned_and_not_before_the_fewest_steps():
-    from orchestrator.timing_stats import precise_enough
+    from orchestrator.core.timing_stats import precise_enough
 
     steady = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
     assert precise_enough(steady, 0.05, 6) and not precise_enough(steady[:5], 0.05, 5)  # 5 steps: 94 % at best
@@ -100,7 +100,7 @@ def test_a_verdict_needs_intervals_of_their_stated_confidence(tmp_path):
 def test_the_medians_interval_costs_one_pass_over_the_binomial(monkeypatch):
     """A 4,000-step trial's interval summed its tail again for every j in n-bit integers (268 s
     after its last step, again at every step under run.timing_ci): now each term once."""
-    from orchestrator import timing_stats
+    from orchestrator.core import timing_stats
 
     calls = []
     real = timing_stats._half_binomial
@@ -131,7 +131,7 @@ def test_crafted_step_times_rank_no_trial_and_crash_no_report(tmp_path):
 def test_the_report_tables_carry_each_trials_interval_and_how_busy_its_host_was(tmp_path):
     """A steady load slows every step alike (no scatter, no noisy mark): the host's share busy
     at the start says so beside the interval, in report.csv, report.md and the terminal's table."""
-    from orchestrator.report import write_report
+    from orchestrator.analysis.report import write_report
 
     _trial(tmp_path, "stage0", [1.0, 1.01, 0.99, 1.02, 0.98, 1.0])
     _trial(tmp_path, "stage1", [7.5, 7.51, 7.49, 7.52, 7.48, 7.5])

@@ -106,7 +106,7 @@ def test_the_sweeps_launchers_are_forks_of_one_server_each_with_its_trials_threa
     import os
     import re
 
-    from orchestrator import hardware
+    from orchestrator.measure import hardware
 
     servers = set()
     for trial in sorted(p.parent for p in local_sweep.rglob("result.json")):
@@ -171,7 +171,7 @@ def test_repeats_of_a_point_are_one_row_with_their_timed_steps_pooled(cli, defau
     the second with its steps slowed: the pooling, not the engine, is what is tested.)"""
     import statistics
 
-    from orchestrator.tracking import point_type
+    from orchestrator.workload.tracking import point_type
 
     sweep = tmp_path / "sweep"
     steps = []
@@ -217,9 +217,9 @@ def test_points_that_differ_only_in_a_swept_secret_stay_two_points_masked(cli, d
     """A swept secret is masked in every name: the two points looked alike, one W&B job type
     and one report row pooled as repeats. Each is numbered instead (sweep_batch.masked_point),
     in its name, its job type and trial.json, with nothing of the secret in any of them."""
-    from orchestrator.redact import redact
-    from orchestrator.sweep_batch import SweepBatch
-    from orchestrator.tracking import point_type
+    from orchestrator.core.redact import redact
+    from orchestrator.run.sweep_batch import SweepBatch
+    from orchestrator.workload.tracking import point_type
 
     sweep = tmp_path / "sweep"
     overrides = [
@@ -253,8 +253,8 @@ def test_points_that_differ_only_in_a_swept_secret_stay_two_points_masked(cli, d
 def test_the_scaling_plot_labels_its_error_bars_with_what_they_cover(tmp_path, monkeypatch):
     """Four timed steps give an 88 % interval; the legend said 95 %. The label now says what
     the steps give (the figure read back from the plot itself)."""
-    from orchestrator import plots
-    from orchestrator.timing_stats import spread
+    from orchestrator.analysis import plots
+    from orchestrator.core.timing_stats import spread
 
     drawn = {}
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.setdefault("fig", fig) and path)
@@ -278,7 +278,7 @@ def test_the_scaling_plot_labels_its_error_bars_with_what_they_cover(tmp_path, m
 
 def _scaling_results(engines=("deepspeed", "fsdp"), dps=(1, 2, 4)) -> list[tuple[dict, str]]:
     """Results of an engine x dp sweep as the report hands them to the plots (with labels)."""
-    from orchestrator.timing_stats import spread
+    from orchestrator.core.timing_stats import spread
 
     out = []
     for engine in engines:
@@ -317,7 +317,7 @@ def test_the_scaling_plot_draws_a_line_per_configuration_mfu_with_its_interval_a
     """An engine comparison was one line per bucket size (both engines on one line), the MFU
     panel had no error bars, the legend sat over the data and a point's label ran past its
     panel. Rendered and read back: the lines, the MFU bars, where each legend and label is."""
-    from orchestrator import plots
+    from orchestrator.analysis import plots
 
     drawn = {}
     real_save = plots.save_figure
@@ -353,8 +353,8 @@ def test_the_scaling_plot_draws_a_line_per_configuration_mfu_with_its_interval_a
 
 def test_a_bucket_plot_is_drawn_only_for_configurations_that_ran_at_several_bucket_sizes(tmp_path, monkeypatch):
     """Two engines, each at its own bucket size, were drawn as one bucket-size line."""
-    from orchestrator import plots
-    from orchestrator.trial_dir import SweepPaths
+    from orchestrator.analysis import plots
+    from orchestrator.records.trial_dir import SweepPaths
 
     drawn = []
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(path.name) or path)
@@ -388,7 +388,7 @@ def test_a_plain_runs_wandb_run_has_a_name_and_a_noise_verdict(default_trial):
 def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp_path, monkeypatch):
     """buckets.png drew dp 1 and dp 2 of one node as one line, and FSDP2 trials (which
     reduce-scatter per block, whatever the bucket size) at 5e8: read back from the plot."""
-    from orchestrator import plots
+    from orchestrator.analysis import plots
 
     drawn = []
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append((path.name, fig)) or path)
@@ -416,7 +416,7 @@ def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp
     monkeypatch.setattr(plots, "scaling_plot", lambda *a: None)
     monkeypatch.setattr(plots, "predicted_vs_measured_plot", lambda *a: None)
     monkeypatch.setattr(plots, "warmup_plot", lambda *a: None)
-    from orchestrator.trial_dir import SweepPaths
+    from orchestrator.records.trial_dir import SweepPaths
 
     plots.report_plots(results, labels, SweepPaths(tmp_path))
     (fig,) = [f for name, f in drawn if name == "buckets.png"]

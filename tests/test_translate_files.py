@@ -152,7 +152,7 @@ def test_shell_metacharacters_in_config_values_never_reach_a_shell(tmp_path):
 
 
 def test_a_slurm_name_with_shell_characters_is_refused():
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cluster.partition"):
         build_spec(["cluster=slurm", "hardware=h100-sxm", "cluster.partition='gpu;reboot'"])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.tune.search import CandidateRun, Search
-from orchestrator.tune.space import DEFAULT_AXES, axes_of, plan_space, points
+from orchestrator.analysis.tune.search import CandidateRun, Search
+from orchestrator.analysis.tune.space import DEFAULT_AXES, axes_of, plan_space, points
+from orchestrator.core.errors import ConfigError
 from tests.conftest import FP32, run_cli
 
 GPU = ["model=gpt2-1.3b", "hardware=h100-sxm", "parallel.dp=8", "zero.reduce_bucket_size=2e8"]
@@ -202,7 +202,7 @@ def test_a_real_search_runs_its_budget_records_a_winner_and_resumes_without_reru
 def test_a_winner_from_candidates_that_all_ran_on_a_busy_host_is_said_to_be_so(tmp_path):
     """tune named a winner from trials that all started on a fully busy host without a word:
     now the winner record says so (each trial's result.json host_load, as the launcher wrote it)."""
-    from orchestrator.tune.record import winner
+    from orchestrator.analysis.tune.record import winner
 
     search = Search(plan_space([*GPU, "zero=stage2", "zero.offload_optimizer=none"]))
     for i, (c, busy) in enumerate(zip(search.space.fitting[:2], (0.97, 0.91))):
@@ -220,7 +220,7 @@ def test_a_tune_rounds_runs_are_named_by_what_they_tried(tmp_path):
     """A round's runs were named by what differed within the round: a round of one had every
     override in its name, a round of two only the axis they differed on. Now a run's name is
     what it tried: every override the command line did not fix."""
-    from orchestrator.sweep_batch import SweepBatch
+    from orchestrator.run.sweep_batch import SweepBatch
 
     fixed = frozenset({"parallel.dp=1", "zero=stage0,stage1", "batch.micro_batch_size=1,2"})
     point = ("parallel.dp=1", "zero=stage1", "batch.micro_batch_size=2", "recompute=none")

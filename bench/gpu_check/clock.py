@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from orchestrator.kernel_timing import KernelTimingError, QuietCheck, clock
+from orchestrator.measure.kernel_timing import KernelTimingError, QuietCheck, clock
 
 dev, ev = clock("cuda"), clock("cuda", whole=True)
 a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)

@@ -6,7 +6,7 @@ import shutil
 
 import torch
 
-from orchestrator import hardware
+from orchestrator.measure import hardware
 
 n = torch.cuda.device_count()
 name = torch.cuda.get_device_name(0)

@@ -6,7 +6,7 @@ import sys
 import time
 
 t = time.time()
-from orchestrator.planning import plan_trial  # noqa: E402
+from orchestrator.run.planning import plan_trial  # noqa: E402
 from orchestrator.spec import build_spec  # noqa: E402
 
 plan = plan_trial(build_spec(sys.argv[1:]))

@@ -9,7 +9,7 @@ Each point is composed (Hydra's config loader), validated and given its director
   submitit as one job array, and the launcher returns without waiting (unless
   cluster.wait=true).
 
-The work on the points is orchestrator/sweep_batch.py's; this class is only Hydra's
+The work on the points is orchestrator/run/sweep_batch.py's; this class is only Hydra's
 side of it. A point whose config is invalid (possible only with a sampling sweeper: the basic
 sweeper's points are all validated before anything starts) is returned as failed, so
 Optuna records a failed trial and samples on.
@@ -25,10 +25,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-from orchestrator import hydra_registry
-from orchestrator.errors import ConfigError
-from orchestrator.hydra_errors import config_error
-from orchestrator.sweep_batch import SweepBatch, redact_sweep_record
+from orchestrator.core.errors import ConfigError
+from orchestrator.hydra_glue import hydra_registry
+from orchestrator.hydra_glue.hydra_errors import config_error
+from orchestrator.run.sweep_batch import SweepBatch, redact_sweep_record
 
 hydra_registry.register()  # hydra/launcher=orchestrator, whichever app discovers this plugin first
 

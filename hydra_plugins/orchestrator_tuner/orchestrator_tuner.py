@@ -1,11 +1,11 @@
 """hydra/sweeper=orchestrator_tune: the plan-guided search, as a Hydra sweeper plugin.
 
 `orchestrator tune OVERRIDES` is `orchestrator run -m hydra/sweeper=orchestrator_tune
-OVERRIDES`; either way this sweeper plans the whole space (orchestrator/tune/space.py),
+OVERRIDES`; either way this sweeper plans the whole space (orchestrator/analysis/tune/space.py),
 then hands the launcher (ours: here or on SLURM) a few candidates per round, learns from
-what they measured (orchestrator/tune/search.py) and chooses the next ones, until its
+what they measured (orchestrator/analysis/tune/search.py) and chooses the next ones, until its
 budget is spent or nothing left could beat the best. After every round it writes the
-search into the sweep directory (tune.json, tune.md, tune.png; orchestrator/tune/record.py),
+search into the sweep directory (tune.json, tune.md, tune.png; orchestrator/analysis/tune/record.py),
 so an interrupted search resumes from there without running a finished candidate again.
 """
 
@@ -20,7 +20,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from orchestrator import hydra_registry
+from orchestrator.hydra_glue import hydra_registry
 
 hydra_registry.register()  # hydra/sweeper=orchestrator_tune, whichever app discovers this plugin first
 
@@ -38,10 +38,10 @@ class TuneSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from orchestrator.display import console
-        from orchestrator.tune import record
-        from orchestrator.tune.search import Search
-        from orchestrator.tune.space import plan_space
+        from orchestrator.analysis.tune import record
+        from orchestrator.analysis.tune.search import Search
+        from orchestrator.analysis.tune.space import plan_space
+        from orchestrator.run.display import console
 
         assert self.config is not None and self.launcher is not None
         base = Path(str(self.config.hydra.sweep.dir))

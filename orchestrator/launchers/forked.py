@@ -35,7 +35,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from orchestrator.process import collector_paused, die_with_parent, flush
+from orchestrator.core.process import collector_paused, die_with_parent, flush
 
 SERVE = "--serve"
 _MESSAGE_BYTES = 1 << 20  # a request is its arguments and environment: a few kB

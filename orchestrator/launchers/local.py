@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from orchestrator import cpu_allocator
 from orchestrator.config import DeviceType
+from orchestrator.core.process import PROGRESS, clear_stale_build_locks, die_with_parent, end_group
 from orchestrator.launchers import forked
 from orchestrator.launchers.binding import Binding
-from orchestrator.process import PROGRESS, clear_stale_build_locks, die_with_parent, end_group
+from orchestrator.measure import cpu_allocator
+from orchestrator.records.trial_dir import TrialPaths, disk_full
 from orchestrator.spec import TrialSpec
-from orchestrator.trial_dir import TrialPaths, disk_full
 
 WORKLOAD_MODULE = "orchestrator.workload.train"
 FORKED_LAUNCHER = "orchestrator.launchers.forked"

@@ -24,13 +24,13 @@ from pathlib import Path
 import submitit
 
 from orchestrator.checks import time_limit_s
-from orchestrator.files import atomic_write_json, read_json
+from orchestrator.core.files import atomic_write_json, read_json
+from orchestrator.core.redact import secret_exports
 from orchestrator.launchers.binding import Binding, trial_binding
 from orchestrator.launchers.slurm_task import TASK_MODULE, SlurmTask, task_python
-from orchestrator.redact import secret_exports
-from orchestrator.results import Status, error_record, now
+from orchestrator.records.results import Status, error_record, now
+from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import TrialSpec
-from orchestrator.trial_dir import TrialPaths
 
 
 def timeout_minutes(time: str) -> int:
@@ -352,7 +352,7 @@ def _pending_reasons(job_ids: list[str]) -> dict[str, str]:
 def finalize(trial_dir: Path, state: str, reason: str) -> dict | None:
     """result.json for a submitted trial whose job has ended (None while it has not);
     state and reason: job_state() of its job."""
-    from orchestrator.results import outcome_status, write_result
+    from orchestrator.records.results import outcome_status, write_result
     from orchestrator.spec import load_spec
 
     job = json.loads(TrialPaths(trial_dir).slurm_job.read_text())

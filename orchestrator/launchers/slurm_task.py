@@ -27,15 +27,15 @@ from pathlib import Path
 
 import submitit
 
-from orchestrator import host_load
 from orchestrator.config import KernelSource
-from orchestrator.files import atomic_write_json, read_json
+from orchestrator.core.files import atomic_write_json, read_json
+from orchestrator.core.process import clear_stale_build_locks, freeze_at_exit
 from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import WORKLOAD_MODULE, accelerate_launch, rank_environment
-from orchestrator.planning import plan_trial
-from orchestrator.process import clear_stale_build_locks, freeze_at_exit
+from orchestrator.measure import host_load
+from orchestrator.records.trial_dir import TrialPaths
+from orchestrator.run.planning import plan_trial
 from orchestrator.spec import TrialSpec, load_spec
-from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload.placement import one_gpu_task
 
 NODE_PLAN_WAIT_S = 600  # the longest the other ranks wait for rank 0 to time the kernels
@@ -312,7 +312,7 @@ def write_job_result(paths: TrialPaths, srun_code: int, started: float | None) -
     """result.json of a job that `sbatch launch.sh` ran, from its ranks' records and srun's
     exit code, as `orchestrator wait` writes one for a submitit job; the exit code to leave
     with. Nothing while the job is being requeued: its next run writes it."""
-    from orchestrator.results import Status, now, outcome_status, write_result
+    from orchestrator.records.results import Status, now, outcome_status, write_result
 
     asked = read_json(paths.requeue_asked) or {}
     if asked.get("restart_count") == int(os.environ.get("SLURM_RESTART_COUNT", "0")) and asked.get(

@@ -38,7 +38,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 COLUMNS = ("collective", "nodes", "ranks_per_node", "bytes", "busbw_gbps")

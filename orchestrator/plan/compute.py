@@ -43,7 +43,7 @@ Recompute adds the forward again inside the backward: all of a layer's kernels f
 recompute; the kernels between the kept matmul and attention outputs for selective.
 
 The parts (`KernelTimes`) come from one of two sources, composed alike by
-`micro_batch_time`: measured on the device the trial will use (orchestrator/kernel_timing.py,
+`micro_batch_time`: measured on the device the trial will use (orchestrator/measure/kernel_timing.py,
 as vTrain profiles each operator on the target GPU: Bang et al., MICRO 2024), or estimated
 here from a preset's `Rates` (`estimated_kernels`), for hardware one does not have.
 Everything here is a pure function of the model shape, the micro batch and the parts, so
@@ -214,7 +214,7 @@ def memory_bound_bytes_per_token(model: ModelConfig, element_bytes: int, fused: 
 @dataclass(frozen=True)
 class KernelTimes:
     """Seconds of one micro batch's kernels as timed on the device itself
-    (orchestrator/kernel_timing.py): the same parts the roofline estimates, measured."""
+    (orchestrator/measure/kernel_timing.py): the same parts the roofline estimates, measured."""
 
     layer_gemms: tuple[float, float]  # (forward, backward) of one layer's GEMMs
     head: tuple[float, float]  # the lm_head's GEMM

@@ -16,7 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from orchestrator.config import Sharding, runs_as
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.plan import advice
 from orchestrator.plan.collectives import Network, network, small_call_note
 from orchestrator.plan.comm import Schedule, StepTime, bytes_per_rank_per_step, step_time

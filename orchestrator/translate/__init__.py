@@ -22,15 +22,15 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from orchestrator.files import atomic_write_json, atomic_write_text
+from orchestrator.core.files import atomic_write_json, atomic_write_text
+from orchestrator.core.redact import redact, secret_exports
 from orchestrator.launchers import slurm
 from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import Command, local_command, rank_environment
-from orchestrator.redact import redact, secret_exports
+from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import TrialSpec
 from orchestrator.token_file import few_windows_warning
 from orchestrator.translate import accelerate, deepspeed, fsdp
-from orchestrator.trial_dir import TrialPaths
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from orchestrator.files import atomic_write_json, read_json
-from orchestrator.trial_dir import TrialPaths
+from orchestrator.core.files import atomic_write_json, read_json
+from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.workload import warning
 from orchestrator.workload.device import Device
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.config import DeviceType
-from orchestrator.process import freeze_at_exit
+from orchestrator.core.process import freeze_at_exit
 from orchestrator.workload.device import Device
 
 

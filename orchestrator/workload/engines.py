@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
+from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import ddp_bucket_mb
 from orchestrator.translate.fsdp import fsdp_settings
-from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload.accumulation import MicroBatches
 from orchestrator.workload.deepspeed_compat import import_muon_uncompiled, leave_shm_comm_unbuilt
 from orchestrator.workload.device import Device

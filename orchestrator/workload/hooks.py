@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.process import PROGRESS
+from orchestrator.core.process import PROGRESS
 from orchestrator.workload import checkpoint, measure
 from orchestrator.workload.device import Device
 

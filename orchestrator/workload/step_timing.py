@@ -32,8 +32,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from orchestrator.engine_timing import DEFAULT_SIZES, GO, READY, WHEN_TOLD
-from orchestrator.process import collector_paused, freeze_at_exit
+from orchestrator.core.process import collector_paused, freeze_at_exit
+from orchestrator.measure.engine_timing import DEFAULT_SIZES, GO, READY, WHEN_TOLD
 from orchestrator.workload.model import torch_dtype
 
 REPS = 8  # steps timed at most; the first two are warm-up (allocation, the optimizer's state)

@@ -2,7 +2,7 @@
 
 Throughput and MFU are over the timed steps only (after run.warmup_steps): the median
 step and the median step's throughput, with their spread and the median's 95 % interval
-(orchestrator/timing_stats.py), and a verdict where the steps scatter past what a quiet
+(orchestrator/core/timing_stats.py), and a verdict where the steps scatter past what a quiet
 machine shows. MFU and HFU divide by the peak the trial's plan divided by (plan.json: a
 preset's published figure, or on a CPU this machine's measured matmul rate), never a guessed one.
 """
@@ -14,11 +14,11 @@ import importlib.metadata as md
 import os
 import platform
 
-from orchestrator.files import read_json, real_number
+from orchestrator.core.files import read_json, real_number
+from orchestrator.core.timing_stats import spread
 from orchestrator.plan.flops import flops_per_token
+from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import TrialSpec
-from orchestrator.timing_stats import spread
-from orchestrator.trial_dir import TrialPaths
 from orchestrator.workload.device import Device
 
 LIVE_PEAK_SOURCE = "static census + the CPU allocator's most bytes held during step 2 (torch.profiler memory events)"

@@ -32,9 +32,9 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import Interrupted
-from orchestrator.process import die_with_parent, flush, leave, redirect_output
-from orchestrator.trial_dir import TrialPaths
+from orchestrator.core.errors import Interrupted
+from orchestrator.core.process import die_with_parent, flush, leave, redirect_output
+from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.workload import warning
 
 
@@ -80,11 +80,11 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     import torch
     import torch.distributed as dist
 
-    from orchestrator.files import atomic_write_json
-    from orchestrator.tracking import Tracker
+    from orchestrator.core.files import atomic_write_json
     from orchestrator.workload.device import Device
     from orchestrator.workload.engines import import_libraries, make_engine
     from orchestrator.workload.summary import summarize, versions
+    from orchestrator.workload.tracking import Tracker
 
     paths = TrialPaths(trial_dir)
     meta = json.loads(paths.meta.read_text())
@@ -211,7 +211,7 @@ def timing_known(history: list[dict], run, device) -> bool:
     import torch
     import torch.distributed as dist
 
-    from orchestrator.timing_stats import precise_enough
+    from orchestrator.core.timing_stats import precise_enough
 
     timed = [h["step_time_s"] for h in history if h["timed"]]
     known = precise_enough(timed, run.timing_ci, run.min_timed_steps)
@@ -311,7 +311,7 @@ def _mark_running(marker: Path) -> Path:
 
 def _record_failure(trial_dir: Path, rank: int, exc: BaseException) -> None:
     """errors/rank{R}.json. On a full disk it may not be written: the launcher then says so."""
-    from orchestrator.files import atomic_write_json
+    from orchestrator.core.files import atomic_write_json
 
     try:
         traceback.print_exc()

@@ -1,0 +1,358 @@
+"""Which accelerator a trial runs on: presets, detection for hardware=auto, peak FLOPS.
+
+MFU never uses a guessed peak: a GPU without a preset has to be described by the user
+(hardware.peak_tflops.*), and on a CPU the peak is a measured matmul rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from orchestrator.config import GIB
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.files import atomic_write_text, read_json, read_yaml, real_number, xdg_dir
+from orchestrator.hydra_glue.conf_tree import current_source
+from orchestrator.plan.bus_table import MAX_BUSBW_GBPS
+
+# Substrings of torch.cuda.get_device_name() -> preset. Checked in order (H100 PCIe
+# before the SXM part, whose name is just "NVIDIA H100 80GB HBM3").
+_GPU_PRESETS = (
+    ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100-sxm"),
+    ("A100-SXM4-80GB", "a100-80gb"),
+    ("A100 80GB", "a100-80gb"),
+)
+
+
+CALIBRATED = "-calibrated"  # the preset `orchestrator calibrate` writes for NAME is NAME-calibrated
+
+
+# What each planning figure of a hardware preset can be on any device this tool plans: the
+# config refuses a value outside it (a bus bandwidth of 1e-320 GB/s plans an infinite step)
+# and calibrate fits within it, so a fitted preset is always a valid one. Bus bandwidths
+# from a slow Ethernet to NVSwitch, hop latencies from RDMA to TCP across a building.
+PLAUSIBLE = {
+    "compute_efficiency": (0.02, 1.0),
+    "gemm_kn_efficiency": (0.02, 1.0),
+    "gemm_half_dim": (0.0, 8192.0),
+    "attention_efficiency": (0.02, 1.0),
+    "attention_backward_efficiency": (0.02, 1.0),
+    "memory_efficiency": (0.05, 1.0),
+    "op_overhead_us": (0.0, 2000.0),
+    "host_op_us": (0.0, 2000.0),
+    "intra_node.busbw_gbps": (0.01, MAX_BUSBW_GBPS),
+    "inter_node.busbw_gbps": (0.01, MAX_BUSBW_GBPS),
+    "intra_node.latency_us": (0.0, 5000.0),
+    "inter_node.latency_us": (0.0, 5000.0),
+    "collective_overhead_us": (0.0, 20000.0),
+    "memory_bandwidth_gbps": (0.1, 1e5),
+    "host_memory_bandwidth_gbps": (0.1, 1e5),
+    "host_link_gbps": (0.01, MAX_BUSBW_GBPS),
+    "memory_gib": (0.01, 1e6),
+    "gemm_cache_mb": (0.01, 1e6),
+    "peak_tflops.bf16": (1e-5, 1e5),
+    "peak_tflops.fp16": (1e-5, 1e5),
+    "peak_tflops.fp32": (1e-5, 1e5),
+}
+
+
+def check_plausible(hw) -> None:
+    """ConfigError naming the first of `hw`'s figures outside PLAUSIBLE, with the nearest
+    valid value; a null (measured on the device) passes."""
+    for name, (low, high) in PLAUSIBLE.items():
+        value = hw
+        for part in name.split("."):
+            value = getattr(value, part, None)
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+        if not number or not low <= value <= high:  # NaN and infinity compare outside any range
+            nearest = f"; the nearest valid value is {min(max(value, low), high):g}" if number else ""
+            raise ConfigError(f"hardware.{name}", value, f"a number from {low:g} to {high:g}{nearest}")
+
+
+def calibrated_name(name: str) -> str:
+    """The name of the calibrated preset of hardware preset `name`."""
+    return name if name.endswith(CALIBRATED) else name + CALIBRATED
+
+
+def calibrated_preset(name: str, conf_dir: Path) -> dict | None:
+    """The calibrated preset of hardware `name` in the user's config dir `conf_dir`, checked
+    (None if there is none). One that is empty, unreadable, or not what calibrate writes is
+    refused naming the file: used as it is, it would plan with defaults without a word."""
+    path = conf_dir / "hardware" / f"{calibrated_name(name)}.yaml"
+    if not (path.exists() or path.is_symlink()):
+        return None
+    problem: str | None
+    try:
+        data = read_yaml(path, limit=2**20)  # aliases bounded, like a trial's config.yaml
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
+        problem = f"cannot be read ({type(exc).__name__})"
+    else:
+        fields = ("name", "device", "calibrated_on")
+        problem = (
+            "is empty, or not a preset"
+            if not isinstance(data, dict) or not data
+            else f"lacks {', '.join(f for f in fields if f not in data)}"
+            if any(f not in data for f in fields)
+            else None
+        )
+    if problem:
+        raise ConfigError(
+            "hardware",
+            calibrated_name(name),
+            f"a calibrated preset that can be used, but {path} "
+            f"{problem}; run `orchestrator calibrate` again, or delete that file",
+        )
+    return data
+
+
+def network_table_path(value: str) -> Path:
+    """hardware.network as an absolute path: a path as given (relative to the working
+    directory), else a file of that name beside the presets (a hardware/ folder of the tree)."""
+    given = Path(value).expanduser()
+    source = current_source()
+    beside = [Path(d) / "hardware" / given for d in (source.primary, *source.extra_dirs)]
+    for path in [given] if given.is_absolute() else [Path.cwd() / given, *beside]:
+        if path.exists():
+            return path.resolve()
+    raise ConfigError(
+        "hardware.network",
+        value,
+        "a network table (a CSV of collective,nodes,ranks_per_node,bytes,"
+        "busbw_gbps): a path to one, or the name of one beside the presets in conf/hardware/; none "
+        "is there",
+    )
+
+
+def preset_for_gpu(device_name: str) -> str | None:
+    """The hardware preset for a CUDA device name, or None if there is none."""
+    for fragment, preset in _GPU_PRESETS:
+        if fragment.lower() in device_name.lower():
+            return preset
+    return None
+
+
+def local_gpu_memory_gib() -> float:
+    """The first CUDA device's memory in GiB."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+# The device files a GPU driver makes: NVIDIA's (/dev/nvidia0, nvidiactl, MIG's caps), AMD
+# ROCm's (/dev/kfd, which torch.cuda drives too) and WSL2's (/dev/dxg). Where none exists
+# torch cannot see a GPU, and asking it would cost every `plan` torch's import (1.5 s).
+GPU_DEVICE_FILES = ("nvidia*", "kfd", "dxg")
+
+
+def gpu_driver_present(dev: Path = Path("/dev")) -> bool:
+    return any(any(dev.glob(pattern)) for pattern in GPU_DEVICE_FILES)
+
+
+@functools.cache
+def local_gpu_name() -> str | None:
+    """The name of this machine's first CUDA device, or None without one."""
+    if not gpu_driver_present():
+        return None
+    import torch  # imported here: composing a config must not pay for torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def gpu_software() -> str:
+    """The GPU's driver and the CUDA runtime torch was built with, as the kernel cache keys them."""
+    import torch
+
+    try:
+        driver = Path("/proc/driver/nvidia/version").read_text().split("Kernel Module", 1)[1].split()[0]
+    except (OSError, IndexError):
+        driver = "unknown"
+    return f"driver {driver}, CUDA {torch.version.cuda}"
+
+
+def local_gpu_count() -> int:
+    """The GPUs this process sees (CUDA_VISIBLE_DEVICES respected); 0 without a driver.
+    torch counts them through NVML where it can, without creating a CUDA context."""
+    if not gpu_driver_present():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (taskset, a SLURM task's binding, a
+    container's cpuset), which may be fewer than the machine has (os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(ranks_on_node: int) -> int:
+    """Each rank's share of the usable CPUs: more threads than CPUs only contend."""
+    return max(1, usable_cpus() // ranks_on_node)
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def peak_tflops(hw, precision: str, threads: int) -> tuple[float | None, str]:
+    """(TFLOPS per rank, where the figure comes from) for a HardwareConfig: the preset's
+    published dense figure, or this CPU's measured matmul rate on `threads` threads; None
+    for a GPU that has neither (hardware=auto on a GPU without a preset): MFU unknown.
+    The plan's predicted MFU and a run's measured MFU both divide by this one figure."""
+    given = getattr(hw.peak_tflops, precision)
+    if given:
+        return float(given), f"{hw.name} dense {precision}, published"
+    if hw.device.is_gpu:
+        return None, f"no published dense {precision} peak for this GPU, so MFU is unknown"
+    return (
+        measured_cpu_peak_tflops(precision, threads),
+        f"measured {precision} matmul on this CPU, {threads} thread(s) per rank",
+    )
+
+
+# What a host's matmul and memory copy can measure: from a slow core's 10 MFLOPS and 0.1 GB/s
+# to ten times the largest server's (AMX sockets reach tens of TFLOPS; HBM-fed CPUs ~1 TB/s).
+PLAUSIBLE_TFLOPS, PLAUSIBLE_GBPS = (1e-5, 1e3), (0.1, 1e5)
+
+
+def measured_cpu_peak_tflops(precision: str, threads: int) -> float:
+    """This CPU's dense matmul rate in TFLOPS for `precision` on `threads` threads.
+
+    Measured once (a few hundred ms) and cached per CPU model, torch version, dtype and
+    thread count under ~/.cache/orchestrator/, so MFU on CPU is against what this
+    machine's matmul really reaches, not a guess.
+    """
+
+    def matmul_tflops() -> float:
+        import torch
+
+        from orchestrator.workload.model import torch_dtype
+
+        # The best rate over sizes: where a dtype has no fast kernel (bf16 on a CPU without
+        # AVX512-BF16 runs at 1-3 GFLOPS) small matmuls are the fastest, and a model of
+        # small layers reaches more than a 512-matmul does.
+        # In nn.Linear's layout, x @ W.t() with W stored [out, in]: the kernel the model runs.
+        # bf16 on this CI machine runs 5x faster that way than `a @ b` (13 against 2 GFLOPS at
+        # 512), and a peak taken from the slow layout gave the default trial an MFU above 1.
+        # A long k reaches more than a square of the same rows (17 against 12 GFLOPS on one
+        # thread of the CI machine): the peak is the best of both.
+        dtype = torch_dtype(precision)
+        best = 0.0
+        for n, k in ((64, 64), (128, 128), (256, 256), (512, 512), (256, 2048), (512, 2048)):
+            a, w = torch.randn(n, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+            best = max(best, 2 * n * n * k / _best_time(lambda a=a, w=w: a @ w.t()) / 1e12)
+        return best
+
+    key = (
+        f"{cpu_model()}|torch {torch_version()}|{precision}|{threads} threads|linear layout, best of 64-512, k to 2048"
+    )
+    return _measured(key, threads, matmul_tflops, PLAUSIBLE_TFLOPS)
+
+
+def measured_cpu_bandwidth_gbps(threads: int) -> float:
+    """This host's memory bandwidth in GB/s (bytes read + written by a 256 MB copy) on
+    `threads` threads; cached like the peak."""
+
+    def copy_gbps() -> float:
+        import torch
+
+        src = torch.randn(2**25)
+        dst = torch.empty_like(src)
+        return 2 * src.numel() * src.element_size() / _best_time(lambda: dst.copy_(src)) / 1e9
+
+    return _measured(
+        f"{cpu_model()}|torch {torch_version()}|copy bandwidth|{threads} threads", threads, copy_gbps, PLAUSIBLE_GBPS
+    )
+
+
+@functools.cache
+def torch_version() -> str:
+    """torch.__version__, read from torch's installed metadata: a cache key must not cost
+    torch's import (1.5 s of every `plan`)."""
+    return importlib.metadata.version("torch")
+
+
+def cache_dir() -> Path:
+    """Where this machine's measurements are cached (the CPU's peak, kernels.json)."""
+    return xdg_dir("XDG_CACHE_HOME", ".cache") / "orchestrator"
+
+
+# What this process has read or measured: a plan of a CPU trial asks for a peak (and the
+# k x n layout's one-thread peak) at every point of a sweep, and need not read the file each time.
+_IN_PROCESS: dict[str, float] = {}
+
+
+def _measured(key: str, threads: int, measure, plausible: tuple[float, float]) -> float:
+    if key not in _IN_PROCESS:
+        _IN_PROCESS[key] = _measured_once(key, threads, measure, plausible)
+    return _IN_PROCESS[key]
+
+
+def _measured_once(key: str, threads: int, measure, plausible: tuple[float, float]) -> float:
+    """The cached figure under `key` where it is a number within `plausible` (what any
+    device of this kind can reach), else measured now and cached. The cache is read as
+    trial files are (files.read_json: a FIFO, a link or a huge file is not read) and an
+    unusable cache (a read-only or missing directory) costs only the measurement."""
+    cache = cache_dir() / "cpu_peak.json"
+    known = read_json(cache) or {}
+    value = known.get(key)
+    if value is not None:
+        if (number := real_number(value)) is not None and plausible[0] <= number <= plausible[1]:
+            return number
+        print(
+            f"warning: {cache} held {str(value)[:40]!r} for {key.split('|')[-2:]}, outside "
+            f"{plausible[0]:g}-{plausible[1]:g}: measured again",
+            file=sys.stderr,
+        )
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        known[key] = measure()
+    finally:
+        torch.set_num_threads(before)
+    with contextlib.suppress(OSError):
+        atomic_write_text(cache, json.dumps(known, indent=1))
+    return known[key]
+
+
+def _best_time(op, reps: int = 5) -> float:
+    """Seconds per call of op, the best of five rounds after a warm-up (thread pool, caches)."""
+    for _ in range(3):
+        op()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(reps):
+            op()
+        best = min(best, (time.perf_counter() - start) / reps)
+    return best
+
+
+@functools.cache  # one process, one CPU; a sweep's plans each ask
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,3 @@
+"""The files of record of a trial and a sweep: where each lives (TrialPaths, SweepPaths), claiming
+a directory, and result.json.
+"""
