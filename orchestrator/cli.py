@@ -20,6 +20,7 @@ from orchestrator.core.errors import ConfigError, Interrupted, MeasurementFailed
 from orchestrator.core.files import read_json, strict_json
 from orchestrator.core.process import freeze_at_exit
 from orchestrator.core.redact import redacted_output
+from orchestrator.hardware_presets import calibrated_table_path
 from orchestrator.hydra_glue.compose import MAX_POINTS
 from orchestrator.hydra_glue.conf_tree import presets
 from orchestrator.records.trial_dir import TrialPaths, trials_below
@@ -171,7 +172,6 @@ def links_command(args: argparse.Namespace) -> int:
 def nccl_tests_command(args: argparse.Namespace) -> int:
     """calibrate --nccl-tests FILE...: published or the user's own nccl-tests logs, as the
     network table of NAME-calibrated."""
-    from orchestrator.analysis.calibrate import preset_lock, writable_preset_dir
     from orchestrator.measure import links, nccl_tests  # not needed by other commands
 
     if args.hardware is None:  # --links' default is this CPU; nccl-tests ran on GPUs someone must name
@@ -198,12 +198,10 @@ def nccl_tests_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     table = nccl_tests.table_of(runs)
-    with preset_lock(writable_preset_dir(), args.hardware):  # ten imports at once: each curve kept, or told why not
-        path = links.write_network_table(
-            args.hardware, table, f"the network as nccl-tests measured it ({table.source})"
-        )
+    # ten imports at once: each curve kept, or told why not (the preset's lock)
+    path = links.write_network_table(args.hardware, table, f"the network as nccl-tests measured it ({table.source})")
     show_bus_table(table, console())
-    console().print(f"wrote {links.table_path(args.hardware)} and {path} (hardware={Path(path).stem})")
+    console().print(f"wrote {calibrated_table_path(args.hardware)} and {path} (hardware={Path(path).stem})")
     return 0
 
 

@@ -53,6 +53,7 @@ from orchestrator.hydra_glue.hydra_registry import override_key
 from orchestrator.measure.host_load import available_bytes
 from orchestrator.records.results import exit_code_of, result_or_none
 from orchestrator.records.trial_dir import CLAIM, SWEEP_CLAIM, SweepPaths, TrialPaths, claim, trials_below, writable_dir
+from orchestrator.records.trial_meta import sweep_point
 from orchestrator.run.display import console, show_report, trial_label
 from orchestrator.run.plan_display import show_plan, show_sweep
 from orchestrator.run.planning import plan_trial
@@ -404,8 +405,8 @@ def run_task(cfg: DictConfig) -> TaskReturn:
 def resumed_group(base: Path) -> str | None:
     """The W&B group the trials already below `base` ran in (trial.json's sweep.group), if any."""
     for trial_dir in trials_below(base):
-        sweep = (read_json(TrialPaths(trial_dir).meta) or {}).get("sweep")
-        if isinstance(sweep, dict) and isinstance(sweep.get("group"), str) and sweep["group"]:
+        sweep = sweep_point(trial_dir)
+        if isinstance(sweep.get("group"), str) and sweep["group"]:
             return sweep["group"]
     return None
 

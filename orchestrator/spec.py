@@ -10,7 +10,6 @@ field, the value and what is allowed, before any process is started.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
@@ -23,12 +22,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator import network_table
+from orchestrator import hardware_presets, network_table
 from orchestrator.checks import at_most, check_choice, positive, typed_config, whole_number
 from orchestrator.cluster_checks import check_cluster, placement
 from orchestrator.config import KernelSource, TrialConfig
 from orchestrator.core.errors import ConfigError, one_of
-from orchestrator.core.files import read_text, read_yaml
+from orchestrator.core.files import read_yaml
 from orchestrator.core.redact import redact, redact_text
 from orchestrator.hydra_glue.compose import Composed, compose_trial, composing
 from orchestrator.hydra_glue.conf_tree import presets, user_conf_dir
@@ -36,6 +35,7 @@ from orchestrator.hydra_glue.hydra_registry import override_key
 from orchestrator.measure import hardware
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.records.trial_dir import TrialPaths
+from orchestrator.records.trial_meta import TrialMeta
 from orchestrator.token_file import check_token_file
 
 # Bounds far past any real run that keep the plan and the ranks from building lists of
@@ -91,8 +91,8 @@ def build_spec(overrides: list[str] | tuple[str, ...] = ()) -> TrialSpec:
     """Compose, resolve hardware=auto, validate and derive; ConfigError on bad input."""
     for o in overrides:  # a calibrated preset is checked before Hydra reads it: its error names the file
         value = o.partition("=")[2]
-        if override_key(o) == "hardware" and value.endswith(hardware.CALIBRATED):
-            hardware.calibrated_preset(value, user_conf_dir())
+        if override_key(o) == "hardware" and value.endswith(hardware_presets.CALIBRATED):
+            hardware_presets.calibrated_preset(value, user_conf_dir())
     with composing(list(overrides)) as composed:
         if composed.cfg.hardware.name != "auto":
             return spec_from(composed)
@@ -108,8 +108,8 @@ def load_spec(trial_dir: Path) -> TrialSpec:
     """
     paths = TrialPaths(trial_dir)
     try:
-        meta = json.loads(read_text(paths.meta))
-        choices, overrides = dict(meta["choices"]), tuple(str(o) for o in meta["overrides"])
+        meta = TrialMeta.read(trial_dir)
+        choices, overrides = meta.choices, meta.overrides
         cfg = OmegaConf.merge(OmegaConf.structured(TrialConfig), OmegaConf.create(read_yaml(paths.config)))
         assert isinstance(cfg, DictConfig)  # merged onto the schema's dict
     except (OSError, ValueError, KeyError, TypeError, RecursionError, OmegaConfBaseException, yaml.YAMLError) as exc:
@@ -427,7 +427,7 @@ def _check_hardware(cfg: TrialConfig, precision: str, choice: str) -> None:
                 "the GPU's memory in GiB: hardware=auto reads it from the "
                 "device where the trial runs; with a preset named, give it (e.g. hardware.memory_gib=80)",
             )
-    hardware.check_plausible(hw)  # every figure's range, memory_gib and gemm_cache_mb among them
+    hardware_presets.check_plausible(hw)  # every figure's range, memory_gib and gemm_cache_mb among them
 
 
 def _with_network_table(cfg: TrialConfig) -> TrialConfig:
@@ -435,7 +435,7 @@ def _with_network_table(cfg: TrialConfig) -> TrialConfig:
     kept as an absolute path: the trial is planned again on its SLURM node, from elsewhere."""
     if not cfg.hardware.network:
         return cfg
-    path = hardware.network_table_path(cfg.hardware.network)
+    path = hardware_presets.network_table_path(cfg.hardware.network)
     network_table.load(path)
     return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, network=str(path)))
 
@@ -529,12 +529,16 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
         else [f"hardware.memory_gib={hardware.local_gpu_memory_gib():.2f}"]
     )
     preset = preset or "gpu"
-    if hardware.calibrated_preset(preset, user_conf_dir()) is not None:  # written by `orchestrator calibrate`
-        preset = hardware.calibrated_name(preset)
+    if hardware_presets.calibrated_preset(preset, user_conf_dir()) is not None:  # written by `orchestrator calibrate`
+        preset = hardware_presets.calibrated_name(preset)
     kept = [o for o in composed.overrides if override_key(o) != "hardware"]
     # On the machine the trial runs on, its kernels are timed here (kernel_timing.py);
     # a calibrated preset is the user's choice of fitted values, and keeps them.
-    timed = [] if preset.endswith(hardware.CALIBRATED) or "hardware.kernels" in given else ["hardware.kernels=measured"]
+    timed = (
+        []
+        if preset.endswith(hardware_presets.CALIBRATED) or "hardware.kernels" in given
+        else ["hardware.kernels=measured"]
+    )
     resolved = compose_trial(kept + [f"hardware={preset}", *timed, *unknown])
     return dataclasses.replace(resolved, overrides=composed.overrides)  # what the user typed
 

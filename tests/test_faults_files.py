@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.core.errors import ConfigError
 from tests.conftest import FP32, PRESET_KERNELS, run_cli
 
 pytestmark = pytest.mark.slow
@@ -147,6 +148,31 @@ def test_two_calibrates_at_once_never_both_say_they_wrote(ok_trial, tmp_path):
     refused = [code for out, code in outs if code == 2 and "one calibrate at a time" in " ".join(out.split())]
     assert len(wrote) + len(refused) == 2 and wrote, outs  # one fit wins; the other waits or is told so
     assert yaml.safe_load((tmp_path / "conf" / "hardware" / "cpu-calibrated.yaml").read_text())["calibrated_on"]
+
+
+def test_the_links_writer_of_a_calibrated_preset_waits_for_calibrates_lock(tmp_path, monkeypatch):
+    """calibrate --links wrote NAME-calibrated without the lock calibrate and --nccl-tests take:
+    one writer now (hardware_presets.write_calibrated_preset), the lock held over its read,
+    change and write. A lock another process holds refuses the write and leaves the file as it was."""
+    import fcntl
+
+    from orchestrator.hardware_presets import calibrated_preset_path, preset_lock
+    from orchestrator.measure import links
+    from orchestrator.plan.collectives import Level
+
+    monkeypatch.setenv("ORCHESTRATOR_USER_CONF", str(tmp_path / "conf"))
+    level = Level(busbw=5e9, latency=2e-5)
+    path = Path(links.write_links("cpu", level, None, "a test"))
+    assert path == calibrated_preset_path("cpu") and yaml.safe_load(path.read_text())["intra_node"]["busbw_gbps"] == 5
+    before = path.read_text()
+    with open(path.parent / ".cpu-calibrated.lock", "w") as held:  # as a second process holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="one calibrate at a time"):
+            links.write_links("cpu", Level(busbw=1e9, latency=2e-5), None, "another")
+    assert path.read_text() == before
+    with preset_lock("cpu"):  # held by this process (calibrate holds it from its fit on): a nested write goes on
+        links.write_links("cpu", Level(busbw=1e9, latency=2e-5), None, "nested")
+    assert yaml.safe_load(path.read_text())["intra_node"]["busbw_gbps"] == 1
 
 
 def live_claim() -> dict:
@@ -674,7 +700,7 @@ def test_trees_that_would_exhaust_a_reader_are_read_within_bounds(ok_trial, tmp_
     ],
 )
 def test_a_figure_no_device_has_is_refused_before_planning(cli, override, says):
-    """Every hardware figure within what a device can be (hardware.PLAUSIBLE: the ranges
+    """Every hardware figure within what a device can be (hardware_presets.PLAUSIBLE: the ranges
     calibrate fits within too), and DeepSpeed's dtype mixes as its own check says."""
     proc = cli("plan", *override.split())
     field = override.split()[-1].split("=")[0]

@@ -206,11 +206,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "orchestrator.token_file",
             "orchestrator.network_table",
             "orchestrator.deepspeed_sections",
+            "orchestrator.hardware_presets",
         ),
     ),
     ("the plan", ("orchestrator.plan",)),
     ("the schema", ("orchestrator.config",)),
-    ("a trial's files", ("orchestrator.records.trial_dir",)),
+    ("a trial's files", ("orchestrator.records.trial_dir", "orchestrator.records.trial_meta")),
     ("core", ("orchestrator", "orchestrator.core")),
 )
 # The imports that still run the wrong way, each with where it goes: the set may only shrink
@@ -315,7 +316,7 @@ def test_bytes_per_gib_are_config_gib_alone():
 
 def test_a_figure_read_from_a_record_is_checked_by_files_real_number_alone():
     """ "A finite number, not a bool" was written out in seven readers (report, calibrate, tune,
-    results, tracking, the caches): files.real_number is the one. hardware's preset check keeps
+    results, tracking, the caches): files.real_number is the one. hardware_presets' check of a preset keeps
     infinity apart, to say the nearest valid value of it."""
     found = []
     for f in _sources():
@@ -323,16 +324,25 @@ def test_a_figure_read_from_a_record_is_checked_by_files_real_number_alone():
         for line in text.splitlines():
             if "(int, float)) and not isinstance(" in line:
                 found.append(f"{f.relative_to(ROOT)}")
-    assert sorted(found) == ["orchestrator/core/files.py", "orchestrator/measure/hardware.py"], found
+    assert sorted(found) == ["orchestrator/core/files.py", "orchestrator/hardware_presets.py"], found
 
 
-def _reads_of_result_json(tree: ast.AST) -> list[int]:
-    """Lines where a file is read from a `.result` path (TrialPaths.result), directly or through
-    a name that last held one."""
-    lines = []
+def _reads_of(tree: ast.AST, attr: str) -> list[int]:
+    """Lines where a file is read from a TrialPaths path named `attr` (`.result`, `.meta`):
+    passed to a reader, directly or through a name that last held one, or read by its own
+    `read_text()`."""
+    lines = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in ("read_text", "open")
+        and isinstance(n.func.value, ast.Attribute)
+        and n.func.value.attr == attr
+    ]
     for func in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         held = sorted(
-            (n.lineno, t.id, isinstance(n.value, ast.Attribute) and n.value.attr == "result")
+            (n.lineno, t.id, isinstance(n.value, ast.Attribute) and n.value.attr == attr)
             for n in ast.walk(func)
             if isinstance(n, ast.Assign)
             for t in n.targets
@@ -342,7 +352,7 @@ def _reads_of_result_json(tree: ast.AST) -> list[int]:
             if getattr(call.func, "id", getattr(call.func, "attr", "")) not in ("read_json", "read_text", "open"):
                 continue
             arg = call.args[0]
-            if isinstance(arg, ast.Attribute) and arg.attr == "result":
+            if isinstance(arg, ast.Attribute) and arg.attr == attr:
                 lines.append(call.lineno)
             elif isinstance(arg, ast.Name):
                 last = [is_result for line, name, is_result in held if name == arg.id and line <= call.lineno]
@@ -355,11 +365,25 @@ def test_result_json_is_read_through_results_read_result_alone():
     """result.json was read in five places (report, calibrate, tune, the sweep's outcome, a
     trial's state), each with its own idea of a readable one: results.read_result is the one."""
     readers = {
-        f"{f.relative_to(ROOT)}:{line}" for f in _sources() for line in _reads_of_result_json(ast.parse(f.read_text()))
+        f"{f.relative_to(ROOT)}:{line}" for f in _sources() for line in _reads_of(ast.parse(f.read_text()), "result")
     }
     assert {r.split(":")[0] for r in readers} == {"orchestrator/records/results.py"}, readers
     old = "def r(d):\n    path = TrialPaths(d).result\n    return json.loads(read_text(path))\n"
-    assert _reads_of_result_json(ast.parse(old)) == [3]
+    assert _reads_of(ast.parse(old), "result") == [3]
+    assert _reads_of(ast.parse("def r(d):\n    return TrialPaths(d).result.read_text()\n"), "result") == [2]
+
+
+def test_trial_json_is_read_through_records_trial_meta_alone():
+    """trial.json was written in translate/ and read in four places with their own idea of its
+    keys (spec, a rank, the report, a resumed sweep): records/trial_meta.py owns them."""
+    readers = {f"{f.relative_to(ROOT)}:{n}" for f in _sources() for n in _reads_of(ast.parse(f.read_text()), "meta")}
+    assert {r.split(":")[0] for r in readers} == {"orchestrator/records/trial_meta.py"}, readers
+    writers = [
+        f"{f.relative_to(ROOT)}"
+        for f in _sources()
+        if "paths.meta:" in f.read_text() and "TrialMeta(" not in f.read_text()
+    ]
+    assert writers == [], writers
 
 
 def test_an_overrides_key_is_read_by_hydra_registry_override_key_alone():
@@ -379,3 +403,15 @@ def test_an_overrides_key_is_read_by_hydra_registry_override_key_alone():
         if 'lstrip("+' in line
     ]
     assert [w.split(":")[0] for w in by_hand] == ["orchestrator/hydra_glue/hydra_registry.py"], by_hand
+
+
+def test_a_calibrated_preset_is_written_by_hardware_presets_alone():
+    """NAME-calibrated.yaml had two writers (calibrate's fit, and calibrate --links without the
+    lock): hardware_presets.write_calibrated_preset is the one that writes the file."""
+    writers = [
+        f"{f.relative_to(ROOT)}:{n}"
+        for f in _sources()
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if "calibrated_name(" in line and ".yaml" in line
+    ]
+    assert writers and {w.split(":")[0] for w in writers} == {"orchestrator/hardware_presets.py"}, writers

@@ -26,15 +26,13 @@ validated like a trial before anything is fitted; a bad row exits 2 naming the r
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import datetime
-import fcntl
 import io
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,15 +42,21 @@ from omegaconf import OmegaConf
 from orchestrator.checks import number_from_text
 from orchestrator.config import KernelSource
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.files import atomic_write_text, read_text, real_number
+from orchestrator.core.files import read_text, real_number
+from orchestrator.hardware_presets import (
+    PLAUSIBLE,
+    calibrated_preset,
+    preset_lock,
+    writable_preset_dir,
+    write_calibrated_preset,
+)
 from orchestrator.hydra_glue.compose import MAX_POINTS, PROGRESS_EVERY_S, plain_dict
 from orchestrator.hydra_glue.conf_tree import user_conf_dir
-from orchestrator.measure.hardware import PLAUSIBLE, calibrated_name, calibrated_preset
 from orchestrator.measure.trial_measurements import machine_facts
 from orchestrator.plan.planner import kn_efficiency, make_plan
 from orchestrator.plan.prediction import planned_step_s, timed_batches
 from orchestrator.records.results import read_result
-from orchestrator.records.trial_dir import TrialPaths, check_path, trials_below, writable_dir
+from orchestrator.records.trial_dir import TrialPaths, check_path, trials_below
 from orchestrator.spec import TrialSpec, build_spec, load_spec
 
 FITTED = (
@@ -64,7 +68,7 @@ FITTED = (
     "memory_efficiency",
     "op_overhead_us",
 )
-# A fit stays within what the config accepts (hardware.PLAUSIBLE): a calibrated preset is
+# A fit stays within what the config accepts (hardware_presets.PLAUSIBLE): a calibrated preset is
 # always one the plan takes.
 LINK_PARAMS = ("intra_node.busbw_gbps", "inter_node.busbw_gbps", "inter_node.latency_us", "collective_overhead_us")
 BOUNDS = {name: PLAUSIBLE[name] for name in FITTED + LINK_PARAMS}
@@ -330,10 +334,10 @@ def calibrate(
             " ".join(map(str, dirs)),
             "no ok trial with a measured step time below it; run some first (orchestrator run ... --out DIR)",
         )
-    preset_dir = writable_preset_dir()  # before the fit, not after it
+    writable_preset_dir()  # checked before the fit, not after it
     out = []
     for name, trials in sorted(found.items()):
-        with preset_lock(preset_dir, name):
+        with preset_lock(name):
             out.append(calibrate_one(name, trials))
     return out
 
@@ -395,45 +399,17 @@ def determined(trials: list[Measured], params: dict) -> tuple[tuple[str, ...], t
     return tuple(n for n in params if n in taken), tuple(n for n in params if n not in taken)
 
 
-def writable_preset_dir() -> Path:
-    """The user's hardware preset folder, made and checked writable (ConfigError if not)."""
-    return writable_dir(user_conf_dir() / "hardware", "ORCHESTRATOR_USER_CONF")
-
-
-@contextlib.contextmanager
-def preset_lock(preset_dir: Path, hardware_name: str) -> Iterator[None]:
-    """One calibrate at a time writes NAME-calibrated: a second one exits 2 rather than
-    have the last writer silently win."""
-    lock = preset_dir / f".{calibrated_name(hardware_name)}.lock"
-    with open(lock, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                "hardware",
-                hardware_name,
-                f"one calibrate at a time: another is fitting and writing "
-                f"{calibrated_name(hardware_name)} now ({lock}); run this one after it ends",
-            ) from None
-        yield
-
-
 def write_preset(spec: TrialSpec, params: dict, n_trials: int, fitted: tuple[str, ...] = ()) -> Path:
     """The trial's hardware preset with the fitted parameters, in the user's config dir."""
     hw = with_params(spec, params).cfg.hardware
     data = plain_dict(OmegaConf.structured(hw))
     when = datetime.date.today().isoformat()
     data["calibrated_on"] = f"{n_trials} trials ({when})"
-    folder = user_conf_dir() / "hardware"
-    path = folder / f"{calibrated_name(hw.name)}.yaml"
-    if path.resolve().parent != folder.resolve():  # hardware.name is checked as a plain name; this is the guard
-        raise ConfigError("hardware.name", hw.name, "a plain name (letters, digits, - _ .), not a path")
     header = (
         f"# Written by `orchestrator calibrate` on {when}: the {hw.name} preset with its parameters\n"
         f"# ({', '.join(fitted or params)}) fitted to {n_trials} measured trials.\n"
     )
-    atomic_write_text(path, header + OmegaConf.to_yaml(OmegaConf.create(data)))
-    return path
+    return write_calibrated_preset(hw.name, data, header)
 
 
 def calibrated_params(hardware_name: str) -> dict | None:

@@ -19,12 +19,13 @@ from pathlib import Path
 from orchestrator.analysis.calibrate import calibrated_params, calibrated_step_s
 from orchestrator.analysis.plots import report_plots
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.files import atomic_write_text, read_json, real_number
+from orchestrator.core.files import atomic_write_text, real_number
 from orchestrator.core.timing_stats import Spread, beyond_noise, spread, sure
 from orchestrator.hydra_glue.compose import swept_values
 from orchestrator.plan.prediction import planned_for_timed_steps, timed_batches
 from orchestrator.records.results import read_result
 from orchestrator.records.trial_dir import SweepPaths, TrialPaths, trials_below
+from orchestrator.records.trial_meta import sweep_point
 from orchestrator.spec import REPEAT
 
 COLUMNS = (
@@ -88,8 +89,8 @@ def collect(directory: Path, warn=None) -> tuple[list[dict], list[dict]]:
 
 def _masked_point(trial_dir: Path) -> tuple | None:
     """(sweep group, number) of a point whose swept secret is masked (sweep_batch.masked_point), else None."""
-    sweep = (read_json(TrialPaths(trial_dir).meta) or {}).get("sweep")
-    if isinstance(sweep, dict) and isinstance(sweep.get("masked_point"), int):
+    sweep = sweep_point(trial_dir)
+    if isinstance(sweep.get("masked_point"), int):
         return str(sweep.get("group")), sweep["masked_point"]
     return None
 

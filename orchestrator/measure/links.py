@@ -29,11 +29,17 @@ from omegaconf import OmegaConf
 
 from orchestrator import network_table
 from orchestrator.core.errors import ConfigError, MeasurementFailed, one_of
-from orchestrator.core.files import atomic_write_text
 from orchestrator.core.process import run_group
+from orchestrator.hardware_presets import (
+    calibrated_name,
+    calibrated_preset,
+    calibrated_preset_path,
+    calibrated_table_path,
+    preset_lock,
+    write_calibrated_preset,
+)
 from orchestrator.hydra_glue.compose import plain_dict
 from orchestrator.hydra_glue.conf_tree import presets, user_conf_dir
-from orchestrator.measure.hardware import calibrated_name, calibrated_preset
 from orchestrator.measure.host_load import available_bytes
 from orchestrator.plan.bus_table import BusRow, BusTable
 from orchestrator.plan.collectives import Level, Network, bus_factor, ring_steps, ring_time
@@ -260,29 +266,29 @@ def write_network_table(hardware: str, table: BusTable, what: str) -> str:
     return _write_preset(hardware, what, lambda data: None, table)
 
 
-def table_path(hardware: str) -> Path:
-    return user_conf_dir() / "hardware" / f"{calibrated_name(hardware)}.network.csv"
-
-
 def _write_preset(hardware: str, what: str, change, table: BusTable | None) -> str:
-    path = user_conf_dir() / "hardware" / f"{calibrated_name(hardware)}.yaml"
+    """NAME-calibrated (created from NAME if new) changed by `change`, its network table merged
+    into the one it has: read, changed and written under the preset's lock."""
+    with preset_lock(hardware):
+        return str(_changed_preset(hardware, what, change, table))
+
+
+def _changed_preset(hardware: str, what: str, change, table: BusTable | None) -> Path:
+    path = calibrated_preset_path(hardware)
     data = calibrated_preset(hardware, user_conf_dir()) if path.is_file() else None  # checked as the plan reads it
     if data is None:
         hw = OmegaConf.structured(build_spec([f"hardware={hardware}"]).cfg.hardware)
         data = {**plain_dict(hw), "name": calibrated_name(hardware)}
     change(data)
     if table is not None:
-        own = table_path(hardware)
+        own = calibrated_table_path(hardware)
         if data.get("network") == str(own) and own.is_file():  # ours from an earlier run: keep its other curves
             old = network_table.load(own)
             kept = [r for r in old.rows if (r.collective, r.nodes, r.ranks_per_node) not in table.curves]
             table = BusTable(kept + list(table.rows), f"{old.source}\n{table.source}" if kept else table.source)
         network_table.write(own, table)
         data["network"] = str(own)  # a preset of someone else's network (h100-p5's table) is not kept
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = f"# Written by `orchestrator calibrate`: {what}.\n"
-    atomic_write_text(path, header + OmegaConf.to_yaml(OmegaConf.create(data)))
-    return str(path)
+    return write_calibrated_preset(hardware, data, f"# Written by `orchestrator calibrate`: {what}.\n")
 
 
 def table_of(rows: list[Measurement], what: str) -> BusTable:

@@ -13,7 +13,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.measure.hardware import calibrated_name
+from orchestrator.hardware_presets import calibrated_name
 from orchestrator.plan.memory import GIB
 from orchestrator.plan.prediction import planned_for_timed_steps
 from orchestrator.records.trial_dir import TrialPaths

@@ -28,6 +28,7 @@ from orchestrator.launchers import slurm
 from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import Command, local_command, rank_environment
 from orchestrator.records.trial_dir import TrialPaths
+from orchestrator.records.trial_meta import TrialMeta
 from orchestrator.spec import TrialSpec
 from orchestrator.token_file import few_windows_warning
 from orchestrator.translate import accelerate, deepspeed, fsdp
@@ -51,7 +52,7 @@ def write_trial_files(
     bind = trial_binding(spec)
     files: dict[Path, str | dict] = {
         paths.config: OmegaConf.to_yaml(spec.resolved()),
-        paths.meta: {"overrides": list(spec.overrides), "choices": spec.choices, "sweep": redact(sweep or {})},
+        paths.meta: TrialMeta(spec.overrides, spec.choices, redact(sweep or {})).as_dict(),
     }
     if plan is not None:  # its text holds what users named (a link, a table's path and comment): masked
         files[paths.plan] = redact(plan)

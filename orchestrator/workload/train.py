@@ -35,6 +35,7 @@ from typing import Any
 from orchestrator.core.errors import Interrupted
 from orchestrator.core.process import die_with_parent, flush, leave, redirect_output
 from orchestrator.records.trial_dir import TrialPaths
+from orchestrator.records.trial_meta import TrialMeta
 from orchestrator.workload import warning
 
 
@@ -87,11 +88,11 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     from orchestrator.workload.tracking import Tracker
 
     paths = TrialPaths(trial_dir)
-    meta = json.loads(paths.meta.read_text())
+    meta = TrialMeta.read(trial_dir)
     plan = json.loads(paths.plan.read_text()) if paths.plan.is_file() else None
     device = Device.for_rank(spec.cfg.hardware.device, os.environ)
     torch.manual_seed(spec.cfg.run.seed)  # dropout and data; the weights draw from the seed in build_model
-    tracker = Tracker(spec, trial_dir, meta.get("sweep", {})) if rank == 0 else None
+    tracker = Tracker(spec, trial_dir, meta.sweep) if rank == 0 else None
     try:
         # Every object the imports made (some 700,000: torch, transformers, the engine) goes to
         # the collector's permanent generation, which no collection walks again: the static
