@@ -13,7 +13,7 @@ its inputs and outputs (what an elementwise or reduction kernel reads and writes
 is arithmetic on shapes, not a timing: the same on a CPU as on a GPU, for the same model
 code and dtype. Three shapes per architecture separate what grows with the hidden width,
 the MLP's width and the key/value width (bytes per token = a h + b ffn + c kv); the plan's
-`EAGER_LAYER_IO` (plan/compute.py) is what this prints, and tests/test_compute_model.py
+`EAGER_LAYER_IO` (plan/compute.py) is what this prints, and tests/unit/plan/test_compute_model.py
 runs the census on a real block to hold it there.
 
 --compiled also profiles each block eager and under torch.compile (inductor, on this CPU)

@@ -182,6 +182,6 @@ def test_zero3_steps_in_the_sub_groups_a_real_engine_makes():
     m = build_spec(overrides).cfg.model
     planned = sub_groups([p.numel for p in parameter_tensors(m)], 60000)
     assert len(real) == len(planned) > 2, (real, planned)
-    # the plan's tensors are the model's, in its order (tests/test_params.py counts them), so the
+    # the plan's tensors are the model's, in its order (tests/unit/plan/test_params.py counts them), so the
     # groups match; the slack of one bias is for a model whose order differs
     assert all(abs(a - b) <= m.hidden for a, b in zip(real, planned)), (real, planned)

@@ -415,3 +415,22 @@ def test_a_calibrated_preset_is_written_by_hardware_presets_alone():
         if "calibrated_name(" in line and ".yaml" in line
     ]
     assert writers and {w.split(":")[0] for w in writers} == {"orchestrator/hardware_presets.py"}, writers
+
+
+# What a test under tests/unit/ may not take: the run-wide trial and the SLURM cluster are the
+# end-to-end files' (tests/, grouped by the fixtures they share).
+COSTLY_FIXTURES = {"default_trial", "slurm_cluster"}
+
+
+def test_the_unit_tests_mirror_the_package_and_take_no_costly_fixture():
+    """tests/unit/PKG/test_*.py tests orchestrator/PKG: a reader finds a module's tests by its path."""
+    unit = ROOT / "tests" / "unit"
+    folders = {p.parent.relative_to(unit) for p in unit.rglob("test_*.py")}
+    assert folders and all((ROOT / "orchestrator" / f).is_dir() for f in folders), folders
+    costly = [
+        f"{f.relative_to(ROOT)}:{node.lineno}"
+        for f in unit.rglob("test_*.py")
+        for node in ast.walk(ast.parse(f.read_text()))
+        if isinstance(node, ast.FunctionDef) and {a.arg for a in node.args.args} & COSTLY_FIXTURES
+    ]
+    assert costly == [], costly

@@ -51,7 +51,7 @@ def flops_per_token(m: ModelConfig, recompute: str, causal_half: bool = True) ->
     """(model, hardware, forward) FLOPs per token.
 
     causal_half=False counts the whole s x s square, as torch's FlopCounterMode and
-    PaLM-style calculators do (tests/test_flop_counter.py checks against the former).
+    PaLM-style calculators do (tests/unit/plan/test_flop_counter.py checks against the former).
     """
     forward = 2 * matmul_parameters(m) + attention_forward_per_token(m, causal_half)
     model = 3 * forward

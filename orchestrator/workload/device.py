@@ -7,7 +7,7 @@ to wait for queued kernels before reading the clock, which memory statistic is t
 which RNG states a checkpoint must carry, and which activities the profiler records.
 
 The GPU is reached only through `accel` (torch.cuda unless a test passes another), so
-tests/test_device.py runs the GPU's control flow on a CPU with a fake one.
+tests/unit/workload/test_device.py runs the GPU's control flow on a CPU with a fake one.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ def test_eager_memory_traffic_is_what_the_workloads_own_block_moves(arch):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
     from kernel_census import SHAPES, block_census
 
     from orchestrator.plan.compute import EAGER_LAYER_IO

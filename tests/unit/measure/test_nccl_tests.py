@@ -183,7 +183,7 @@ def test_a_bad_log_exits_2_naming_the_file_and_line(cli, tmp_path):
     assert not (tmp_path / "conf").exists()  # nothing written
 
 
-REAL = Path(__file__).resolve().parent / "fixtures" / "nccl-tests" / "all_reduce_perf-2n-h100-a3mega.log"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "nccl-tests" / "all_reduce_perf-2n-h100-a3mega.log"
 
 
 def test_a_real_two_node_log_reads_as_it_was_published():
