@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analysis.calibrate import with_params
-from orchestrator.measure import cpu_allocator, engine_timing, kernel_timing, kernels, trial_measurements
+from orchestrator.core.errors import KernelTimingError
+from orchestrator.measure import cpu_allocator, engine_timing, kernel_clock, kernel_timing, kernels, trial_measurements
 from orchestrator.measure.cpu_allocator import allocator_key
 from orchestrator.measure.kernel_cache import Cache, plausible_times
-from orchestrator.measure.kernel_timing import KernelTimingError, clock, measure, time_kernel
+from orchestrator.measure.kernel_clock import clock, time_kernel
+from orchestrator.measure.kernel_timing import measure
 from orchestrator.measure.kernels import Kernel, trial_gemms
 from orchestrator.plan.compute import KernelTimes, micro_batch_time
 from orchestrator.plan.inputs import MeasuredKernels
@@ -155,11 +157,11 @@ def test_a_call_too_slow_for_the_budget_is_taken_to_its_full_rows_along_a_line_n
     assert fwd == pytest.approx(0.256) and fwd + bwd == pytest.approx(0.2 + 256 * 5e-3)
     # Two calls that make no line (the machine slowed between them): the second, in proportion.
     calls = iter([1.0])  # after 0.36 s on 32 rows: more than twice as long on twice the rows
-    assert kernel_timing.along_rows(
+    assert kernel_clock.along_rows(
         Kernel("k", 256, build, min_rows=32), 32, 0.36, lambda *a, **k: next(calls)
     ) == pytest.approx(1.0 * 256 / 64)
     # Too few rows for a second point: in proportion from the first.
-    assert kernel_timing.along_rows(Kernel("k", 48, build, min_rows=32), 32, 0.36, tick) == pytest.approx(0.36 * 1.5)
+    assert kernel_clock.along_rows(Kernel("k", 48, build, min_rows=32), 32, 0.36, tick) == pytest.approx(0.36 * 1.5)
 
 
 def test_forward_and_backward_are_timed_round_by_round_so_a_passing_load_cannot_make_the_backward_negative():
@@ -174,12 +176,12 @@ def test_forward_and_backward_are_timed_round_by_round_so_a_passing_load_cannot_
         return (1e-3 if op == "fwd" else 3e-3) * (3.0 if len(calls) <= LOAD else 1.0)
 
     LOAD = 3
-    forward, total = kernel_timing.forward_and_total("fwd", "both", 1e-3, tick)
+    forward, total = kernel_clock.forward_and_total("fwd", "both", 1e-3, tick)
     assert (forward, total) == (pytest.approx(1e-3), pytest.approx(3e-3))
     assert calls == ["fwd", "both"] * 3  # interleaved, three rounds each, once
     calls.clear()
     LOAD = 1000  # every call slowed alike: still one try, the ratio kept
-    assert kernel_timing.forward_and_total("fwd", "both", 1e-3, tick)[1] > 0 and len(calls) == 6
+    assert kernel_clock.forward_and_total("fwd", "both", 1e-3, tick)[1] > 0 and len(calls) == 6
 
     slow_forward = []
 
@@ -187,7 +189,7 @@ def test_forward_and_backward_are_timed_round_by_round_so_a_passing_load_cannot_
         slow_forward.append(op)
         return 10e-3 if op == "fwd" and len(slow_forward) <= 9 else (1e-3 if op == "fwd" else 3e-3)
 
-    forward, total = kernel_timing.forward_and_total("fwd", "both", 1e-3, tick_slow_forward)
+    forward, total = kernel_clock.forward_and_total("fwd", "both", 1e-3, tick_slow_forward)
     assert total > forward and len(slow_forward) == 12  # the first try made no sense: a second one
 
 
@@ -217,14 +219,14 @@ def test_a_gemm_too_slow_to_time_whole_is_timed_on_the_largest_shape_the_probe_a
             probed.append(op[1])
             return op[1] / per_second * (1 / 3 if op[0] == "fwd" else 1)
 
-        chosen, (_, _, _, seconds) = kernel_timing.affordable(stand_in(shapes[0]), tick)
+        chosen, (_, _, _, seconds) = kernel_clock.affordable(stand_in(shapes[0]), tick)
         return 49152 * 12288 / chosen.scale, probed, seconds
 
     # The 1024^2 probe takes a quarter of PROBE_S: 2048^2 (4x its work) is the largest affordable.
-    size, probed, seconds = chosen_and_probed(4 * 2**20 / kernel_timing.PROBE_S)
-    assert probed == [1024**2, 2048**2] and size == 2048**2 and seconds == pytest.approx(kernel_timing.PROBE_S)
+    size, probed, seconds = chosen_and_probed(4 * 2**20 / kernel_clock.PROBE_S)
+    assert probed == [1024**2, 2048**2] and size == 2048**2 and seconds == pytest.approx(kernel_clock.PROBE_S)
     # Even the smallest takes twice PROBE_S: it is kept, and not probed twice.
-    size, probed, _ = chosen_and_probed(2**20 / (2 * kernel_timing.PROBE_S))
+    size, probed, _ = chosen_and_probed(2**20 / (2 * kernel_clock.PROBE_S))
     assert probed == [1024**2] and size == 1024**2
     # 2^30 a second: the capped shape itself.
     assert chosen_and_probed(2**30)[0] == 8192**2

@@ -4,7 +4,9 @@ import time
 
 import torch
 
-from orchestrator.measure.kernel_timing import KernelTimingError, QuietCheck, clock
+from orchestrator.core.errors import KernelTimingError
+from orchestrator.measure.kernel_clock import clock
+from orchestrator.measure.kernel_timing import QuietCheck
 
 dev, ev = clock("cuda"), clock("cuda", whole=True)
 a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)

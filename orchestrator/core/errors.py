@@ -37,6 +37,10 @@ class MeasurementFailed(RuntimeError):
     exit_code = 1
 
 
+class KernelTimingError(RuntimeError):
+    """A kernel could not be timed on this device (the plan falls back to the preset)."""
+
+
 class PlanRefused(RuntimeError):
     """The plan predicts the trial does not fit; `run.force=true` launches anyway."""
 

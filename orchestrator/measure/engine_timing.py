@@ -22,10 +22,10 @@ import subprocess
 import sys
 import time
 
+from orchestrator.core.errors import KernelTimingError
 from orchestrator.core.process import clear_stale_build_locks
 from orchestrator.measure import cpu_allocator
-from orchestrator.measure.kernel_cache import Cache
-from orchestrator.measure.kernel_timing import KernelTimingError, device_name, software
+from orchestrator.measure.kernel_cache import Cache, device_name, software
 from orchestrator.plan.inputs import MeasuredKernels
 
 TIMEOUT_S = 300

@@ -32,37 +32,31 @@ from those times.
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from typing import NamedTuple
+from collections.abc import Callable
+from contextlib import ExitStack
 
 from orchestrator.config import ModelConfig
+from orchestrator.core.errors import KernelTimingError
 from orchestrator.core.process import collector_paused
 from orchestrator.measure import cpu_allocator, kernels
 from orchestrator.measure.kernel_cache import Cache, device_name, plausible_times, software  # the cache's key
+from orchestrator.measure.kernel_clock import PROBE_S, clock, threads, time_kernel, time_whole
 from orchestrator.measure.kernels import Kernel
 from orchestrator.plan.compute import KernelTimes
 from orchestrator.plan.inputs import MeasuredKernels
 
-BUDGET_S = 0.05  # the longest a timed call should take: larger kernels are timed on fewer rows
 # How kernels are timed, in the cache key: times taken another way are timed again.
 METHOD = (
     "timing 5 (weights up to 8192 x 8192 elements, probe 1 s; a GPU's kernels by their own time; "
     "forward and forward-and-backward timed round by round; "
     "a slow call's full rows along the line through two row counts)"
 )
-PROBE_S = 1.0  # the longest one call on the fewest rows may take: larger are timed on a smaller shape, scaled
 # A block or the model's ends is timed whole (autograd and all) only where its kernels' sum
 # says a forward and backward take at most this long, and its weights hold at most this many
 # elements: a GPT-3-sized block would take minutes to build and time on a CPU, and there
 # what lies between the kernels is a small part of the step.
 WHOLE_MAX_S = PROBE_S / 4
 WHOLE_MAX_ELEMENTS = 2**26
-
-
-class KernelTimingError(RuntimeError):
-    """A kernel could not be timed on this device (the plan falls back to the preset)."""
 
 
 BUSY_RATIO = 1.25  # the same probe this much slower or faster the second time: something else ran
@@ -162,171 +156,6 @@ class QuietCheck:
         )
 
 
-def clock(device, whole: bool = False) -> Callable[..., float]:
-    """tick(op, reps, rounds, warm=True): seconds per call of op over `reps` calls, the best
-    of `rounds` rounds after a warm-up call (its first call costs up to 6x: allocation, the
-    library picking its kernel). On a CPU the wall clock. On a GPU a kernel's own time is
-    the GPU's: the time its kernels ran as CUPTI recorded them (torch.profiler), for a
-    kernel timed alone is short enough that its host (the module's Python, autograd.grad
-    set up per call) would set its pace, which inside a model the host spends issuing
-    ahead. `whole` (a block, the model's ends): CUDA events around the calls, which hold
-    the host's pace as the model pays it."""
-    cuda = str(device).split(":")[0] == "cuda"  # torch is imported by the first tick, not here
-
-    def wall(op, reps):  # seconds of one round of reps calls
-        start = time.perf_counter()
-        for _ in range(reps):
-            op()
-        return time.perf_counter() - start
-
-    def events(op, reps):
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            op()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-
-    def device_busy(op, reps):
-        import torch
-        from torch.profiler import DeviceType, ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                op()
-            torch.cuda.synchronize(device)
-        return kernels_busy_s([e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA])
-
-    one_round = (events if whole else device_busy) if cuda else wall
-
-    def tick(op, reps, rounds, warm=True):
-        if warm:
-            op()
-        if cuda:
-            import torch
-
-            torch.cuda.synchronize(device)
-        return min(one_round(op, reps) for _ in range(rounds)) / reps
-
-    tick.__name__ = one_round.__name__  # which clock it is, for a reader (and the tests)
-    return tick
-
-
-def kernels_busy_s(kernel_us: list[float]) -> float:
-    """Seconds the GPU ran kernels, from the profiler's CUDA events. None recorded means the
-    profiler saw no kernel at all (CUPTI missing, another profiler attached), never a free
-    call: the timing fails, and the plan says so and keeps the preset."""
-    if not kernel_us:
-        raise KernelTimingError(
-            "the profiler recorded no GPU kernel (CUPTI missing, or another profiler attached), "
-            "so a kernel's own time cannot be read"
-        )
-    return sum(kernel_us) * 1e-6
-
-
-@contextmanager
-def threads(n: int) -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def time_kernel(kernel: Kernel, tick: Callable) -> tuple[float, float]:
-    """(forward s, backward s) of the kernel at its full size. A call on `min_rows` rows
-    says what a call costs; a kernel that would take more than BUDGET_S a call whole is
-    timed on fewer rows (never under min_rows) and scaled; one that takes longer even on
-    min_rows keeps that first timing (a slow device pays once, not best of three) and one
-    on twice the rows, for the line through the two (`along_rows`)."""
-    kernel, (rows, fwd, both, probe) = affordable(kernel, tick)
-    if probe >= BUDGET_S:
-        forward = tick(fwd, 1, 1, warm=False) * kernel.rows / rows  # the probe ran it
-        total = along_rows(kernel, rows, probe, tick)
-        return forward * kernel.scale, max(total - forward, 0.0) * kernel.scale
-    if rows < kernel.rows:
-        rows = min(kernel.rows, max(rows, int(rows * BUDGET_S / max(probe, 1e-9))))
-        fwd, both = kernel.build(rows)
-        probe = tick(both, 1, 1)
-    forward, total = forward_and_total(fwd, both, probe, tick)
-    scale = kernel.scale * kernel.rows / rows
-    return forward * scale, max(total - forward, 0.0) * scale
-
-
-def along_rows(kernel: Kernel, rows: int, total_s: float, tick: Callable) -> float:
-    """Seconds of a forward-and-backward call on the kernel's full rows, from one call on its
-    fewest `rows` (a slow device's): there a call still pays a part that does not grow with
-    the rows (the weight's gradient sums over the rows, a product over a few dozen of them
-    runs below its rate, and is written whole), so the time on full rows is read off the line
-    through that call and one on twice the rows, not scaled in proportion (Llama's 2,816 x
-    1,024 bf16 GEMM on an AVX2 CPU: 14.2 ms a row at 32 rows, 9.1-9.8 from 128; bench/RESULTS.md).
-    Where the two calls make no line (the second not longer, or more than twice as long: the
-    machine's speed moved between them), the second alone, in proportion."""
-    if 2 * rows > kernel.rows:
-        return total_s * kernel.rows / rows
-    _, both = kernel.build(2 * rows)
-    twice = tick(both, 1, 1, warm=False)
-    per_row = (twice - total_s) / rows
-    if not 0 < per_row <= total_s / rows:
-        return twice * kernel.rows / (2 * rows)
-    return total_s + per_row * (kernel.rows - rows)
-
-
-def forward_and_total(
-    fwd: Callable, both: Callable, probe_s: float, tick: Callable, rounds: int = 3, tries: int = 3
-) -> tuple[float, float]:
-    """(seconds of a forward call, of a forward and backward call), each the best of
-    `rounds` rounds of calls that fill about BUDGET_S, the two interleaved round by round:
-    the backward is their difference, so both must see the machine alike (timed one after
-    the other, a load that came and went between them made the forward the longer of the
-    two). A forward not shorter than forward and backward is no measurement: timed again,
-    up to `tries` times."""
-    reps = max(1, min(20, int(BUDGET_S / max(probe_s, 1e-9))))
-    forward = total = float("inf")
-    for attempt in range(tries):
-        for r in range(rounds):  # the forward's first round has its own warm-up call (the probe warmed both)
-            forward = min(forward, tick(fwd, reps, 1, warm=attempt == r == 0))
-            total = min(total, tick(both, reps, 1, warm=False))
-        if total > forward:
-            break
-    return forward, total
-
-
-class Probe(NamedTuple):
-    """One call of a kernel's forward and backward on its fewest rows."""
-
-    rows: int
-    forward: Callable[[], object]
-    both: Callable[[], object]  # forward and backward
-    seconds: float  # of one call of both
-
-
-def probe(kernel: Kernel, tick: Callable) -> Probe:
-    """One call of the kernel's forward and backward on its fewest rows, after a warm-up."""
-    rows = min(kernel.rows, kernel.min_rows)
-    fwd, both = kernel.build(rows)
-    return Probe(rows, fwd, both, tick(both, 1, 1))
-
-
-def affordable(kernel: Kernel, tick: Callable) -> tuple[Kernel, Probe]:
-    """The largest of the kernel's shapes (itself, then each `smaller`) whose call on its
-    fewest rows should take at most PROBE_S, judged from one call of the smallest, and its
-    probe: what bounds the time a plan spends timing a huge model on a slow device."""
-    shapes = [kernel]
-    while shapes[-1].smaller is not None:
-        shapes.append(shapes[-1].smaller)
-    smallest = shapes[-1]
-    probed = probe(smallest, tick)
-    chosen = next((s for s in shapes if probed.seconds * smallest.scale / s.scale <= PROBE_S), smallest)
-    return chosen, probed if chosen is smallest else probe(chosen, tick)
-
-
 def measure_apart(*args, **kwargs) -> tuple[MeasuredKernels, str]:
     """`measure` in a process of its own (spawned), with what the cache discarded there: a
     GPU's CUDA context and the timing's buffers end with that process, so the ranks started
@@ -344,16 +173,64 @@ def _measure_and_discarded(*args, **kwargs) -> tuple[MeasuredKernels, str]:
     return measure(*args, **kwargs), Cache.take_discarded()
 
 
-def time_whole(kernel: Kernel, tick: Callable) -> tuple[float, float] | None:
-    """(forward s, backward s) of a kernel timed whole, on all its rows (a block, the model's
-    ends: their cost between kernels is per call, so it cannot be scaled from fewer rows);
-    None where one call takes more than PROBE_S."""
-    fwd, both = kernel.build(kernel.rows)
-    probe_s = tick(both, 1, 1)
-    if probe_s > PROBE_S:
-        return None
-    forward, total = forward_and_total(fwd, both, probe_s, tick)
-    return forward, max(total - forward, 0.0)
+class _Timer:
+    """One micro batch's timing: each kernel cached where its entry is one this device can take,
+    else timed (and timed once more where that time is not one either: then kept, and said)."""
+
+    def __init__(self, prefix: str, device: str, threads_per_rank: int, arch: str, before_timing: Callable[[], None]):
+        self.prefix, self.device, self.threads_per_rank, self.arch = prefix, device, threads_per_rank, arch
+        self.before_timing = before_timing
+        self.tick, self.whole_tick = clock(device), clock(device, whole=True)
+        self.quiet = QuietCheck(self.tick, device)
+        self.whens: list[str] = []
+        self.impossible: list[str] = []
+        # torch's threads are set at the first kernel timed: a plan whose kernels are all cached
+        # never imports torch (1.5 s of every `plan`).
+        self.timing = ExitStack()
+
+    def first(self, how: Callable) -> Callable:
+        if self.quiet.before is None:
+            with collector_paused():
+                kernels.import_libraries(self.arch)
+            self.timing.enter_context(threads(self.threads_per_rank))
+            if self.device == "cpu":  # a rank's page faults are part of its kernels' time (cpu_allocator.py)
+                cpu_allocator.allocate_as_the_ranks()
+            self.before_timing()
+        return self.quiet.first(how)
+
+    def timed(self, kernel: Kernel, peak_flops: float | None, bandwidth: float | None) -> tuple[float, float]:
+        key = f"{self.prefix}{kernel.name} rows={kernel.rows}"
+        possible = possible_times(kernel.flops, peak_flops, kernel.bytes, bandwidth)
+        fwd, bwd, when = Cache.get(key, lambda: self.first(time_kernel)(kernel, self.tick), plausible=possible)
+        if not possible(fwd, bwd):
+            Cache.known().pop(key, None)
+            fwd, bwd, when = Cache.get(key, lambda: self.first(time_kernel)(kernel, self.tick), plausible=possible)
+            if not possible(fwd, bwd):
+                self.impossible.append(f"{kernel.name} rows={kernel.rows}: {fwd:.3g} s forward")
+        self.whens.append(when)
+        return fwd, bwd
+
+    def whole(
+        self, kernel: Kernel, kernels_s: float, elements: int, flops: float, peak_flops: float | None
+    ) -> tuple[float, float] | None:
+        """A block or the ends timed whole where its kernels say a call is short and its
+        weights are small (else the plan keeps their kernels' sum, and says so); timed once
+        more where the time is not one this device can take (possible_whole)."""
+        if kernels_s > WHOLE_MAX_S or elements > WHOLE_MAX_ELEMENTS:
+            return None
+        key, possible = f"{self.prefix}{kernel.name} rows={kernel.rows}", possible_whole(kernels_s, flops, peak_flops)
+
+        def run() -> tuple[float, float] | None:
+            return self.first(time_whole)(kernel, self.whole_tick)
+
+        times, when = Cache.get_whole(key, run, plausible=possible)
+        if times is not None and not possible(*times):
+            Cache.known().pop(key, None)
+            times, when = Cache.get_whole(key, run, plausible=possible)
+            if times is not None and not possible(*times):
+                self.impossible.append(f"{kernel.name} rows={kernel.rows} whole: {times[0]:.3g} s forward")
+        self.whens.append(when)
+        return times
 
 
 def measure(
@@ -374,96 +251,15 @@ def measure(
     (the planner waits there for the engine's timing process to finish its imports).
     KernelTimingError where the device cannot run one."""
     name, sw = device_name(device), software(device)
-    on_cpu = device == "cpu"
-    allocator = f"{cpu_allocator.allocator_key()}|" if on_cpu else ""
+    allocator = f"{cpu_allocator.allocator_key()}|" if device == "cpu" else ""
     prefix = f"{name}|{sw}|{METHOD}|{threads_per_rank} threads|{precision}|{allocator}"
-    tick, whole_tick = clock(device), clock(device, whole=True)
-    whens: list[str] = []
-
-    impossible: list[str] = []
-
-    def timed(kernel: Kernel, how: Callable = time_kernel) -> tuple[float, float]:
-        """Cached where the entry is one this device can take (against its peak and bandwidth), else
-        timed, and timed once more where that time is not one either (then kept, and said)."""
-        key = f"{prefix}{kernel.name} rows={kernel.rows}"
-        possible = possible_times(kernel.flops, peak_flops, kernel.bytes, bandwidth)
-        fwd, bwd, when = Cache.get(key, lambda: first(how)(kernel, tick), plausible=possible)
-        if not possible(fwd, bwd):
-            Cache.known().pop(key, None)
-            fwd, bwd, when = Cache.get(key, lambda: first(how)(kernel, tick), plausible=possible)
-            if not possible(fwd, bwd):
-                impossible.append(f"{kernel.name} rows={kernel.rows}: {fwd:.3g} s forward")
-        whens.append(when)
-        return fwd, bwd
-
-    def whole(kernel: Kernel, kernels_s: float, elements: int, flops: float = 0.0) -> tuple[float, float] | None:
-        """A block or the ends timed whole where its kernels say a call is short and its
-        weights are small (else the plan keeps their kernels' sum, and says so); timed once
-        more where the time is not one this device can take (possible_whole)."""
-        if kernels_s > WHOLE_MAX_S or elements > WHOLE_MAX_ELEMENTS:
-            return None
-        key, possible = f"{prefix}{kernel.name} rows={kernel.rows}", possible_whole(kernels_s, flops, peak_flops)
-        times, when = Cache.get_whole(key, lambda: first(time_whole)(kernel, whole_tick), plausible=possible)
-        if times is not None and not possible(*times):
-            Cache.known().pop(key, None)
-            times, when = Cache.get_whole(key, lambda: first(time_whole)(kernel, whole_tick), plausible=possible)
-            if times is not None and not possible(*times):
-                impossible.append(f"{kernel.name} rows={kernel.rows} whole: {times[0]:.3g} s forward")
-        whens.append(when)
-        return times
-
-    tokens = micro * model.seq_len
-    quiet = QuietCheck(tick, device)
-    # torch's threads are set at the first kernel timed: a plan whose kernels are all cached
-    # never imports torch (1.5 s of every `plan`).
-    timing = ExitStack()
-
-    def first(how: Callable) -> Callable:
-        if quiet.before is None:
-            with collector_paused():
-                kernels.import_libraries(model.arch)
-            timing.enter_context(threads(threads_per_rank))
-            if on_cpu:  # a rank's page faults are part of its kernels' time (cpu_allocator.py)
-                cpu_allocator.allocate_as_the_ranks()
-            before_timing()
-        return quiet.first(how)
-
+    timer = _Timer(prefix, device, threads_per_rank, model.arch, before_timing)
     try:
         trial = kernels.trial_kernels(model, micro, recompute, precision, device)
-        with timing:
-            layer = [0.0, 0.0]
-            for kernel, count in trial.layer_gemms:
-                fwd, bwd = timed(kernel)
-                layer = [layer[0] + count * fwd, layer[1] + count * bwd]
-            times = KernelTimes(
-                layer_gemms=(layer[0], layer[1]),
-                head=timed(trial.head),
-                attention=timed(trial.attention),
-                memory_bound=timed(trial.memory_bound),
-                loss=timed(trial.loss),
-                launch_s=timed(kernels.launch(device))[0],
-            )
-            block_s = sum(times.layer_gemms) + sum(times.attention) + sum(times.memory_bound)
-            block_flops = sum(k.flops * count for k, count in trial.layer_gemms) + trial.attention.flops
-            times = dataclasses.replace(
-                times,
-                block=whole(
-                    trial.block,
-                    block_s,
-                    sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, tokens)),
-                    block_flops,
-                ),
-                ends=whole(trial.ends, sum(times.head) + sum(times.loss), model.vocab * model.hidden, trial.head.flops),
-            )
-            if device.startswith("cuda"):  # the host's own time: the same, on 8 tokens (any size fits a GPU)
-                tiny = dataclasses.replace(model, seq_len=8)
-                times = dataclasses.replace(
-                    times,
-                    host_block=whole(kernels.block(tiny, 1, recompute, precision, device), 0.0, 0),
-                    host_ends=whole(kernels.ends(tiny, 1, precision, device), 0.0, 0),
-                )
-            optimizer_s = timed(kernels.adamw(optimizer_tensors, device))[0]
-            busy = quiet.verdict()
+        with timer.timing:
+            times = _micro_batch(timer, trial, model, (micro, recompute, precision, device), peak_flops, bandwidth)
+            optimizer_s = timer.timed(kernels.adamw(optimizer_tensors, device), peak_flops, bandwidth)[0]
+            busy = timer.quiet.verdict()
         if busy:
             Cache.forget_new()
     except (RuntimeError, ValueError, TypeError, ImportError, MemoryError) as exc:
@@ -472,13 +268,54 @@ def measure(
         ) from exc
     finally:
         Cache.save()
-    if impossible and not busy:
+    if timer.impossible and not busy:
         busy = (
-            f"{len(impossible)} kernel time(s) this device's peak or bandwidth rule out, twice "
-            f"(e.g. {impossible[0]}): "
+            f"{len(timer.impossible)} kernel time(s) this device's peak or bandwidth rule out, twice "
+            f"(e.g. {timer.impossible[0]}): "
             "something else held the device while they were timed; plan again on a quiet machine"
         )
         Cache.forget_new()
     return MeasuredKernels(
-        kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(whens), busy=busy
+        kernels=times, optimizer_s=optimizer_s, device=name, software=sw, timed_at=min(timer.whens), busy=busy
     )
+
+
+def _micro_batch(
+    timer: _Timer, trial, model: ModelConfig, shape: tuple, peak_flops: float | None, bandwidth: float | None
+) -> KernelTimes:
+    """Every kernel of one micro batch, then a block and the model's ends timed whole. shape:
+    (micro batch, recompute, precision, device)."""
+    micro, recompute, precision, device = shape
+
+    def timed(kernel: Kernel) -> tuple[float, float]:
+        return timer.timed(kernel, peak_flops, bandwidth)
+
+    layer = [0.0, 0.0]
+    for kernel, count in trial.layer_gemms:
+        fwd, bwd = timed(kernel)
+        layer = [layer[0] + count * fwd, layer[1] + count * bwd]
+    times = KernelTimes(
+        layer_gemms=(layer[0], layer[1]),
+        head=timed(trial.head),
+        attention=timed(trial.attention),
+        memory_bound=timed(trial.memory_bound),
+        loss=timed(trial.loss),
+        launch_s=timed(kernels.launch(device))[0],
+    )
+    block_s = sum(times.layer_gemms) + sum(times.attention) + sum(times.memory_bound)
+    block_flops = sum(k.flops * count for k, count in trial.layer_gemms) + trial.attention.flops
+    block_elements = sum(n * k * count for (n, k, *_), count in kernels.trial_gemms(model, micro * model.seq_len))
+    ends_s = sum(times.head) + sum(times.loss)
+    times = dataclasses.replace(
+        times,
+        block=timer.whole(trial.block, block_s, block_elements, block_flops, peak_flops),
+        ends=timer.whole(trial.ends, ends_s, model.vocab * model.hidden, trial.head.flops, peak_flops),
+    )
+    if device.startswith("cuda"):  # the host's own time: the same, on 8 tokens (any size fits a GPU)
+        tiny = dataclasses.replace(model, seq_len=8)
+        times = dataclasses.replace(
+            times,
+            host_block=timer.whole(kernels.block(tiny, 1, recompute, precision, device), 0.0, 0, 0.0, peak_flops),
+            host_ends=timer.whole(kernels.ends(tiny, 1, precision, device), 0.0, 0, 0.0, peak_flops),
+        )
+    return times

@@ -15,11 +15,10 @@ import socket
 
 from orchestrator import network_table
 from orchestrator.config import KernelSource, Sharding, runs_as
-from orchestrator.core.errors import ConfigError, MeasurementFailed
+from orchestrator.core.errors import ConfigError, KernelTimingError, MeasurementFailed
 from orchestrator.deepspeed_sections import optimizer_section, zero_section
 from orchestrator.measure import engine_timing, hardware, kernel_timing
 from orchestrator.measure.kernel_cache import Cache
-from orchestrator.measure.kernel_timing import KernelTimingError
 from orchestrator.measure.links import MEASURED
 from orchestrator.measure.local_links import local_links
 from orchestrator.plan.inputs import LocalLinks, MachineFacts, MeasuredKernels, Measurements

@@ -11,8 +11,9 @@ from datetime import timedelta
 import pytest
 import torch
 
-from orchestrator.core.errors import ConfigError
-from orchestrator.measure.kernel_timing import KernelTimingError, kernels_busy_s, software
+from orchestrator.core.errors import ConfigError, KernelTimingError
+from orchestrator.measure.kernel_cache import software
+from orchestrator.measure.kernel_clock import kernels_busy_s
 from orchestrator.run.trial import check_runnable_here
 from orchestrator.spec import build_spec
 from orchestrator.workload.placement import cuda_device_index, one_gpu_task
