@@ -23,7 +23,7 @@ import torch
 from orchestrator.measure.hardware import measured_cpu_bandwidth_gbps, measured_cpu_peak_tflops
 from orchestrator.plan.compute import gemm_time
 from orchestrator.plan.inputs import MachineFacts
-from orchestrator.plan.planner import rates
+from orchestrator.plan.rates import rates
 from orchestrator.spec import build_spec
 
 # (m, n, k): tokens x out x in of the trials' products, then the lm_head dX at growing k.

@@ -12,7 +12,7 @@ from orchestrator.measure import links, trial_measurements
 from orchestrator.measure import local_links as local
 from orchestrator.measure.links import OPS, Measurement
 from orchestrator.measure.local_links import cache_path, key, local_links
-from orchestrator.plan import planner
+from orchestrator.plan import assumptions, planner
 from orchestrator.plan.collectives import ring_time
 from orchestrator.spec import build_spec
 
@@ -89,7 +89,7 @@ def test_a_cpu_trial_with_ranks_on_this_host_is_planned_over_its_measured_links(
     assert net.table is measured.table
     preset = planner.network_of(spec, facts)  # the preset's assumed level: 50 us, 5 GB/s
     assert ring_time("all_gather", 1 << 20, net) > ring_time("all_gather", 1 << 20, preset) + 1e-3
-    assert "intra-node measured on this host" in planner.network_note(spec.cfg.hardware, facts, measured)
+    assert "intra-node measured on this host" in assumptions.network_note(spec.cfg.hardware, facts, measured)
 
 
 @pytest.mark.parametrize(

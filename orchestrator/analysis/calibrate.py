@@ -53,8 +53,9 @@ from orchestrator.hardware_presets import (
 from orchestrator.hydra_glue.compose import MAX_POINTS, PROGRESS_EVERY_S, plain_dict
 from orchestrator.hydra_glue.conf_tree import user_conf_dir
 from orchestrator.measure.trial_measurements import machine_facts
-from orchestrator.plan.planner import kn_efficiency, make_plan
+from orchestrator.plan.planner import make_plan
 from orchestrator.plan.prediction import planned_step_s, timed_batches
+from orchestrator.plan.rates import kn_efficiency
 from orchestrator.records.results import read_result
 from orchestrator.records.trial_dir import TrialPaths, check_path, trials_below
 from orchestrator.spec import TrialSpec, build_spec, load_spec

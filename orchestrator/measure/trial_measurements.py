@@ -21,9 +21,9 @@ from orchestrator.measure import engine_timing, hardware, kernel_timing
 from orchestrator.measure.kernel_cache import Cache
 from orchestrator.measure.links import MEASURED
 from orchestrator.measure.local_links import local_links
+from orchestrator.plan.assumptions import compute_assumption
 from orchestrator.plan.inputs import LocalLinks, MachineFacts, MeasuredKernels, Measurements
 from orchestrator.plan.params import parameter_tensors
-from orchestrator.plan.planner import compute_assumption
 from orchestrator.spec import TrialSpec
 
 
@@ -43,7 +43,7 @@ def machine_facts(spec: TrialSpec) -> MachineFacts:
         bandwidth_note = f"{node:.3g} GB/s measured on this host, shared by {spec.gpus_per_node} rank(s)"
     else:
         bandwidth, bandwidth_note = None, "no memory bandwidth given (hardware.memory_bandwidth_gbps), so not counted"
-    # the k x n GEMM layout's kernel runs on one thread (planner.rates): its peak, where it matters
+    # the k x n GEMM layout's kernel runs on one thread (plan/rates.py): its peak, where it matters
     one_thread = (
         hardware.peak_tflops(hw, spec.precision, 1)[0]
         if not hw.device.is_gpu and hw.gemm_kn_efficiency is not None and spec.threads_per_rank > 1

@@ -38,9 +38,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
+from orchestrator.config import Sharding, runs_as
 from orchestrator.plan.collectives import CallTime, Network, call_time
-from orchestrator.plan.params import persistent
+from orchestrator.plan.params import element_bytes, parameter_tensors, persistent
+
+if TYPE_CHECKING:
+    from orchestrator.spec import TrialSpec
 
 
 @dataclass(frozen=True)
@@ -255,3 +260,27 @@ def _interleave(fetch: list[float], reduce: list[float]) -> list[float]:
 
 def bytes_per_rank_per_step(collectives: list[Collective]) -> float:
     return math.fsum(c.bytes_per_rank for c in collectives)
+
+
+def wire_dtype(spec: TrialSpec) -> str:
+    """The dtype gradients are reduced in: communication_dtype, else the dtype they were
+    accumulated in (BF16_Optimizer's fp32 at stage 1), else the training precision."""
+    z = spec.cfg.zero
+    return str(z.communication_dtype or (z.grad_accum_dtype if z.stage == 1 else None) or spec.precision)
+
+
+def schedule_of(spec: TrialSpec) -> Schedule:
+    """What the trial's engine communicates, in which dtypes and buckets."""
+    z, engine = spec.cfg.zero, spec.cfg.engine
+    return Schedule(
+        stage=z.stage,
+        tensors=[p.numel for p in parameter_tensors(spec.cfg.model)],
+        param_bytes=element_bytes(spec.precision),
+        wire_bytes=element_bytes(wire_dtype(spec)),
+        reduce_bucket=z.reduce_bucket_size,
+        allgather_bucket=z.allgather_bucket_size,
+        prefetch_bucket=z.prefetch_bucket_size,
+        overlap_comm=z.overlap_comm,
+        ddp=runs_as(engine.backend, z.stage) == Sharding.ddp,
+        persistence_threshold=z.param_persistence_threshold,
+    )

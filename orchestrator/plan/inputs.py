@@ -29,7 +29,7 @@ class MachineFacts:
     host_memory_bytes: int  # this host's memory: a CPU trial's device memory, a local GPU trial's host's
     gpu_driver_present: bool  # whether this host has a GPU (a local GPU trial then runs on it)
     network_table: BusTable | None = None  # hardware.network, read (None: the preset's two levels)
-    # a CPU's peak on one thread: the k x n GEMM layout's kernel runs on one (planner.rates)
+    # a CPU's peak on one thread: the k x n GEMM layout's kernel runs on one (plan/rates.py)
     peak_tflops_one_thread: float | None = None
 
 

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING
 from orchestrator.config import Sharding, runs_as
 from orchestrator.core.errors import ConfigError
 from orchestrator.plan import advice
+from orchestrator.plan.assumptions import assumptions, compute_assumption, network_note
 from orchestrator.plan.collectives import Network, network, small_call_note
-from orchestrator.plan.comm import Schedule, StepTime, bytes_per_rank_per_step, step_time
-from orchestrator.plan.compute import ComputeTime, Rates, estimated_kernels, micro_batch_time
-from orchestrator.plan.flops import flops
+from orchestrator.plan.comm import StepTime, bytes_per_rank_per_step, schedule_of, step_time, wire_dtype
+from orchestrator.plan.compute import ComputeTime, estimated_kernels, micro_batch_time
+from orchestrator.plan.flops import Flops, flops
 from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, layout_of
 from orchestrator.plan.host_memory import HostMemory, host_memory, slurm_size_bytes
-from orchestrator.plan.inputs import LocalLinks, MachineFacts, Measurements
+from orchestrator.plan.inputs import LocalLinks, MachineFacts, MeasuredKernels, Measurements
 from orchestrator.plan.memory import (
     CPU_PROCESS,
     GIB,
@@ -43,6 +44,7 @@ from orchestrator.plan.memory import (
 )
 from orchestrator.plan.params import count_parameters, element_bytes, parameter_tensors
 from orchestrator.plan.prediction import Comm, Plan, Time
+from orchestrator.plan.rates import rates
 
 if TYPE_CHECKING:  # the trial, as a type: the plan reads its fields, it builds none
     from orchestrator.spec import TrialSpec
@@ -51,48 +53,22 @@ if TYPE_CHECKING:  # the trial, as a type: the plan reads its fields, it builds 
 def make_plan(spec: TrialSpec, facts: MachineFacts, measured: Measurements | None = None) -> Plan:
     """The plan of one trial on a machine of these `facts`, from what was `measured` for it
     (None: nothing was; the time from the hardware preset's parameters)."""
-    cfg, hw = spec.cfg, spec.cfg.hardware
+    cfg = spec.cfg
     measured = measured or Measurements()
     n = count_parameters(cfg.model)
-    layout = zero_layout(spec)
-    sharded = fsdp_layout(spec)  # FSDP2 planned as FSDP2; None for DeepSpeed and DDP
-    states = fsdp_states(sharded) if sharded else model_states(cfg.model, layout)
-    runtime = runtime_bytes(hw.device, spec.world_size)
-    capacity = capacity_bytes(spec, facts)
-    micro, mode = spec.micro_batch_size, cfg.recompute.mode
     memory = memory_of(spec, facts)
-
     f = flops(cfg.model, cfg.recompute.mode, spec.tokens_per_step)
-    peak_tflops, peak_note = facts.peak_tflops, facts.peak_note
-    bandwidth, bandwidth_note = facts.bandwidth_gbps, facts.bandwidth_note
-    links, links_note = measured.links, measured.links_note
-    net = network_of(spec, facts, links)
-    timed, compute_source = measured.kernels, measured.compute_source or compute_assumption(hw)
-    if not timed and peak_tflops is None:
+    net = network_of(spec, facts, measured.links)
+    timed, compute_source = measured.kernels, measured.compute_source or compute_assumption(cfg.hardware)
+    if not timed and facts.peak_tflops is None:
         raise ConfigError(
             "hardware.peak_tflops." + spec.precision,
             None,
             f"the dense peak of this GPU: its kernels could "
             f"not be timed ({compute_source}), and without them the plan estimates from the peak",
         )
-    # run.compile: the preset's estimate fuses as inductor does; timed kernels are eager (not compiled)
-    compiled = cfg.run.compile and not timed
-    kernels = (
-        timed.kernels
-        if timed
-        else estimated_kernels(cfg.model, micro, rates(spec, facts), element_bytes(spec.precision), compiled=compiled)
-    )
-    engine = (timed.engine_forward_s, timed.engine_backward_s) if timed else (0.0, 0.0)
-    micro_time = micro_batch_time(
-        cfg.model, micro, mode, kernels, timed=timed is not None, engine=engine, compiled=compiled
-    )
-    t, t_one = (step_times(spec, sharded, grad_accum, micro_time, net) for grad_accum in (spec.grad_accum_steps, 1))
-    offloaded = bool((sharded.offload if sharded else layout.offload_optimizer and cfg.zero.stage) and hw.device.is_gpu)
-    optimizer_s = timed.optimizer_s if timed and not offloaded else optimizer_step_s(spec, n, offloaded, bandwidth)
-    step_s = t.step_s + optimizer_s
-    denominator = step_s * spec.world_size * peak_tflops * 1e12 if peak_tflops else None  # None: MFU unknown
-    max_micro = max_micro_batch(states, runtime, capacity, sample_bytes(cfg.model, mode, spec.precision))
-
+    t, time = step_and_time(spec, facts, timed, net, n, f)
+    network = f"network{measured.links_note}: {network_note(cfg.hardware, facts, measured.links)}"
     plan = Plan(
         parameters=n,
         parallel={
@@ -116,48 +92,91 @@ def make_plan(spec: TrialSpec, facts: MachineFacts, measured: Measurements | Non
             time_s=t.comm_s,
             exposed_s=t.exposed_s,
         ),
-        time=Time(
-            compute_s=t.compute_s,
-            comm_s=t.comm_s,
-            exposed_comm_s=t.exposed_s,
-            optimizer_s=optimizer_s,
-            step_s=step_s,
-            tokens_per_sec_per_gpu=spec.tokens_per_step / step_s / spec.world_size,
-            mfu=f.model_per_token * spec.tokens_per_step / denominator if denominator else None,
-            hfu=f.per_step / denominator if denominator else None,
-            peak_tflops=peak_tflops,
-            micro_batch=micro_time,
-            optimizer_source=timed.optimizer
-            if timed and not offloaded
-            else "offloaded: CPU Adam on the host"
-            if offloaded
-            else "memory-bound: AdamW's bytes at the bandwidth",
-            added_micro_batch_s=(t.step_s - t_one.step_s) / (spec.grad_accum_steps - 1)
-            if spec.grad_accum_steps > 1
-            else 0.0,
-        ),
-        max_micro_batch=max_micro,
+        time=time,
+        max_micro_batch=largest_micro_batch(spec, facts),
         assumptions=assumptions(
             spec,
-            peak_tflops,
-            peak_note,
-            bandwidth_note,
-            offloaded,
+            facts.peak_tflops,
+            facts.peak_note,
+            facts.bandwidth_note,
+            optimizer_offloaded(spec),
             compute_source,
-            f"network{links_note}: {network_note(spec.cfg.hardware, facts, links)}"
-            + (f"; {small}" if (small := small_call_note(net)) else ""),
+            network + (f"; {small}" if (small := small_call_note(net)) else ""),
         ),
-        sources={"compute": compute_source, "peak": peak_note},
+        sources={"compute": compute_source, "peak": facts.peak_note},
         host_memory=host_memory_of(spec, facts, n, memory.offloaded),
     )
     if not plan.fits:
         plan = dataclasses.replace(plan, fitting_changes=advice.fitting_changes(spec, plan))
     plan.warnings.extend(advice.warnings(spec, plan))
-    if timed and timed.busy:
-        plan.warnings.append(timed.busy)
-    if timed and timed.discarded:
-        plan.warnings.append(timed.discarded)
+    if timed:
+        plan.warnings.extend(w for w in (timed.busy, timed.discarded) if w)
     return plan
+
+
+def optimizer_offloaded(spec: TrialSpec) -> bool:
+    """Whether a GPU trial's optimizer runs on its host (ZeRO's offload_optimizer, FSDP2's offload)."""
+    sharded = fsdp_layout(spec)
+    offload = sharded.offload if sharded else zero_layout(spec).offload_optimizer and spec.cfg.zero.stage
+    return bool(offload and spec.cfg.hardware.device.is_gpu)
+
+
+def step_and_time(
+    spec: TrialSpec, facts: MachineFacts, timed: MeasuredKernels | None, net: Network, n: int, f: Flops
+) -> tuple[StepTime, Time]:
+    """The step's compute and communication (timed kernels, else the preset's estimate), the
+    optimizer's step, and what they give: tokens/s/GPU, MFU and HFU against the peak."""
+    cfg, micro, mode = spec.cfg, spec.micro_batch_size, spec.cfg.recompute.mode
+    sharded = fsdp_layout(spec)  # FSDP2 planned as FSDP2; None for DeepSpeed and DDP
+    # run.compile: the preset's estimate fuses as inductor does; timed kernels are eager (not compiled)
+    compiled = cfg.run.compile and not timed
+    kernels = (
+        timed.kernels
+        if timed
+        else estimated_kernels(cfg.model, micro, rates(spec, facts), element_bytes(spec.precision), compiled=compiled)
+    )
+    engine = (timed.engine_forward_s, timed.engine_backward_s) if timed else (0.0, 0.0)
+    micro_time = micro_batch_time(
+        cfg.model, micro, mode, kernels, timed=timed is not None, engine=engine, compiled=compiled
+    )
+    t, t_one = (step_times(spec, sharded, grad_accum, micro_time, net) for grad_accum in (spec.grad_accum_steps, 1))
+    offloaded = optimizer_offloaded(spec)
+    optimizer_s = (
+        timed.optimizer_s if timed and not offloaded else optimizer_step_s(spec, n, offloaded, facts.bandwidth_gbps)
+    )
+    step_s = t.step_s + optimizer_s
+    peak_tflops = facts.peak_tflops
+    denominator = step_s * spec.world_size * peak_tflops * 1e12 if peak_tflops else None  # None: MFU unknown
+    return t, Time(
+        compute_s=t.compute_s,
+        comm_s=t.comm_s,
+        exposed_comm_s=t.exposed_s,
+        optimizer_s=optimizer_s,
+        step_s=step_s,
+        tokens_per_sec_per_gpu=spec.tokens_per_step / step_s / spec.world_size,
+        mfu=f.model_per_token * spec.tokens_per_step / denominator if denominator else None,
+        hfu=f.per_step / denominator if denominator else None,
+        peak_tflops=peak_tflops,
+        micro_batch=micro_time,
+        optimizer_source=timed.optimizer
+        if timed and not offloaded
+        else "offloaded: CPU Adam on the host"
+        if offloaded
+        else "memory-bound: AdamW's bytes at the bandwidth",
+        added_micro_batch_s=(t.step_s - t_one.step_s) / (spec.grad_accum_steps - 1)
+        if spec.grad_accum_steps > 1
+        else 0.0,
+    )
+
+
+def largest_micro_batch(spec: TrialSpec, facts: MachineFacts) -> int:
+    """The largest micro batch whose activations fit beside the model's states on the device."""
+    cfg, sharded = spec.cfg, fsdp_layout(spec)
+    states = fsdp_states(sharded) if sharded else model_states(cfg.model, zero_layout(spec))
+    runtime = runtime_bytes(cfg.hardware.device, spec.world_size)
+    return max_micro_batch(
+        states, runtime, capacity_bytes(spec, facts), sample_bytes(cfg.model, cfg.recompute.mode, spec.precision)
+    )
 
 
 def memory_of(spec: TrialSpec, facts: MachineFacts) -> Memory:
@@ -231,61 +250,6 @@ def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: f
     return optimizer_traffic_bytes(updated, spec.precision) / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
 
 
-def assumptions(
-    spec: TrialSpec,
-    peak_tflops: float | None,
-    peak_note: str,
-    bandwidth_note: str,
-    offloaded: bool,
-    compute_source: str,
-    network: str,
-) -> list[str]:
-    """What the plan's figures rest on, said with their sources (the plan prints them)."""
-    hw = spec.cfg.hardware
-    return [
-        f"peak {peak_tflops:.4g} TFLOPS per rank ({peak_note})" if peak_tflops else peak_note,
-        compute_source,
-        f"{network}; {hw.device.collective_backend}'s "
-        + ("ring or tree, the faster per call" if hw.device.is_gpu else "ring")
-        + f"; gradients on the wire in {wire_dtype(spec)}",
-        f"memory-bound kernels and the optimizer step ({optimizer_traffic_bytes(1, spec.precision)} bytes moved per "
-        f"parameter updated on the device) at {bandwidth_note}",
-        "data loading takes no time; times are for the global batch after any warm-up",
-        *(
-            [
-                f"offloaded optimizer step: CPU Adam at {hw.host_memory_bandwidth_gbps:g} GB/s of host memory "
-                f"shared by {spec.gpus_per_node} rank(s), {hw.host_link_gbps:g} GB/s host link (assumed)"
-            ]
-            if offloaded
-            else []
-        ),
-    ]
-
-
-def network_note(hw, facts: MachineFacts, links: LocalLinks | None) -> str:
-    """What the plan's network rests on: this host's measured links, a measured table, or
-    the preset's levels."""
-    call = f"; the engine adds {hw.collective_overhead_us:g} us to each call (hardware.collective_overhead_us)"
-    if links:
-        return (
-            f"intra-node measured on this host ({links.source}): bus bandwidth by collective and message "
-            f"size, and where that has no curve {links.level.busbw / 1e9:.3g} GB/s busbw, "
-            f"{links.level.latency * 1e6:.3g} us a hop; {_level(hw.inter_node, 'inter-node')}{call}"
-        )
-    if facts.network_table is None:
-        return f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}{call}"
-    source = facts.network_table.source
-    return (
-        f"bus bandwidth by collective, message size and node count as measured in {hw.network} "
-        f"({source[:160] + '...' if len(source) > 160 else source}); where it has no curve, "
-        f"{_level(hw.intra_node, 'intra-node')}; {_level(hw.inter_node, 'inter-node')}{call}"
-    )
-
-
-def _level(link, where: str) -> str:
-    return f"{where} {link.name + ' ' if link.name else ''}{link.busbw_gbps:g} GB/s busbw, {link.latency_us:g} us a hop"
-
-
 def network_of(spec: TrialSpec, facts: MachineFacts, links: LocalLinks | None = None) -> Network:
     """The trial's ranks on its nodes, over the network table of `facts` or the preset's (or
     the user's) two network levels, or inside a node over this host's measured `links`."""
@@ -324,84 +288,6 @@ def fsdp_layout(spec: TrialSpec) -> FsdpLayout | None:
         offload=z.offload_param != "none" or z.offload_optimizer != "none",
         adam_foreach=spec.cfg.hardware.device.is_gpu,
         overlap=spec.cfg.hardware.device.is_gpu,
-    )
-
-
-def wire_dtype(spec: TrialSpec) -> str:
-    """The dtype gradients are reduced in: communication_dtype, else the dtype they were
-    accumulated in (BF16_Optimizer's fp32 at stage 1), else the training precision."""
-    z = spec.cfg.zero
-    return str(z.communication_dtype or (z.grad_accum_dtype if z.stage == 1 else None) or spec.precision)
-
-
-def schedule_of(spec: TrialSpec) -> Schedule:
-    """What the trial's engine communicates, in which dtypes and buckets."""
-    z, engine = spec.cfg.zero, spec.cfg.engine
-    return Schedule(
-        stage=z.stage,
-        tensors=[p.numel for p in parameter_tensors(spec.cfg.model)],
-        param_bytes=element_bytes(spec.precision),
-        wire_bytes=element_bytes(wire_dtype(spec)),
-        reduce_bucket=z.reduce_bucket_size,
-        allgather_bucket=z.allgather_bucket_size,
-        prefetch_bucket=z.prefetch_bucket_size,
-        overlap_comm=z.overlap_comm,
-        ddp=runs_as(engine.backend, z.stage) == Sharding.ddp,
-        persistence_threshold=z.param_persistence_threshold,
-    )
-
-
-def rates(spec: TrialSpec, facts: MachineFacts) -> Rates:
-    """The hardware preset's step-time parameters, in the units plan/compute.py takes."""
-    hw, peak_tflops, bandwidth_gbps = spec.cfg.hardware, facts.peak_tflops or 0.0, facts.bandwidth_gbps
-    memory = bandwidth_gbps * 1e9 * hw.memory_efficiency if bandwidth_gbps else float("inf")
-    kn = kn_efficiency(hw)
-    if facts.peak_tflops_one_thread and peak_tflops:
-        # That layout's kernel runs on one thread (1.0-1.35x on two here, bench/RESULTS.md):
-        # its share is of one thread's peak, whatever the rank's.
-        kn *= facts.peak_tflops_one_thread / peak_tflops
-    return Rates(
-        peak_flops=peak_tflops * 1e12,
-        compute_efficiency=hw.compute_efficiency,
-        kn_efficiency=kn,
-        gemm_half_dim=hw.gemm_half_dim,
-        cache_bytes=hw.gemm_cache_mb * 1e6 if hw.gemm_cache_mb else float("inf"),
-        saturate_on_reduction=saturates_on(hw) == "reduction",
-        attention_efficiency=hw.attention_efficiency,
-        attention_backward_efficiency=hw.attention_backward_efficiency,
-        memory_bytes_per_s=memory,
-        op_overhead_s=hw.op_overhead_us * 1e-6,
-        host_op_s=hw.host_op_us * 1e-6 if hw.device.is_gpu else 0.0,
-    )
-
-
-def saturates_on(hw) -> str:
-    """Which dimension of a GEMM sets its share of the peak: the preset's, or the device's kind."""
-    return hw.gemm_saturates_on or ("reduction" if not hw.device.is_gpu else "smallest")
-
-
-def kn_efficiency(hw) -> float:
-    """The share of the peak of a GEMM whose right operand is stored k x n: the preset's, or
-    every other GEMM's where it gives none."""
-    return hw.compute_efficiency if hw.gemm_kn_efficiency is None else hw.gemm_kn_efficiency
-
-
-def compute_assumption(hw) -> str:
-    source = f"calibrated on {hw.calibrated_on}" if hw.calibrated_on else f"the {hw.name} preset's parameters"
-    dim = "smallest dimension" if saturates_on(hw) == "smallest" else "reduction length k"
-    return (
-        f"compute ({source}): large GEMMs at {hw.compute_efficiency:.0%} of the peak "
-        f"({kn_efficiency(hw):.0%} with a k x n right operand), half of that at a {dim} of {hw.gemm_half_dim:g}"
-        + (f" and at a smaller operand of {hw.gemm_cache_mb:g} MB" if hw.gemm_cache_mb else "")
-        + "; "
-        f"fused attention at {hw.attention_efficiency:.0%} forward, "
-        f"{hw.attention_backward_efficiency:.0%} backward; memory-bound kernels at {hw.memory_efficiency:.0%} "
-        f"of the memory bandwidth; {hw.op_overhead_us:g} us per kernel"
-        + (
-            f"; the host issues each kernel in {hw.host_op_us:g} us, beside the device"
-            if hw.device.is_gpu and hw.host_op_us
-            else ""
-        )
     )
 
 

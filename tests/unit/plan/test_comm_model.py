@@ -8,7 +8,7 @@ import pytest
 from orchestrator.plan import comm
 from orchestrator.plan.batch import batch_sizes_per_step
 from orchestrator.plan.collectives import RING_BASE_US, TREE_HOP_US, call_time, network, ring_time, tree_time
-from orchestrator.plan.planner import wire_dtype
+from orchestrator.plan.comm import wire_dtype
 from orchestrator.plan.prediction import planned_for_timed_steps, planned_steps_s, step_s_at
 from orchestrator.run.planning import plan_trial
 from orchestrator.run.trial import cost_line

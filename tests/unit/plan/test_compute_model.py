@@ -181,7 +181,7 @@ def test_on_a_cpu_the_k_by_n_layout_runs_at_one_threads_rate_whatever_the_rank_h
     # the k x n layout 0.9-1.35x (bench/RESULTS.md). Uses this host's measured peaks.
     from orchestrator.measure import hardware
     from orchestrator.measure.trial_measurements import machine_facts
-    from orchestrator.plan.planner import rates
+    from orchestrator.plan.rates import rates
 
     spec = build_spec(["hardware=cpu", "parallel.dp=1", "hardware.gemm_kn_efficiency=0.1"])  # as calibrate sets it
     hw = spec.cfg.hardware
