@@ -14,7 +14,6 @@ from pathlib import Path
 
 from orchestrator import commands
 from orchestrator.analysis.report import COLUMNS, collect, write_report
-from orchestrator.checks import number_from_text
 from orchestrator.config import GROUPS
 from orchestrator.core.errors import ConfigError, Interrupted, MeasurementFailed, PlanRefused, did_you_mean, one_of
 from orchestrator.core.files import read_json, strict_json
@@ -27,6 +26,7 @@ from orchestrator.records.trial_dir import TrialPaths, trials_below
 from orchestrator.run.display import console, show_bus_table, show_calibration, show_links, show_report, show_states
 from orchestrator.run.trial import collect_states, wait_for
 from orchestrator.spec import build_spec
+from orchestrator.validation.checks import number_from_text
 
 FIELDS_ONLY = "(fields, no presets)"
 HYDRA_COMMANDS = {  # commands.COMMANDS, summed up for `orchestrator --help`

@@ -200,8 +200,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "what a trial is",
         (
             "orchestrator.spec",
-            "orchestrator.checks",
-            "orchestrator.cluster_checks",
+            "orchestrator.validation",
             "orchestrator.hydra_glue",
             "orchestrator.token_file",
             "orchestrator.network_table",

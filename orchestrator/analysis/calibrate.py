@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from orchestrator.checks import number_from_text
 from orchestrator.config import KernelSource
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.files import read_text, real_number
@@ -59,6 +58,7 @@ from orchestrator.plan.rates import kn_efficiency
 from orchestrator.records.results import read_result
 from orchestrator.records.trial_dir import TrialPaths, check_path, trials_below
 from orchestrator.spec import TrialSpec, build_spec, load_spec
+from orchestrator.validation.checks import number_from_text
 
 FITTED = (
     "compute_efficiency",

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import submitit
 
-from orchestrator.checks import time_limit_s
 from orchestrator.core.files import atomic_write_json, read_json
 from orchestrator.core.redact import secret_exports
 from orchestrator.launchers.binding import Binding, trial_binding
@@ -31,6 +30,7 @@ from orchestrator.launchers.slurm_task import TASK_MODULE, SlurmTask, task_pytho
 from orchestrator.records.results import Status, error_record, now
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import TrialSpec
+from orchestrator.validation.checks import time_limit_s
 
 
 def timeout_minutes(time: str) -> int:

@@ -9,10 +9,10 @@ import re
 import shlex
 from typing import Any
 
-from orchestrator.checks import above_zero, positive, time_limit_s
 from orchestrator.config import TrialConfig
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.redact import redact, secret_export
+from orchestrator.validation.checks import above_zero, positive, time_limit_s
 
 
 def check_cluster(cfg: TrialConfig) -> None:
