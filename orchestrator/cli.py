@@ -249,6 +249,13 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--json", action="store_true", help="print the collected rows as JSON")
     report.set_defaults(handler=report_command)
+    _add_calibrate(sub)
+    return parser
+
+
+def _add_calibrate(sub) -> None:
+    """`calibrate`'s flags: the trials or a CSV to fit, or a network to measure (--links) or read
+    (--nccl-tests)."""
     calib = sub.add_parser(
         "calibrate",
         help="Fit a hardware preset's step-time and network parameters to the trials below DIR (or to --csv FILE).",
@@ -296,7 +303,6 @@ def _parser() -> argparse.ArgumentParser:
     calib.add_argument("--reps", type=int, default=5, help="--links: timed calls per size (the median counts)")
     calib.add_argument("--partition", default=None, help="--links: the SLURM partition (also runs one node there)")
     calib.set_defaults(handler=calibrate_command)
-    return parser
 
 
 def _seconds(flag: str):

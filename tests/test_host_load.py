@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 
+from orchestrator.config import GIB
 from orchestrator.measure import host_load
-from orchestrator.plan.memory import GIB
 from orchestrator.run.trial import host_memory_refusal
 from orchestrator.spec import build_spec
 

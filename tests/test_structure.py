@@ -433,3 +433,17 @@ def test_the_unit_tests_mirror_the_package_and_take_no_costly_fixture():
         if isinstance(node, ast.FunctionDef) and {a.arg for a in node.args.args} & COSTLY_FIXTURES
     ]
     assert costly == [], costly
+
+
+def test_gib_is_imported_from_config_its_owner():
+    """config.GIB reached most modules through plan.memory and tune.space, which imported it: one
+    import path to the owner, so a reader finds where the unit is decided."""
+    elsewhere = [
+        f"{f.relative_to(ROOT)}:{node.lineno}"
+        for f in _sources()
+        for node in ast.walk(ast.parse(f.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and node.module != "orchestrator.config"
+        and any(a.name == "GIB" for a in node.names)
+    ]
+    assert elsewhere == [], elsewhere

@@ -28,6 +28,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from orchestrator import network_table
+from orchestrator.config import GIB
 from orchestrator.core.errors import ConfigError, MeasurementFailed, one_of
 from orchestrator.core.process import run_group
 from orchestrator.hardware_presets import (
@@ -43,7 +44,6 @@ from orchestrator.hydra_glue.conf_tree import presets, user_conf_dir
 from orchestrator.measure.host_load import available_bytes
 from orchestrator.plan.bus_table import BusRow, BusTable
 from orchestrator.plan.collectives import Level, Network, bus_factor, ring_steps, ring_time
-from orchestrator.plan.memory import GIB
 from orchestrator.spec import build_spec
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
-from orchestrator.plan.memory import GIB, max_micro_batch, model_states, phases, sample_bytes, zero_layout
+from orchestrator.config import GIB
+from orchestrator.plan.memory import max_micro_batch, model_states, phases, sample_bytes, zero_layout
 
 if TYPE_CHECKING:
     from orchestrator.plan.prediction import Plan

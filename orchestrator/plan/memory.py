@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from orchestrator.config import GIB, DeviceType, ModelConfig
+from orchestrator.plan.activations import activation_bytes, loss_backward_bytes, recompute_bytes
 from orchestrator.plan.params import element_bytes, module_sizes, parameter_tensors, persistent
 
 if TYPE_CHECKING:
@@ -119,7 +120,6 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
     largest_tensor = max(p.numel for p in tensors)
     low = element_bytes(z.precision)  # of a parameter and of its gradient
     mixed = z.precision != "fp32"
-    dp = z.dp
     gathered = untouched = untouched_static = 0
     if z.stage == 0:
         params, grads = low * n, low * n
@@ -128,21 +128,7 @@ def model_states(model: ModelConfig, z: ZeroLayout) -> dict[str, int]:
         buffers = 0  # stage 0 all-reduces the gradients in place, bucket by bucket
         static = params + optimizer  # step() frees the gradients
     elif z.stage in (1, 2):
-        # One flat low-precision buffer per parameter group, padded to a multiple of
-        # 2 x dp elements (nccl_start_alignment_factor) so it splits into equal partitions.
-        padded = -(-n // (2 * dp)) * (2 * dp)
-        shard = padded // dp
-        params = low * padded
-        optimizer, step = 12 * shard, 4 * shard  # fp32 master + Adam m, v; fp32 grads in step()
-        grads = low * (n if z.stage == 1 else shard)  # stage 1 reduces the full gradients at the boundary
-        n_buckets = 2 if z.overlap_comm else 1
-        buffers = low * z.reduce_bucket_size * n_buckets if z.contiguous_gradients else 0
-        # every gradient passes through the buckets once a step: each is written up to n elements
-        untouched = low * max(0, z.reduce_bucket_size - n) * n_buckets if z.contiguous_gradients else 0
-        static = params + optimizer  # gradients and the ipg buckets are released after step()
-        if z.fp32_grad_accum:  # BF16_Optimizer: a whole fp32 gradient buffer, kept; no ipg buckets
-            grads, buffers, step, untouched = 4 * n, 0, 0, 0
-            static += grads
+        shard, params, grads, optimizer, step, buffers, static, untouched = _stage12_states(z, n, low)
     else:
         shard, params, grads, optimizer, step, gathered, buffers, static = _stage3_states(model, z, tensors, low)
         untouched = untouched_static = low * max(0, z.reduce_bucket_size - n)  # its one ipg bucket, kept
@@ -207,111 +193,10 @@ def optimizer_traffic_bytes(updated_params: int, precision: str) -> int:
     return updated_params * (ADAM_TRAFFIC + (0 if precision == "fp32" else 12))
 
 
-def activation_bytes(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
-    """Bytes saved for backward by one micro batch, alive when its forward returns."""
-    s, b, h, v = model.seq_len, micro_batch, model.hidden, model.vocab
-    act = element_bytes(precision)
-    boundary = act * s * b * h  # a block's input, what full recompute keeps per layer
-    if recompute == "full":
-        layers = model.n_layers * boundary
-    else:
-        layers = model.n_layers * activations_per_layer(model, micro_batch, recompute, precision)
-    # The final norm, the lm_head input, then the loss: transformers upcasts the logits
-    # to fp32 and log_softmax saves its fp32 output (the "logits in fp32" of the theory).
-    # The logits themselves die with the model output, which the training step drops.
-    head = norm_saved_bytes(model, micro_batch, precision) + boundary + 4 * s * b * v
-    if model.arch != "gpt2":  # RoPE's cos and sin, computed once per forward
-        head += 2 * act * s * model.head_dim
-    return int(layers + head)
-
-
-def norm_saved_bytes(model: ModelConfig, micro_batch: int, precision: str) -> int:
-    """What one norm layer saves: LayerNorm its input and fp32 mean / rstd; transformers'
-    LlamaRMSNorm its fp32 upcast, the normalised copy and the fp32 rsqrt."""
-    sb, h = model.seq_len * micro_batch, model.hidden
-    act = element_bytes(precision)
-    if model.arch == "gpt2":
-        return act * sb * h + 2 * 4 * sb
-    return 4 * sb * h + act * sb * h + 4 * sb
-
-
-def recompute_bytes(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
-    """What backward rebuilds on top of the saved activations: one block at a time.
-
-    Full recompute re-runs a whole block's forward (its activations exist while that
-    block's backward runs); selective re-runs the parts its policy dropped.
-    """
-    if recompute == "none":
-        return 0
-    whole = activations_per_layer(model, micro_batch, "none", precision)
-    if recompute == "full":
-        return whole
-    return max(0, whole - activations_per_layer(model, micro_batch, "selective", precision))
-
-
-def activations_per_layer(model: ModelConfig, micro_batch: int, recompute: str, precision: str) -> int:
-    """Bytes one transformer block saves for backward, as transformers' code saves them.
-
-    GPT-2 with eager attention and dropout is exactly Korthikanti et al.'s
-    34sbh + 5as^2b (bf16): LayerNorm inputs 4, c_attn input 2, Q K V 6, c_proj input 2,
-    c_fc input 2, GeLU input and output 16, two residual dropout masks 2 (1 byte each);
-    softmax output 2, attention dropout mask 1 and its output 2 per a*s^2*b. Without
-    dropout the masks and the dropped copy go. sdpa (flash / memory-efficient kernels)
-    saves its output and a row log-sum-exp instead of any s x s tensor, and draws its
-    dropout from the RNG instead of a mask.
-
-    Selective recompute (workload/model.py's policy) keeps the block's input, the outputs
-    of the linear layers' matmuls and of the fused attention kernel, and recomputes the
-    rest: for eager attention the whole s^2 term goes (Korthikanti's point), with sdpa the
-    norms, activations and their copies do. Full recompute is handled by the caller.
-    """
-    s, b, h = model.seq_len, micro_batch, model.hidden
-    a, f, kv = model.heads, model.ffn, model.kv_width
-    act = element_bytes(precision)
-    sbh, sbf, as2b = s * b * h, s * b * f, a * s * s * b
-    dropout = model.dropout > 0
-    fused = act * sbh + 4 * a * s * b if model.attention == "sdpa" else 0  # flash output + log-sum-exp (fp32)
-    if recompute == "selective":
-        qkv = 3 * sbh if model.arch == "gpt2" else sbh + 2 * s * b * kv
-        mlp_outputs = sbf if model.arch == "gpt2" else 2 * sbf  # c_fc / gate and up
-        return int(act * (sbh + qkv + sbh + mlp_outputs + sbh) + fused)  # input, qkv, out proj, mlp, down proj
-    if model.attention == "eager":
-        core = act * as2b + (as2b + act * as2b if dropout else 0)  # softmax out (+ mask, dropped copy)
-        if model.arch != "gpt2" and act != 4:
-            core += 4 * as2b  # Llama's eager softmax runs in fp32 and saves that output too
-    else:
-        core = fused
-    norms = 2 * norm_saved_bytes(model, micro_batch, precision)
-    if model.arch == "gpt2":
-        # The norms' outputs are c_attn's and c_fc's inputs. sdpa returns its output in
-        # (b, s, a, d) layout, so c_proj's input is a view of it; eager's matmul output
-        # needs a transposed copy.
-        attn = act * sbh + act * 3 * sbh + (act * sbh if model.attention == "eager" else 0)
-        mlp = act * sbh + 2 * act * sbf  # c_fc input, GeLU input, GeLU output
-        masks = 2 * sbh if dropout else 0  # residual dropouts after attention and MLP
-    else:
-        # SwiGLU saves gate, up, SiLU(gate) and their product. GQA: K and V are kv wide
-        # (sdpa's enable_gqa, no repeat); o_proj's input is a view of the attention output.
-        attn = 2 * act * sbh + act * (sbh + 2 * s * b * kv)  # q/k/v and gate/up inputs; Q, K, V after RoPE
-        if model.attention == "eager":  # K and V repeated to every head (repeat_kv); o_proj's input copied
-            attn += act * (2 * sbh - 2 * s * b * kv) + act * sbh
-        mlp = 4 * act * sbf
-        masks = 0  # Llama's only dropout is inside attention
-    return int(norms + attn + mlp + masks + core)
-
-
 def runtime_bytes(device: str, world_size: int) -> int:
     if not DeviceType(device).is_gpu:
         return CPU_PROCESS
     return CUDA_CONTEXT + (NCCL_BUFFERS if world_size > 1 else 0)
-
-
-def loss_backward_bytes(model: ModelConfig, micro_batch: int) -> int:
-    """The transient at the start of backward, on top of the saved activations: the fp32
-    gradients of nll_loss and of log_softmax, each s x b x V (transformers upcasts the
-    logits; the fp32 log-softmax they differentiate is already among the activations).
-    Measured on CPU: a 128k vocabulary starts its backward about 3 x 4sbV above baseline."""
-    return 2 * 4 * model.seq_len * micro_batch * model.vocab
 
 
 def phases(states: dict[str, int], activations: int, recompute: int, loss_backward: int) -> dict[str, int]:
@@ -410,6 +295,26 @@ def max_micro_batch(states: dict[str, int], runtime: int, capacity: int, per_sam
     room_start = (capacity - runtime - empty["loss backward"]) // per_sample.at_start
     room_inside = (capacity - runtime - empty["backward"]) // per_sample.inside
     return max(0, min(room_start, room_inside))
+
+
+def _stage12_states(z: ZeroLayout, n: int, low: int) -> tuple[int, ...]:
+    """ZeRO 1-2: (shard, params, grads, optimizer, step, buffers, static, untouched) in bytes."""
+    # One flat low-precision buffer per parameter group, padded to a multiple of
+    # 2 x dp elements (nccl_start_alignment_factor) so it splits into equal partitions.
+    padded = -(-n // (2 * z.dp)) * (2 * z.dp)
+    shard = padded // z.dp
+    params = low * padded
+    optimizer, step = 12 * shard, 4 * shard  # fp32 master + Adam m, v; fp32 grads in step()
+    grads = low * (n if z.stage == 1 else shard)  # stage 1 reduces the full gradients at the boundary
+    n_buckets = 2 if z.overlap_comm else 1
+    buffers = low * z.reduce_bucket_size * n_buckets if z.contiguous_gradients else 0
+    # every gradient passes through the buckets once a step: each is written up to n elements
+    untouched = low * max(0, z.reduce_bucket_size - n) * n_buckets if z.contiguous_gradients else 0
+    static = params + optimizer  # gradients and the ipg buckets are released after step()
+    if z.fp32_grad_accum:  # BF16_Optimizer: a whole fp32 gradient buffer, kept; no ipg buckets
+        grads, buffers, step, untouched = 4 * n, 0, 0, 0
+        static += grads
+    return shard, params, grads, optimizer, step, buffers, static, untouched
 
 
 def _stage3_states(model: ModelConfig, z: ZeroLayout, tensors: Sequence, low: int) -> tuple[int, ...]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from orchestrator.config import Sharding, runs_as
+from orchestrator.config import GIB, Sharding, runs_as
 from orchestrator.core.errors import ConfigError
 from orchestrator.plan import advice
+from orchestrator.plan.activations import activation_bytes, loss_backward_bytes, recompute_bytes
 from orchestrator.plan.assumptions import assumptions, compute_assumption, network_note
 from orchestrator.plan.collectives import Network, network, small_call_note
 from orchestrator.plan.comm import StepTime, bytes_per_rank_per_step, schedule_of, step_time, wire_dtype
@@ -28,16 +29,12 @@ from orchestrator.plan.host_memory import HostMemory, host_memory, slurm_size_by
 from orchestrator.plan.inputs import LocalLinks, MachineFacts, MeasuredKernels, Measurements
 from orchestrator.plan.memory import (
     CPU_PROCESS,
-    GIB,
     Memory,
-    activation_bytes,
-    loss_backward_bytes,
     max_micro_batch,
     model_states,
     offloaded_step_s,
     optimizer_traffic_bytes,
     peak_memory,
-    recompute_bytes,
     runtime_bytes,
     sample_bytes,
     zero_layout,

@@ -13,8 +13,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.config import GIB
 from orchestrator.hardware_presets import calibrated_name
-from orchestrator.plan.memory import GIB
 from orchestrator.plan.prediction import planned_for_timed_steps
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import TrialSpec

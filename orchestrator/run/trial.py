@@ -19,13 +19,13 @@ from pathlib import Path
 
 from rich.console import Console
 
+from orchestrator.config import GIB
 from orchestrator.core.errors import ConfigError, Interrupted
 from orchestrator.core.files import atomic_write_json, read_json, read_text
 from orchestrator.launchers import slurm
 from orchestrator.launchers.local import run_local
 from orchestrator.measure import hardware, host_load, memory_cgroup
 from orchestrator.plan.batch import batch_sizes_per_step
-from orchestrator.plan.memory import GIB
 from orchestrator.plan.prediction import Plan, planned_steps_s
 from orchestrator.records.results import Status, error_record, now, outcome_status, read_result, write_result
 from orchestrator.records.trial_dir import TrialPaths, claimant_gone, reserve, trials_below

@@ -61,30 +61,10 @@ def write_trial_files(
         "",
         f"Overrides: `{' '.join(spec.overrides) or '(defaults)'}`",
         "",
+        *_engine_files(spec, paths, files),
     ]
-    if spec.cfg.engine.backend == "deepspeed":
-        files[paths.ds_config] = deepspeed.ds_config(spec)
-        explain += (
-            [f"## {paths.ds_config.name} (DeepSpeed)", ""] + [f"- {line}" for line in deepspeed.explain(spec)] + [""]
-        )
-    if spec.cfg.engine.name == "fsdp":
-        explain += ["## FSDP2 (engine=fsdp, under torchrun)", ""] + [f"- {line}" for line in fsdp.explain(spec)] + [""]
-    if spec.cfg.engine.name == "accelerate":
-        files[paths.accelerate_config] = yaml.safe_dump(
-            accelerate.accelerate_config(spec, paths.ds_config), sort_keys=False
-        )
-        explain += (
-            [f"## {paths.accelerate_config.name}", ""] + [f"- {line}" for line in accelerate.explain(spec)] + [""]
-        )
-
-    command, slurm_launch, warnings = None, None, list(bind.warnings)
-    run = spec.cfg.run
-    if (
-        run.data
-        and os.path.isfile(run.data)
-        and (few := few_windows_warning(run.data, run.data_dtype, spec.cfg.model.seq_len, spec.global_batch_size))
-    ):
-        warnings.append(few)
+    warnings = [*bind.warnings, *_data_warnings(spec)]
+    command, slurm_launch = None, None
     if spec.cfg.cluster.name == "local":
         if spec.cfg.engine.name == "accelerate" and bind.accelerate_args and spec.cfg.numa.mode != "node":
             warnings.append(f"numa.mode={spec.cfg.numa.mode}: accelerate launch binds to the GPU's NUMA node only")
@@ -99,30 +79,61 @@ def write_trial_files(
             + (f", NUMA binding {bind.torchrun_args or bind.accelerate_args}" if bind.torchrun_args else ""),
         ]
     else:
-        slurm_launch = {
-            "submitit": slurm.submitit_parameters(spec, bind),
-            "sbatch": slurm.sbatch_options(spec, bind, trial_dir),
-            "srun": slurm.srun_options(spec, bind),
-            "task": slurm.task_command(spec, trial_dir),
-            "env": rank_environment(spec, spec.threads_per_rank),
-            "result": slurm.result_command(spec, trial_dir),
-        }
+        slurm_launch = _slurm_launch(spec, trial_dir, bind)
         files[paths.launch_json] = {"cluster": "slurm", **slurm_launch}
         files[paths.launch_sh] = _sbatch_script(spec, slurm_launch)
         paths.logs.mkdir(parents=True, exist_ok=True)  # sbatch --output's folder: SLURM makes none
         explain += _slurm_explain(spec, bind)
     explain += [f"- warning: {w}" for w in warnings]
     files[paths.explain] = "\n".join(explain) + "\n"
-
-    written = []
     for path, content in files.items():
         if isinstance(content, dict):
             atomic_write_json(path, content)
         else:
             atomic_write_text(path, content)
-        written.append(path)
     paths.launch_sh.chmod(0o755)
-    return TrialFiles(directory=trial_dir, written=written, warnings=warnings, command=command, slurm=slurm_launch)
+    return TrialFiles(directory=trial_dir, written=list(files), warnings=warnings, command=command, slurm=slurm_launch)
+
+
+def _engine_files(spec: TrialSpec, paths: TrialPaths, files: dict[Path, str | dict]) -> list[str]:
+    """The engine's own config files, added to `files`, and EXPLAIN.md's section on each."""
+    explain: list[str] = []
+    if spec.cfg.engine.backend == "deepspeed":
+        files[paths.ds_config] = deepspeed.ds_config(spec)
+        explain += [
+            f"## {paths.ds_config.name} (DeepSpeed)",
+            "",
+            *(f"- {line}" for line in deepspeed.explain(spec)),
+            "",
+        ]
+    if spec.cfg.engine.name == "fsdp":
+        explain += ["## FSDP2 (engine=fsdp, under torchrun)", "", *(f"- {line}" for line in fsdp.explain(spec)), ""]
+    if spec.cfg.engine.name == "accelerate":
+        config = accelerate.accelerate_config(spec, paths.ds_config)
+        files[paths.accelerate_config] = yaml.safe_dump(config, sort_keys=False)
+        explain += [f"## {paths.accelerate_config.name}", "", *(f"- {line}" for line in accelerate.explain(spec)), ""]
+    return explain
+
+
+def _data_warnings(spec: TrialSpec) -> list[str]:
+    run = spec.cfg.run
+    if run.data and os.path.isfile(run.data):
+        few = few_windows_warning(run.data, run.data_dtype, spec.cfg.model.seq_len, spec.global_batch_size)
+        return [few] if few else []
+    return []
+
+
+def _slurm_launch(spec: TrialSpec, trial_dir: Path, bind) -> dict:
+    """launch.json's SLURM half: submitit's parameters, sbatch's and srun's options, each task's
+    command and environment, and the command that writes result.json after the job."""
+    return {
+        "submitit": slurm.submitit_parameters(spec, bind),
+        "sbatch": slurm.sbatch_options(spec, bind, trial_dir),
+        "srun": slurm.srun_options(spec, bind),
+        "task": slurm.task_command(spec, trial_dir),
+        "env": rank_environment(spec, spec.threads_per_rank),
+        "result": slurm.result_command(spec, trial_dir),
+    }
 
 
 def _slurm_explain(spec: TrialSpec, bind) -> list[str]:

@@ -22,11 +22,11 @@ from rich.table import Table
 from orchestrator.analysis.plots import tune_plot
 from orchestrator.analysis.tune.search import CandidateRun, Search
 from orchestrator.analysis.tune.space import Space
+from orchestrator.config import GIB
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.files import atomic_write_json, atomic_write_text, read_json, real_number
 from orchestrator.core.redact import redact, redact_text
 from orchestrator.measure.host_load import BUSY_SHARE
-from orchestrator.plan.memory import GIB
 from orchestrator.plan.prediction import timed_batches
 from orchestrator.records.results import result_or_none
 from orchestrator.records.trial_dir import SweepPaths, TrialPaths, holds_trial, trials_below

@@ -21,7 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from orchestrator.analysis.calibrate import BOUNDS, FITTED, Measured, current_params, fit, log_error, predicted_step_s
-from orchestrator.analysis.tune.space import GIB, Candidate, Space
+from orchestrator.analysis.tune.space import Candidate, Space
+from orchestrator.config import GIB
 
 MIN_UNCERTAINTY = 0.05  # a model is never trusted closer than this (log scale, ~5 %)
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 
+from orchestrator.config import GIB
 from orchestrator.core.errors import ConfigError, PlanRefused
 from orchestrator.hydra_glue.compose import MAX_POINTS
 from orchestrator.hydra_glue.hydra_errors import config_error
-from orchestrator.plan.memory import GIB
 from orchestrator.plan.params import count_parameters
 from orchestrator.plan.prediction import Plan
 from orchestrator.run.planning import plan_trial

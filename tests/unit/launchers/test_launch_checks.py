@@ -140,8 +140,8 @@ def test_the_collective_timeout_reaches_the_process_group_keywords():
 
 
 def test_a_gpu_trials_host_memory_is_planned_per_node_and_refused_past_what_slurm_grants():
+    from orchestrator.config import GIB
     from orchestrator.plan.host_memory import host_memory, slurm_size_bytes
-    from orchestrator.plan.memory import GIB
     from orchestrator.run.planning import plan_trial
     from orchestrator.run.trial import refusal
 

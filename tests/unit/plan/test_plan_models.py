@@ -5,15 +5,9 @@ import dataclasses
 import pytest
 
 from orchestrator.config import ModelConfig
+from orchestrator.plan.activations import activation_bytes, activations_per_layer, recompute_bytes
 from orchestrator.plan.flops import attention_forward_per_token, flops_per_token, layer_matmul_forward_per_token
-from orchestrator.plan.memory import (
-    ZeroLayout,
-    activation_bytes,
-    activations_per_layer,
-    model_states,
-    recompute_bytes,
-    sub_groups,
-)
+from orchestrator.plan.memory import ZeroLayout, model_states, sub_groups
 from orchestrator.plan.params import count_parameters, matmul_parameters, parameter_tensors
 from orchestrator.spec import build_spec
 

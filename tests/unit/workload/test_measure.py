@@ -5,7 +5,7 @@ import threading
 
 import torch
 
-from orchestrator.plan.memory import activation_bytes
+from orchestrator.plan.activations import activation_bytes
 from orchestrator.spec import build_spec
 from orchestrator.workload.measure import ActivationCensus, AllocatorPeak, held_growth, static_bytes
 from orchestrator.workload.model import build_model
