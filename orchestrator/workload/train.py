@@ -106,19 +106,8 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
             gc.enable()
         state = run_steps(spec, engine, trial_dir, rank, world, device, console, tracker)
         peak = device.peak_bytes()
-        # the host's peak too: a GPU rank builds its model there first (plan/host_memory.py)
-        host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-        mine = {
-            "rank": rank,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "peak_bytes": peak,
-            "host_peak_bytes": host_peak,
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "forked": forked(),
-        }
         everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, mine)
+        dist.all_gather_object(everyone, _rank_record(rank, peak))
         dist.barrier()  # every rank is done with every collective before any leaves
         if rank != 0:
             return
@@ -142,6 +131,20 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
             Interrupted.ignore()  # nothing more may interrupt the closing of the run
             tracker.finish(None, plan, ended_status(exc, paths, world))
         raise
+
+
+def _rank_record(rank: int, peak: int) -> dict:
+    """What a rank says of itself at its end, gathered by rank 0 into result.json's env.ranks."""
+    return {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "peak_bytes": peak,
+        # the host's peak too: a GPU rank builds its model there first (plan/host_memory.py)
+        "host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "forked": forked(),
+    }
 
 
 def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, console, tracker):
