@@ -59,8 +59,8 @@ from orchestrator.run.plan_display import show_plan, show_sweep
 from orchestrator.run.planning import plan_trial
 from orchestrator.run.sweep_batch import SweepBatch, TaskReturn
 from orchestrator.run.trial import check_runnable_here, refusal, wait_for
+from orchestrator.run.trial_files import write_trial_files
 from orchestrator.spec import TrialSpec, build_spec
-from orchestrator.translate import write_trial_files
 from orchestrator.workload.tracking import sync_hint
 
 OWN_FLAGS = {

@@ -20,7 +20,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator import hardware_presets
+from orchestrator import hardware_presets, machine
 from orchestrator.config import TrialConfig
 from orchestrator.core.errors import ConfigError, one_of
 from orchestrator.core.files import read_yaml
@@ -28,7 +28,6 @@ from orchestrator.core.redact import redact, redact_text
 from orchestrator.hydra_glue.compose import Composed, compose_trial, composing
 from orchestrator.hydra_glue.conf_tree import presets, user_conf_dir
 from orchestrator.hydra_glue.hydra_registry import override_key
-from orchestrator.measure import hardware
 from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.records.trial_meta import TrialMeta
@@ -74,7 +73,7 @@ class TrialSpec:
         ranks share this host's usable CPUs."""
         if self.cfg.cluster.name == "slurm":
             return self.cfg.cluster.cpus_per_task
-        return hardware.threads_per_rank(self.gpus_per_node)
+        return machine.threads_per_rank(self.gpus_per_node)
 
     @property
     def collective_timeout(self) -> dict[str, timedelta]:
@@ -177,15 +176,15 @@ def _resolve_auto_hardware(composed: Composed) -> Composed:
             f"seen from here; choose one of {one_of(presets_known)} (with hardware.kernels=measured "
             "its kernels are timed on the allocated node before the ranks start)",
         )
-    gpu = hardware.local_gpu_name()
-    preset = "cpu" if gpu is None else hardware.preset_for_gpu(gpu)
+    gpu = machine.local_gpu_name()
+    preset = "cpu" if gpu is None else machine.preset_for_gpu(gpu)
     # A GPU without a preset is planned from its timed kernels and its own memory size;
     # with no published peak its MFU is unknown (conf/hardware/gpu.yaml).
     given = {override_key(o) for o in composed.overrides}
     unknown = (
         []
         if preset or "hardware.memory_gib" in given
-        else [f"hardware.memory_gib={hardware.local_gpu_memory_gib():.2f}"]
+        else [f"hardware.memory_gib={machine.local_gpu_memory_gib():.2f}"]
     )
     preset = preset or "gpu"
     if hardware_presets.calibrated_preset(preset, user_conf_dir()) is not None:  # written by `orchestrator calibrate`

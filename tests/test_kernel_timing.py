@@ -294,13 +294,13 @@ def test_a_cpu_is_timed_by_the_wall_clock_and_a_gpu_by_its_own_time_or_cuda_even
 def test_a_gpu_without_a_preset_is_planned_from_its_kernels_with_mfu_unknown(monkeypatch, fresh_cache):
     # No GPU here: the device's name and memory, and its timed kernels, are stood in for.
     # What is tested is everything around them: the resolution, the plan, MFU unknown.
+    from orchestrator import machine
     from orchestrator.core.errors import ConfigError
-    from orchestrator.measure import hardware
     from orchestrator.run.display import console
     from orchestrator.run.plan_display import show_plan
 
-    monkeypatch.setattr(hardware, "local_gpu_name", lambda: "NVIDIA L40S")
-    monkeypatch.setattr(hardware, "local_gpu_memory_gib", lambda: 44.52)
+    monkeypatch.setattr(machine, "local_gpu_name", lambda: "NVIDIA L40S")
+    monkeypatch.setattr(machine, "local_gpu_memory_gib", lambda: 44.52)
     monkeypatch.setattr(engine_timing, "device_name", lambda device: "NVIDIA L40S")
     timed = KernelTimes(
         layer_gemms=(1e-3, 2e-3),

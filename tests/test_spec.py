@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from orchestrator import machine
 from orchestrator.core.errors import ConfigError
 from orchestrator.hydra_glue.compose import expand_sweep
 from orchestrator.hydra_glue.conf_tree import conf_dir, presets
@@ -133,12 +134,12 @@ def test_every_preset_of_every_group_composes():
     ],
 )
 def test_gpu_names_map_to_presets(name, preset):
-    assert hardware.preset_for_gpu(name) == preset
+    assert machine.preset_for_gpu(name) == preset
 
 
 def test_auto_hardware_on_a_known_gpu_picks_its_preset_and_keeps_overrides(monkeypatch):
     # No GPU here: the CUDA device name is the one thing mocked.
-    monkeypatch.setattr(hardware, "local_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(machine, "local_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
     spec = build_spec(["hardware.compute_efficiency=0.4"])
     assert spec.cfg.hardware.name == "h100-sxm" and spec.cfg.hardware.compute_efficiency == 0.4
 
@@ -159,7 +160,7 @@ def test_a_gpu_is_looked_for_only_where_a_driver_made_its_device_files(tmp_path,
     # elsewhere it cannot see one, and its import would cost every `plan` 1.5 s.
     for name in files:
         (tmp_path / name).touch()
-    assert hardware.gpu_driver_present(tmp_path) is present
+    assert machine.gpu_driver_present(tmp_path) is present
 
 
 def test_the_cpu_peak_is_keyed_by_torchs_version_without_importing_torch():

@@ -206,6 +206,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "orchestrator.network_table",
             "orchestrator.deepspeed_sections",
             "orchestrator.hardware_presets",
+            "orchestrator.machine",
         ),
     ),
     ("the plan", ("orchestrator.plan",)),
@@ -220,15 +221,6 @@ WRONG_WAY = {
         "orchestrator.launchers.slurm_task",
         "orchestrator.run.planning",
     ): "the node's side of a SLURM trial re-plans on its allocation: an entry point that launch starts",
-    (
-        "orchestrator.spec",
-        "orchestrator.measure.hardware",
-    ): "hardware=auto's GPU detection and the calibrated preset's reading: MachineFacts and a presets module",
-    **{
-        ("orchestrator.translate", f"orchestrator.launchers{m}"): "write_trial_files (launch.sh, the launch "
-        "command) is orchestration's: translate keeps the engines' files as data"
-        for m in (".binding", ".local", ".slurm")
-    },
 }
 # The plan reads a TrialSpec's fields, and names its type: an `if TYPE_CHECKING:` import of it.
 TYPE_ONLY = {("orchestrator.plan", "orchestrator.spec")}

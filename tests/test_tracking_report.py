@@ -106,7 +106,7 @@ def test_the_sweeps_launchers_are_forks_of_one_server_each_with_its_trials_threa
     import os
     import re
 
-    from orchestrator.measure import hardware
+    from orchestrator import machine
 
     servers = set()
     for trial in sorted(p.parent for p in local_sweep.rglob("result.json")):
@@ -114,7 +114,7 @@ def test_the_sweeps_launchers_are_forks_of_one_server_each_with_its_trials_threa
         servers |= {int(pid) for pid in re.findall(r"forked from the launcher server (\d+)", log)}
         result = json.loads((trial / "result.json").read_text())
         dp = result["config"]["parallel"]["dp"]
-        assert result["env"]["threads_per_rank"] == hardware.threads_per_rank(dp), trial
+        assert result["env"]["threads_per_rank"] == machine.threads_per_rank(dp), trial
         assert all(rank["forked"] for rank in result["env"]["ranks"])
     assert len(servers) == 1, servers
     with pytest.raises(ProcessLookupError):

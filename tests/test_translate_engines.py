@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
+from orchestrator.run.trial_files import write_trial_files
 from orchestrator.spec import build_spec
-from orchestrator.translate import write_trial_files
 from orchestrator.translate.deepspeed import ds_config
 
 OFFLOADS = {

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.run.trial_files import write_trial_files
 from orchestrator.spec import build_spec, load_spec
-from orchestrator.translate import write_trial_files
 from orchestrator.translate.deepspeed import ds_config
 from tests.conftest import PRESET_KERNELS
 

@@ -6,12 +6,12 @@ import shutil
 
 import torch
 
-from orchestrator.measure import hardware
+from orchestrator import machine
 
 n = torch.cuda.device_count()
 name = torch.cuda.get_device_name(0)
 total = torch.cuda.get_device_properties(0).total_memory / 2**30
-preset = hardware.preset_for_gpu(name)
+preset = machine.preset_for_gpu(name)
 
 
 def v(pkg):

@@ -44,7 +44,9 @@ def rank_environment(spec: TrialSpec, threads: int) -> dict[str, str]:
         env["DS_ACCELERATOR"] = DeviceType.cpu.value  # DeepSpeed would otherwise look for CUDA
         env.update(cpu_allocator.rank_environment())  # the resident peak is the live tensors' (cpu_allocator.py)
     elif spec.cfg.run.expandable_segments:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # less fragmentation (003)
+        # the caching allocator grows segments instead of keeping many of fixed sizes: less
+        # fragmentation at the peak (PyTorch's CUDA semantics notes, "expandable_segments")
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     return env
 
 

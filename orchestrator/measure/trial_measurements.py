@@ -13,7 +13,7 @@ import dataclasses
 import os
 import socket
 
-from orchestrator import network_table
+from orchestrator import machine, network_table
 from orchestrator.config import KernelSource, Sharding, runs_as
 from orchestrator.core.errors import ConfigError, KernelTimingError, MeasurementFailed
 from orchestrator.deepspeed_sections import optimizer_section, zero_section
@@ -54,8 +54,8 @@ def machine_facts(spec: TrialSpec) -> MachineFacts:
         peak_note=peak_note,
         bandwidth_gbps=bandwidth,
         bandwidth_note=bandwidth_note,
-        host_memory_bytes=hardware.host_memory_bytes(),
-        gpu_driver_present=hw.device.is_gpu and hardware.gpu_driver_present(),
+        host_memory_bytes=machine.host_memory_bytes(),
+        gpu_driver_present=hw.device.is_gpu and machine.gpu_driver_present(),
         network_table=network_table.load(hw.network) if hw.network else None,
         peak_tflops_one_thread=one_thread,
     )
@@ -99,7 +99,7 @@ def measured_kernels(
         p.numel if spec.cfg.zero.stage == 0 else -(-p.numel // spec.dp) for p in parameter_tensors(spec.cfg.model)
     ]
     try:
-        if hw.device.is_gpu and hardware.local_gpu_name() is None:
+        if hw.device.is_gpu and machine.local_gpu_name() is None:
             raise KernelTimingError("no CUDA device on this machine")
         args = (spec.cfg.model, spec.micro_batch_size, spec.precision, device, threads, shares, spec.cfg.recompute.mode)
         peak = peak_tflops * 1e12 if peak_tflops else None  # what no timed GEMM can beat

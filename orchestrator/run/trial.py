@@ -32,8 +32,8 @@ from orchestrator.records.trial_dir import TrialPaths, claimant_gone, reserve, t
 from orchestrator.run.display import show_progress, show_result, trial_label
 from orchestrator.run.plan_display import show_plan
 from orchestrator.run.planning import plan_trial
+from orchestrator.run.trial_files import TrialFiles, write_trial_files
 from orchestrator.spec import TrialSpec, load_spec
-from orchestrator.translate import TrialFiles, write_trial_files
 
 
 def refusal(

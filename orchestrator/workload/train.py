@@ -247,7 +247,8 @@ def _step_record(spec, engine, step: int, ran: int, seconds: float, losses: list
 
 
 def _profiler(trial_dir: Path, steps: int, device):
-    """torch.profiler with 000's schedule: skip 1 step, warm up 1, record 3."""
+    """torch.profiler on a schedule: skip 1 step (allocation, the libraries choosing kernels),
+    warm up 1, record 3."""
     import torch.profiler as tp
 
     return tp.profile(

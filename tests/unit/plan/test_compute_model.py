@@ -179,13 +179,14 @@ def test_the_host_paces_a_gpu_plan_only_and_says_so():
 def test_on_a_cpu_the_k_by_n_layout_runs_at_one_threads_rate_whatever_the_rank_has():
     # Measured on the CI machine: nn.Linear's layout runs 1.6-2.3x faster on two threads,
     # the k x n layout 0.9-1.35x (bench/RESULTS.md). Uses this host's measured peaks.
+    from orchestrator import machine
     from orchestrator.measure import hardware
     from orchestrator.measure.trial_measurements import machine_facts
     from orchestrator.plan.rates import rates
 
     spec = build_spec(["hardware=cpu", "parallel.dp=1", "hardware.gemm_kn_efficiency=0.1"])  # as calibrate sets it
     hw = spec.cfg.hardware
-    threads = hardware.threads_per_rank(spec.gpus_per_node)
+    threads = machine.threads_per_rank(spec.gpus_per_node)
     rank_peak, _ = hardware.peak_tflops(hw, "bf16", threads)
     one_thread, _ = hardware.peak_tflops(hw, "bf16", 1)
     facts = machine_facts(spec)
