@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from orchestrator.spec import build_spec
-from orchestrator.workload.measure import tensors_in
+from orchestrator.workload.memory_census import tensors_in
 from orchestrator.workload.model import build_model
 from orchestrator.workload.torch_compat import TorchDispatchMode
 

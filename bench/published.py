@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.analysis.calibrate import (
-    Measured,
+    MeasuredTrial,
     current_params,
     determined,
     fit_in_stages,
@@ -225,7 +225,7 @@ def calibrated_held_out(fit_up_to: int = 32) -> tuple[list[Planned], dict]:
     of calibration on rows it did not see. Returns (the held-out rows, the fitted parameters)."""
     rows = ultrascale()
     specs = [(r, build_spec(list(r.overrides))) for r in rows if r.key[0] <= fit_up_to]
-    train = [Measured(r.label, spec, spec.tokens_per_step / (r.measured * spec.world_size)) for r, spec in specs]
+    train = [MeasuredTrial(r.label, spec, spec.tokens_per_step / (r.measured * spec.world_size)) for r, spec in specs]
     start = current_params(train[0].spec.cfg.hardware, fitted_names(train))
     seen, _ = determined(train, start)
     params = fit_in_stages(train, start, seen)

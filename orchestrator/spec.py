@@ -28,7 +28,7 @@ from orchestrator.core.redact import redact, redact_text
 from orchestrator.hydra_glue.compose import Composed, compose_trial, composing
 from orchestrator.hydra_glue.conf_tree import presets, user_conf_dir
 from orchestrator.hydra_glue.hydra_registry import override_key
-from orchestrator.plan.batch import Schedule, grad_accum_steps, warmup_schedule
+from orchestrator.plan.batch import BatchSchedule, grad_accum_steps, warmup_schedule
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.records.trial_meta import TrialMeta
 from orchestrator.validation.checks import at_most, positive, typed_config
@@ -64,7 +64,7 @@ class TrialSpec:
     grad_accum_steps: int  # at the final (post warm-up) global batch
     global_batch_size: int  # sequences, after the warm-up
     tokens_per_step: int  # at the final global batch
-    schedule: Schedule  # [(from_token, global_batch_size)]
+    schedule: BatchSchedule  # [(from_token, global_batch_size)]
 
     @property
     def threads_per_rank(self) -> int:
@@ -154,7 +154,7 @@ def spec_from(composed: Composed) -> TrialSpec:
     )
 
 
-def _schedule(cfg: TrialConfig, unit: int) -> Schedule:
+def _schedule(cfg: TrialConfig, unit: int) -> BatchSchedule:
     b, w = cfg.batch, cfg.batch.warmup
     if w is None:
         assert b.global_batch_size is not None  # set by trial_checks.check_batch

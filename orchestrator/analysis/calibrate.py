@@ -79,7 +79,7 @@ SENSITIVITY = 0.01  # a parameter that moves no trial's step time by 1 % (for a 
 
 
 @dataclass(frozen=True)
-class Measured:
+class MeasuredTrial:
     source: str  # the trial's directory, or "FILE row N"
     spec: TrialSpec
     step_s: float  # measured, seconds per optimizer step
@@ -91,7 +91,7 @@ class Measured:
 class Calibration:
     hardware: str
     params: dict[str, float]
-    trials: list[Measured]
+    trials: list[MeasuredTrial]
     before: list[float]  # predicted / measured step time, per trial, with the preset's parameters
     after: list[float]  # the same with the fitted ones
     preset_path: Path
@@ -133,7 +133,7 @@ def current_params(hw, names: tuple[str, ...] = FITTED) -> dict[str, float]:
     return {k: value(k) for k in names}
 
 
-def fitted_names(trials: list[Measured]) -> tuple[str, ...]:
+def fitted_names(trials: list[MeasuredTrial]) -> tuple[str, ...]:
     """The compute parameters, and the network's where the trials can tell them: a level's
     bandwidth only if some trial's ranks cross it."""
     ranks = any(t.spec.world_size > 1 for t in trials)
@@ -191,7 +191,7 @@ def fit(
     return best
 
 
-def fit_in_stages(trials: list[Measured], start: dict, names: tuple[str, ...]) -> dict:
+def fit_in_stages(trials: list[MeasuredTrial], start: dict, names: tuple[str, ...]) -> dict:
     """Fit `names` (the others stay at `start`): compute first, on the trials that stay
     inside one node (all of them if none does), then the network on every trial with the
     compute held: fitted jointly, a slow network and a slow GEMM explain the same step, and
@@ -203,15 +203,15 @@ def fit_in_stages(trials: list[Measured], start: dict, names: tuple[str, ...]) -
     return fit(lambda p: log_error(trials, p), params, names=links) if links else params
 
 
-def log_error(trials: list[Measured], params: dict) -> float:
+def log_error(trials: list[MeasuredTrial], params: dict) -> float:
     return sum(math.log(predicted_step_s(t.spec, params, t.timed_batches) / t.step_s) ** 2 for t in trials)
 
 
-def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, list[Measured]]:
+def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, list[MeasuredTrial]]:
     """Ok trials with a plausible measured step time under `dirs`, by hardware name. A trial
     whose files cannot be read, or whose figures are not plausible, is skipped and named
     to `warn`; the fit goes on with the rest."""
-    found: dict[str, list[Measured]] = {}
+    found: dict[str, list[MeasuredTrial]] = {}
     for trial_dir in (t for d in dirs for t in trials_below(d)):
         try:
             result = read_result(trial_dir)
@@ -226,7 +226,7 @@ def measured_trials(dirs: list[Path], warn: Callable[[str], None]) -> dict[str, 
         try:
             spec = load_spec(trial_dir)
             # measured first: a trial refused here must not leave its hardware an empty list
-            trial = Measured(
+            trial = MeasuredTrial(
                 str(trial_dir),
                 spec,
                 plausible_step_s(metrics.get("step_time_s")),
@@ -250,7 +250,7 @@ def plausible_step_s(step: object) -> float:
 
 def csv_trials(
     path: Path, max_rows: int = MAX_POINTS, warn: Callable[[str], None] = print
-) -> dict[str, list[Measured]]:
+) -> dict[str, list[MeasuredTrial]]:
     """The rows of a CSV of measured runs, each composed and validated as a trial, by hardware
     name. Read as trial files are (files.read_text: a regular file, no link followed, bounded:
     a FIFO or /dev/zero is refused, not waited on), a byte-order mark ignored; at most
@@ -278,7 +278,7 @@ def csv_trials(
             f"at most --max-rows={max_rows:,} rows (each is "
             f"validated and planned at every step of the fit); --max-rows {len(rows)} if all are meant",
         )
-    found: dict[str, list[Measured]] = {}
+    found: dict[str, list[MeasuredTrial]] = {}
     started = said = time.monotonic()
     for number, row in enumerate(rows, start=2):  # row 1 is the header
         where = f"{path.name} row {number}"
@@ -292,7 +292,7 @@ def csv_trials(
         except ConfigError as exc:
             raise ConfigError(exc.field, exc.value, exc.allowed, where=where) from None
         step = _measured_step_s(row, spec, where)
-        found.setdefault(spec.cfg.hardware.name, []).append(Measured(where, spec, step))
+        found.setdefault(spec.cfg.hardware.name, []).append(MeasuredTrial(where, spec, step))
         if time.monotonic() - said >= PROGRESS_EVERY_S:
             said, done = time.monotonic(), number - 1
             warn(
@@ -343,7 +343,7 @@ def calibrate(
     return out
 
 
-def calibrate_one(name: str, trials: list[Measured]) -> Calibration:
+def calibrate_one(name: str, trials: list[MeasuredTrial]) -> Calibration:
     """Fit what the trials determine; the rest keeps the preset's values."""
     hw = trials[0].spec.cfg.hardware
     start = current_params(hw, fitted_names(trials))
@@ -365,7 +365,7 @@ def calibrate_one(name: str, trials: list[Measured]) -> Calibration:
     )
 
 
-def determined(trials: list[Measured], params: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def determined(trials: list[MeasuredTrial], params: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the parameters these trials determine, those they cannot). A parameter's column is
     its effect on every trial's log step time when it is divided or multiplied by 4 (the
     larger: a network hidden behind compute at the preset's values shows only when slowed).

@@ -11,7 +11,7 @@ in force once that many tokens have been consumed.
 
 from __future__ import annotations
 
-Schedule = list[tuple[int, int]]
+BatchSchedule = list[tuple[int, int]]
 
 
 def grad_accum_steps(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
@@ -19,7 +19,7 @@ def grad_accum_steps(global_batch_size: int, micro_batch_size: int, dp: int) -> 
     return global_batch_size // (micro_batch_size * dp)
 
 
-def warmup_schedule(start: int, end: int, increment: int, ramp_tokens: int) -> Schedule:
+def warmup_schedule(start: int, end: int, increment: int, ramp_tokens: int) -> BatchSchedule:
     """[(0, start), (t1, start + inc), ..., (ramp_tokens, end)] with equal token intervals."""
     if start == end:
         return [(0, end)]
@@ -27,7 +27,7 @@ def warmup_schedule(start: int, end: int, increment: int, ramp_tokens: int) -> S
     return [(round(i * ramp_tokens / n_increments), start + i * increment) for i in range(n_increments + 1)]
 
 
-def global_batch_at(schedule: Schedule, consumed_tokens: int) -> int:
+def global_batch_at(schedule: BatchSchedule, consumed_tokens: int) -> int:
     """The global batch size in force after `consumed_tokens` tokens."""
     size = schedule[0][1]
     for from_token, gbs in schedule:
@@ -36,7 +36,7 @@ def global_batch_at(schedule: Schedule, consumed_tokens: int) -> int:
     return size
 
 
-def batch_sizes_per_step(schedule: Schedule, steps: int, seq_len: int) -> list[int]:
+def batch_sizes_per_step(schedule: BatchSchedule, steps: int, seq_len: int) -> list[int]:
     """The global batch (sequences) of each of `steps` optimizer steps."""
     sizes, consumed = [], 0
     for _ in range(steps):

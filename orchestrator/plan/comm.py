@@ -153,7 +153,7 @@ STAGE0_BUCKET = 500_000_000  # elements: DeepSpeed's engine all-reduces stage 0 
 
 
 @dataclass(frozen=True)
-class Schedule:
+class CommSchedule:
     """What the engine communicates and how: the plan's inputs to step_time."""
 
     stage: int
@@ -168,7 +168,7 @@ class Schedule:
     persistence_threshold: int = 0  # stage 3: tensors of at most this many elements stay whole
 
 
-def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: Network) -> StepTime:
+def step_time(s: CommSchedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: Network) -> StepTime:
     """Step time of `grad_accum` micro batches of forward `fwd_s` and backward `bwd_s`."""
     micro = fwd_s + bwd_s
     overlap = s.overlap_comm and net.ranks > 1
@@ -206,7 +206,7 @@ def step_time(s: Schedule, *, grad_accum: int, fwd_s: float, bwd_s: float, net: 
 
 
 def _stage3(
-    s: Schedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Network, overlap: bool
+    s: CommSchedule, grad_accum: int, fwd_s: float, bwd_s: float, net: Network, overlap: bool
 ) -> tuple[float, list[Collective]]:
     """ZeRO-3: gather in forward and backward, reduce-scatter in backward, every micro batch."""
     gathers = calls("all_gather", buckets(sum(s.tensors), s.prefetch_bucket), s.param_bytes, net)
@@ -269,10 +269,10 @@ def wire_dtype(spec: TrialSpec) -> str:
     return str(z.communication_dtype or (z.grad_accum_dtype if z.stage == 1 else None) or spec.precision)
 
 
-def schedule_of(spec: TrialSpec) -> Schedule:
+def schedule_of(spec: TrialSpec) -> CommSchedule:
     """What the trial's engine communicates, in which dtypes and buckets."""
     z, engine = spec.cfg.zero, spec.cfg.engine
-    return Schedule(
+    return CommSchedule(
         stage=z.stage,
         tensors=[p.numel for p in parameter_tensors(spec.cfg.model)],
         param_bytes=element_bytes(spec.precision),

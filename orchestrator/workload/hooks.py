@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.core.process import PROGRESS
-from orchestrator.workload import checkpoint, measure
+from orchestrator.workload import checkpoint, memory_census
 from orchestrator.workload.device import Device
 
 MEMORY_KEYS = ("activation_bytes", "static_bytes", "live_peak_bytes", "live_peak_at")
@@ -105,7 +105,7 @@ class MemoryProbes:
 
     @contextlib.contextmanager
     def _watching(self):
-        with measure.AllocatorPeak() as allocator:
+        with memory_census.AllocatorPeak() as allocator:
             yield
         self.memory["live_peak_bytes"] = self.memory["static_bytes"] + allocator.growth
         self.memory["live_peak_at"] = allocator.where
@@ -116,14 +116,14 @@ class MemoryProbes:
         if self.memory["activation_bytes"] is not None or micro:
             yield
             return
-        with measure.ActivationCensus() as census:
+        with memory_census.ActivationCensus() as census:
             yield
         self.memory["activation_bytes"] = census.bytes
 
     def after_step(self) -> None:
         """The static census: after the first optimizer step, no batch in flight."""
         if self.memory["static_bytes"] is None:
-            self.memory["static_bytes"] = measure.static_bytes(self.device.type.value)
+            self.memory["static_bytes"] = memory_census.static_bytes(self.device.type.value)
 
 
 class Reporter:

@@ -1,4 +1,4 @@
-"""Every use of torch's private API, in one place (tests/unit/workload/test_measure.py exercises each).
+"""Every use of torch's private API, in one place (tests/unit/workload/test_memory_census.py exercises each).
 
 - `TorchDispatchMode`: sees every tensor an op creates, inside checkpointed regions too
   (the activation census). torch has kept it in torch.utils._python_dispatch since 1.13.

@@ -96,7 +96,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     try:
         # Every object the imports made (some 700,000: torch, transformers, the engine) goes to
         # the collector's permanent generation, which no collection walks again: the static
-        # census (measure.static_bytes) and each full collection during the steps cost a
+        # census (memory_census.static_bytes) and each full collection during the steps cost a
         # rank about 0.9 s of CPU less (docs/measurements.md). Done before the trial's first
         # tensor exists, so the census still sees every tensor of the trial.
         import_libraries(spec)

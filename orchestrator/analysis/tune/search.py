@@ -20,7 +20,15 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.analysis.calibrate import BOUNDS, FITTED, Measured, current_params, fit, log_error, predicted_step_s
+from orchestrator.analysis.calibrate import (
+    BOUNDS,
+    FITTED,
+    MeasuredTrial,
+    current_params,
+    fit,
+    log_error,
+    predicted_step_s,
+)
 from orchestrator.analysis.tune.space import Candidate, Space
 from orchestrator.config import GIB
 
@@ -99,7 +107,7 @@ class Search:
         ok = self.measured_ok()
         if not ok:
             return
-        trials = [Measured(o.trial_dir, c.spec, o.step_s, o.timed_batches) for c, o in ok if c.spec and o.step_s]
+        trials = [MeasuredTrial(o.trial_dir, c.spec, o.step_s, o.timed_batches) for c, o in ok if c.spec and o.step_s]
         start = current_params(trials[0].spec.cfg.hardware)
         # One or two runs cannot pin seven parameters: then only the overall rate moves.
         free = FITTED if len(trials) >= 4 else ("compute_efficiency",)

@@ -22,7 +22,7 @@ def _net(ranks, nodes, backend="nccl", call_us=0.0, **links):
 
 
 def _schedule(stage, n=10**9, bucket=5 * 10**8, overlap=True, wire=2, ddp=False, tensors=None, persistence=0):
-    return comm.Schedule(
+    return comm.CommSchedule(
         stage=stage,
         tensors=tensors or [n // 2, n - n // 2],
         param_bytes=2,
@@ -272,7 +272,7 @@ def test_the_plan_of_a_warm_up_trial_is_compared_at_the_steps_it_timed():
 
 
 def test_calibrate_fits_a_warm_up_trial_at_the_batches_it_timed():
-    from orchestrator.analysis.calibrate import Measured, current_params, log_error
+    from orchestrator.analysis.calibrate import MeasuredTrial, current_params, log_error
 
     spec = build_spec(
         [
@@ -289,8 +289,8 @@ def test_calibrate_fits_a_warm_up_trial_at_the_batches_it_timed():
     params = current_params(spec.cfg.hardware)
     # a measurement exactly as planned at the warm-up's batch, under the parameters that plan used
     at_32 = step_s_at(plan_trial(spec).as_dict(), 32)
-    assert log_error([Measured("t", spec, at_32, (32, 32))], params) < 1e-12
-    assert log_error([Measured("t", spec, at_32)], params) > 0.1  # against the full batch's step: a large miss
+    assert log_error([MeasuredTrial("t", spec, at_32, (32, 32))], params) < 1e-12
+    assert log_error([MeasuredTrial("t", spec, at_32)], params) > 0.1  # against the full batch's step: a large miss
 
 
 def test_a_small_call_runs_in_ncclS_ll_protocol_and_a_large_one_in_simple():

@@ -7,7 +7,7 @@ import torch
 
 from orchestrator.plan.activations import activation_bytes
 from orchestrator.spec import build_spec
-from orchestrator.workload.measure import ActivationCensus, AllocatorPeak, held_growth, static_bytes
+from orchestrator.workload.memory_census import ActivationCensus, AllocatorPeak, held_growth, static_bytes
 from orchestrator.workload.model import build_model
 
 
