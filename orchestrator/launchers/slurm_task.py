@@ -34,12 +34,12 @@ from orchestrator.launchers.binding import trial_binding
 from orchestrator.launchers.local import WORKLOAD_MODULE, accelerate_launch, rank_environment
 from orchestrator.measure import host_load
 from orchestrator.records.trial_dir import TrialPaths
-from orchestrator.run.planning import plan_trial
 from orchestrator.spec import TrialSpec, load_spec
 from orchestrator.workload.placement import one_gpu_task
 
 NODE_PLAN_WAIT_S = 600  # the longest the other ranks wait for rank 0 to time the kernels
 TASK_MODULE = "orchestrator.launchers.slurm_task"
+NODE_PLAN_MODULE = "orchestrator.run.node_plan"  # started by its name: launch imports no orchestration
 
 
 def task_python(spec: TrialSpec) -> list[str]:
@@ -236,7 +236,7 @@ def plan_on_the_node(paths: TrialPaths, rank: int, env: dict[str, str]) -> None:
     submitted = read_json(paths.plan)
     try:  # a plan that failed or ran out of time leaves the submitted one; its cause is in the task's log
         subprocess.run(
-            [sys.executable, "-m", TASK_MODULE, "--plan", str(paths.root)],
+            [sys.executable, "-m", NODE_PLAN_MODULE, str(paths.root)],
             env={**os.environ, **env},
             timeout=NODE_PLAN_WAIT_S - 10,
             check=False,
@@ -275,12 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--started", type=float, default=None, help="when the batch script began (seconds since the epoch)"
     )
-    parser.add_argument("--plan", action="store_true", help=argparse.SUPPRESS)  # plan_on_the_node's own process
     args = parser.parse_args(argv)
     paths = TrialPaths(args.trial_dir.resolve())
-    if args.plan:
-        atomic_write_json(paths.plan, plan_trial(load_spec(paths.root), on_the_node=True).as_dict())
-        return
     if args.result is not None:
         sys.exit(write_job_result(paths, args.result, args.started))
     spec = load_spec(paths.root)
