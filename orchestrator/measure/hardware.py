@@ -7,17 +7,15 @@ MFU never uses a guessed peak: a GPU without a preset has to be described by the
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
-import json
 import platform
-import sys
 import time
 from pathlib import Path
 
-from orchestrator.core.files import atomic_write_text, read_json, real_number, xdg_dir
+from orchestrator.core.files import real_number, xdg_dir
 from orchestrator.machine import gpu_driver_present
+from orchestrator.measure.measured_file import cached_or_measured
 
 
 def gpu_software() -> str:
@@ -136,32 +134,23 @@ def _measured(key: str, threads: int, measure, plausible: tuple[float, float]) -
 
 
 def _measured_once(key: str, threads: int, measure, plausible: tuple[float, float]) -> float:
-    """The cached figure under `key` where it is a number within `plausible` (what any
-    device of this kind can reach), else measured now and cached. The cache is read as
-    trial files are (files.read_json: a FIFO, a link or a huge file is not read) and an
-    unusable cache (a read-only or missing directory) costs only the measurement."""
-    cache = cache_dir() / "cpu_peak.json"
-    known = read_json(cache) or {}
-    value = known.get(key)
-    if value is not None:
-        if (number := real_number(value)) is not None and plausible[0] <= number <= plausible[1]:
-            return number
-        print(
-            f"warning: {cache} held {str(value)[:40]!r} for {key.split('|')[-2:]}, outside "
-            f"{plausible[0]:g}-{plausible[1]:g}: measured again",
-            file=sys.stderr,
-        )
-    import torch
+    """The cached figure under `key` where it is a number within `plausible` (what any device
+    of this kind can reach), else measured now on `threads` threads (measured_file.py's rules)."""
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        known[key] = measure()
-    finally:
-        torch.set_num_threads(before)
-    with contextlib.suppress(OSError):
-        atomic_write_text(cache, json.dumps(known, indent=1))
-    return known[key]
+    def usable(value) -> bool:
+        return (number := real_number(value)) is not None and plausible[0] <= number <= plausible[1]
+
+    def measured() -> float:
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return measure()
+        finally:
+            torch.set_num_threads(before)
+
+    return float(cached_or_measured(cache_dir() / "cpu_peak.json", key, usable, measured))
 
 
 def _best_time(op, reps: int = 5) -> float:

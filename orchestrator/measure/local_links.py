@@ -15,17 +15,15 @@ it, the dp 2 trials came out 0.71-0.85 of their steps, with it 0.81-0.96 (bench/
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 from datetime import UTC, datetime
 
 import numpy as np
 
 from orchestrator.core.errors import MeasurementFailed
-from orchestrator.core.files import atomic_write_text, read_json
 from orchestrator.measure.hardware import cache_dir, cpu_model, torch_version
 from orchestrator.measure.links import OPS, Measurement, fit_level, measure, table_of
+from orchestrator.measure.measured_file import cached_or_measured
 from orchestrator.plan.bus_table import MAX_BUSBW_GBPS
 from orchestrator.plan.collectives import bus_factor
 from orchestrator.plan.inputs import LocalLinks
@@ -64,11 +62,8 @@ def local_links(ranks_per_node: int) -> LocalLinks:
 def _cached_or_measured(ranks_per_node: int) -> LocalLinks:
     """Cached, else measured now (seconds: the ranks import torch). MeasurementFailed where
     they cannot be measured."""
-    cache = cache_path()
-    known = k if isinstance(k := read_json(cache), dict) else {}
-    entry = known.get(key(ranks_per_node))
-    rows = rows_of(entry)
-    if rows is None:
+
+    def measured() -> dict:
         # A call timed at nothing (the barriers' cost taken off a call as short as they are)
         # says nothing of the link; the others are kept.
         rows = [
@@ -82,10 +77,11 @@ def _cached_or_measured(ranks_per_node: int) -> LocalLinks:
         }
         if rows_of(entry) is None:
             raise MeasurementFailed(f"{ranks_per_node} ranks of this host timed no usable call of each collective")
-        known[key(ranks_per_node)] = entry
-        with contextlib.suppress(OSError):  # an unusable cache costs the measurement next time, nothing else
-            atomic_write_text(cache, json.dumps(known, indent=1))
-    assert isinstance(entry, dict)  # the cached one read, or the new one
+        return entry
+
+    entry = cached_or_measured(cache_path(), key(ranks_per_node), lambda e: rows_of(e) is not None, measured)
+    rows = rows_of(entry)
+    assert rows is not None  # the cached one was usable, or the new one
     what = (
         f"{BACKEND} between {ranks_per_node} ranks of this host, {MIN_BYTES >> 10} KB-{MAX_MB} MB, "
         f"measured {entry['when']}"
