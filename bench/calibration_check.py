@@ -21,7 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.analysis.calibrate import current_params, fit, log_error, measured_trials, predicted_step_s
+from orchestrator.analysis.calibrate import current_params, fit, log_error, predicted_step_s
+from orchestrator.analysis.fit_inputs import measured_trials
 from orchestrator.spec import build_spec
 
 FIT_ON = (

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.analysis.calibrate import (
-    MeasuredTrial,
     current_params,
     determined,
     fit_in_stages,
     fitted_names,
     with_params,
 )
+from orchestrator.analysis.fit_inputs import MeasuredTrial
 from orchestrator.plan.prediction import Plan
 from orchestrator.run.planning import plan_trial
 from orchestrator.spec import build_spec

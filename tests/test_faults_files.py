@@ -632,14 +632,14 @@ def test_calibrate_csv_reads_its_file_as_trial_files_are_read(cli, tmp_path, kin
 
 
 def test_calibrate_csv_takes_a_byte_order_mark_limits_its_rows_and_says_its_progress(cli, tmp_path, monkeypatch):
-    from orchestrator.analysis import calibrate
+    from orchestrator.analysis import fit_inputs
 
     env = {"ORCHESTRATOR_USER_CONF": str(tmp_path / "conf")}
     path = tmp_path / "runs.csv"
     # Excel's UTF-8 CSV: a byte-order mark before the header. The header is read as it is
     # meant: the bad value of row 3 is what stops it (the fit never starts), not 'model'.
     path.write_bytes(b"\xef\xbb\xbf" + (CSV_HEADER + "tiny,2,0.05\ntiny,2,slow\n").encode())
-    monkeypatch.setattr(calibrate, "PROGRESS_EVERY_S", 0.0)  # say it at every row
+    monkeypatch.setattr(fit_inputs, "PROGRESS_EVERY_S", 0.0)  # say it at every row
     proc = cli("calibrate", "--csv", str(path), env=env)
     assert proc.returncode == 2 and "runs.csv row 3" in proc.stderr and "a positive number" in proc.stderr, proc.stderr
     assert "validated 1 of 2 rows of runs.csv" in proc.stderr

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from orchestrator.analysis.calibrate import (
     BOUNDS,
     FITTED,
-    MeasuredTrial,
     current_params,
     fit,
     log_error,
     predicted_step_s,
 )
+from orchestrator.analysis.fit_inputs import MeasuredTrial
 from orchestrator.analysis.tune.space import Candidate, Space
 from orchestrator.config import GIB
 

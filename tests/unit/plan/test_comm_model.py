@@ -272,7 +272,8 @@ def test_the_plan_of_a_warm_up_trial_is_compared_at_the_steps_it_timed():
 
 
 def test_calibrate_fits_a_warm_up_trial_at_the_batches_it_timed():
-    from orchestrator.analysis.calibrate import MeasuredTrial, current_params, log_error
+    from orchestrator.analysis.calibrate import current_params, log_error
+    from orchestrator.analysis.fit_inputs import MeasuredTrial
 
     spec = build_spec(
         [
