@@ -27,6 +27,7 @@ from orchestrator.run.display import console, show_bus_table, show_calibration, 
 from orchestrator.run.trial import collect_states, wait_for
 from orchestrator.spec import build_spec
 from orchestrator.validation.checks import number_from_text
+from orchestrator.workload.rank_steps import straggler_cell
 
 FIELDS_ONLY = "(fields, no presets)"
 HYDRA_COMMANDS = {  # commands.COMMANDS, summed up for `orchestrator --help`
@@ -93,7 +94,10 @@ def status_command(args: argparse.Namespace) -> int:
         error = (result or {}).get("error") or {}
         if state == "unreadable":
             print(f"orchestrator status: warning: skipped {error['message']}", file=sys.stderr)
-        rows.append((str(trial_dir.relative_to(directory)) or ".", job, state, error.get("message", "")[:100]))
+        metrics = (result or {}).get("metrics")
+        ranks = metrics.get("ranks") if isinstance(metrics, dict) else None
+        cause = error.get("message", "")[:100]
+        rows.append((str(trial_dir.relative_to(directory)) or ".", job, state, cause, straggler_cell(ranks)))
     show_states(rows, console())
     return 0
 

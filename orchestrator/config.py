@@ -441,6 +441,8 @@ class RunConfig:
     fail_rank: int = 0
     # Debug: sleep this long in every step, a slower step at no compute cost (tests of time limits).
     step_sleep_s: float = 0.0
+    # Debug: only this rank sleeps run.step_sleep_s, a straggler the others wait for (null: every rank).
+    slow_rank: int | None = None
     fail_mode: FailMode = FailMode["raise"]  # type: ignore[valid-type]  # made by _choices at run time
 
 

@@ -27,6 +27,7 @@ from orchestrator.records.results import read_result
 from orchestrator.records.trial_dir import SweepPaths, TrialPaths, trials_below
 from orchestrator.records.trial_meta import sweep_point
 from orchestrator.spec import REPEAT
+from orchestrator.workload.rank_steps import straggler_cell
 
 COLUMNS = (
     "status",
@@ -44,6 +45,7 @@ COLUMNS = (
     "predicted_peak_bytes",
     "activation_bytes",
     "predicted_activation_bytes",
+    "straggler",
     "error",
 )
 
@@ -154,6 +156,7 @@ def group_repeats(
             trial=f"{row['trial']} (+{len(members) - 1} repeats)",
             repeats=len(members),
             peak_bytes=max(peaks) if peaks else None,
+            straggler="; ".join(dict.fromkeys(c for i in members if (c := rows[i].get("straggler")))),
         )
         row.pop(REPEAT, None)
         out_rows.append(row)
@@ -261,6 +264,8 @@ def _row(result: dict, trial_dir: Path, base: Path, swept: dict, fitted) -> dict
         "predicted_peak_bytes": _num(planned_mem.get("total")),
         "activation_bytes": _num(mem.get("activation_bytes")),
         "predicted_activation_bytes": _num(planned_mem.get("activations")),
+        # the rank the others wait for, and how long a step (workload/rank_steps.py)
+        "straggler": straggler_cell(m.get("ranks")),
         "error": f"{error.get('type')}: {str(error.get('message'))[:120]}" if error else "",
     }
 

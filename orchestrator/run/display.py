@@ -18,6 +18,7 @@ from orchestrator.hardware_presets import calibrated_name
 from orchestrator.plan.prediction import planned_for_timed_steps
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import TrialSpec
+from orchestrator.workload.rank_steps import per_rank_line, straggler_line
 
 
 def console(stderr: bool = False) -> Console:
@@ -112,6 +113,10 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     out.print(table)
     if m.get("noisy"):
         out.print(f"  [bold yellow]noisy:[/bold yellow] {m['noisy']}")
+    if line := straggler_line(m.get("ranks")):
+        out.print(f"  [bold yellow]{line}[/bold yellow]", highlight=False)
+    if line := per_rank_line(m.get("ranks")):
+        out.print(f"  [dim]{line}[/dim]", highlight=False)
     spread = m.get("step_time_spread") or {}
     out.print(
         f"[dim]peak for MFU: {m['peak_tflops']:.4g} TFLOPS ({m['peak_source']}); the median of {m['timed_steps']} "
@@ -177,6 +182,7 @@ def show_report(rows: list[dict], columns: tuple[str, ...], out: Console) -> Non
         *(["calibrated s"] if calibrated else []),
         "peak",
         "predicted peak",
+        "straggler",
         "cause",
     ):
         table.add_column(name, justify="left" if name in ("trial", "status", "cause") else "right")
@@ -201,6 +207,7 @@ def show_report(rows: list[dict], columns: tuple[str, ...], out: Console) -> Non
             *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
             human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
             human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "",
+            r.get("straggler", ""),
             r["error"],
         )
     out.print(table)
@@ -218,14 +225,15 @@ def _loss(value: float | None) -> str:
     return "not finite" if value is None or not math.isfinite(value) else f"{value:.4f}"  # null in strict JSON
 
 
-def show_states(rows: list[tuple[str, str, str, str]], out: Console) -> None:
+def show_states(rows: list[tuple[str, str, str, str, str]], out: Console) -> None:
+    """`orchestrator status`: (trial, SLURM job, state, cause, straggler) a row."""
     table = Table(title="Trials", title_justify="left")
-    for name in ("trial", "SLURM job", "state", "cause"):
+    for name in ("trial", "SLURM job", "state", "cause", "straggler (others wait a step)"):
         table.add_column(name)
     labels, below = _short_labels([row[0] for row in rows])
     for row, label in zip(rows, labels):
         colour = {"ok": "green", "failed": "red", "oom": "red", "timeout": "red"}.get(row[2])
-        table.add_row(label, row[1], f"[{colour}]{row[2]}[/{colour}]" if colour else row[2], row[3])
+        table.add_row(label, row[1], f"[{colour}]{row[2]}[/{colour}]" if colour else row[2], row[3], row[4])
     out.print(table)
     _print_below(below, out)
 

@@ -263,6 +263,8 @@ def check_run(cfg: TrialConfig) -> str:
         )
     if r.fail_at_step is not None and not 0 <= r.fail_rank < cfg.parallel.dp:
         raise ConfigError("run.fail_rank", r.fail_rank, f"a rank from 0 to parallel.dp-1={cfg.parallel.dp - 1}")
+    if r.slow_rank is not None and not 0 <= r.slow_rank < cfg.parallel.dp:
+        raise ConfigError("run.slow_rank", r.slow_rank, f"a rank from 0 to parallel.dp-1={cfg.parallel.dp - 1}")
     if r.data is not None and cfg.cluster.name == "local":  # on SLURM it may exist only on the cluster
         check_token_file(r.data, r.data_dtype, cfg.model.seq_len, cfg.model.vocab)
     return "bf16" if r.bf16 else "fp16" if r.fp16 else "fp32"

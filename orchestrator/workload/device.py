@@ -65,6 +65,21 @@ class Device:
         self.synchronize()
         return time.perf_counter()
 
+    def mark(self) -> Any:
+        """A point in this rank's work, to time an interval from without waiting for the device:
+        the host's clock, or on a GPU an event queued on the current stream (an interval
+        between two is known once the device has run past both: `seconds_between` after
+        `clock` or `synchronize`)."""
+        if self.is_gpu:
+            event = self.accel.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds_between(self, start: Any, end: Any) -> float:
+        """The seconds from one `mark` to a later one."""
+        return start.elapsed_time(end) / 1e3 if self.is_gpu else end - start  # CUDA events count milliseconds
+
     def peak_bytes(self) -> int:
         """The most memory the rank held: the GPU allocator's peak, or on a CPU the
         process's max RSS (which counts only pages touched)."""

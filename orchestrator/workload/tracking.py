@@ -10,8 +10,10 @@ resolved config once, nested as the config groups are (W&B shows and filters on 
 zero.stage, parallel.dp, ...), with the preset chosen per group under choices/ and the
 derived numbers (world size, precision, batch) under derived/. The history of every
 step is under train/, against train/tokens_seen as its x-axis (define_metric). The
-summary holds the measured figures under perf/, the plan's predictions under plan/, and
-the status. Nothing from the environment goes in: no key, token or password can reach it.
+summary holds the measured figures under perf/ (every rank's compute and time in
+collectives under perf/rank/R/, the rank the others wait for under perf/straggler/), the
+plan's predictions under plan/, and the status. Nothing from the environment goes in:
+no key, token or password can reach it.
 
 One trial is one run also across a SLURM requeue: the run id is kept in the trial directory
 (wandb_run.json) and the requeued rank 0 resumes that run (resume="allow"); offline, each
@@ -31,9 +33,18 @@ from orchestrator.core.redact import redact
 from orchestrator.hydra_glue.hydra_registry import fit_name
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import REPEAT, TrialSpec
+from orchestrator.workload.rank_steps import FIGURES
 from orchestrator.workload.wandb_compat import import_wandb
 
-HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_sec_per_gpu", "global_batch_size", "lr", "tokens_seen")
+HISTORY_KEYS = (
+    "loss",
+    "step_time_s",
+    "collective_wait_s",  # rank 0's; every rank's median is in the summary (perf/rank/R/...)
+    "tokens_per_sec_per_gpu",
+    "global_batch_size",
+    "lr",
+    "tokens_seen",
+)
 SUMMARY_KEYS = (
     "tokens_per_sec",
     "tokens_per_sec_per_gpu",
@@ -66,6 +77,22 @@ def run_config(spec: TrialSpec) -> dict:
     }
 
 
+def rank_figures(ranks: dict | None) -> dict:
+    """Every rank's median compute and time in collectives (perf/rank/R/...), and the
+    straggler the others wait for (perf/straggler/...; perf/straggler/named always there)."""
+    if not isinstance(ranks, dict):
+        return {}
+    out: dict = {}
+    for r in ranks.get("ranks") or []:
+        out.update({f"perf/rank/{r['rank']}/{k}": r[k]["median"] for k in FIGURES})
+        out[f"perf/rank/{r['rank']}/host"] = r.get("host")
+    straggler = ranks.get("straggler")
+    out["perf/straggler/named"] = isinstance(straggler, dict)
+    if isinstance(straggler, dict):
+        out.update({f"perf/straggler/{k}": straggler[k] for k in ("rank", "host", "by_s", "share_of_step")})
+    return out
+
+
 def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
     """Measured under perf/, predicted under plan/: the same figure never shares a name."""
     out: dict = {"status": status}
@@ -79,6 +106,7 @@ def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
         out["perf/noisy"] = bool(metrics.get("noisy"))  # always there: a run without it is not a quiet one
         if metrics.get("noisy"):
             out["perf/noisy_why"] = metrics["noisy"]
+        out.update(rank_figures(metrics.get("ranks")))
         if steps := metrics.get("nonfinite_loss_steps"):
             out.update({"perf/nonfinite_loss_steps": len(steps), "perf/nonfinite_loss_first_step": steps[0] + 1})
     if plan:

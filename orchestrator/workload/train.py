@@ -84,6 +84,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     from orchestrator.core.files import atomic_write_json
     from orchestrator.workload.device import Device
     from orchestrator.workload.engines import import_libraries, make_engine
+    from orchestrator.workload.rank_steps import rank_steps
     from orchestrator.workload.summary import summarize, versions
     from orchestrator.workload.tracking import Tracker
 
@@ -107,11 +108,14 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         state = run_steps(spec, engine, trial_dir, rank, world, device, console, tracker)
         peak = device.peak_bytes()
         everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, _rank_record(rank, peak))
+        dist.all_gather_object(everyone, _rank_record(rank, peak, state.own_steps))
         dist.barrier()  # every rank is done with every collective before any leaves
         if rank != 0:
             return
         metrics = summarize(spec, state.history, world, device, trial_dir, {**state.memory, "peak_bytes": peak})
+        metrics["ranks"] = rank_steps(everyone)
+        for record in everyone:  # result.json keeps each rank's figures, not its every step
+            del record["steps"]
         metrics["engine"] = engine.describe()
         metrics.update(state.restarts())
         env = {
@@ -133,9 +137,11 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         raise
 
 
-def _rank_record(rank: int, peak: int) -> dict:
-    """What a rank says of itself at its end, gathered by rank 0 into result.json's env.ranks."""
+def _rank_record(rank: int, peak: int, steps: list) -> dict:
+    """What a rank says of itself at its end, gathered by rank 0 into result.json's env.ranks
+    (and its timed steps, [step, seconds, seconds in collectives], into metrics.ranks)."""
     return {
+        "steps": steps,
         "rank": rank,
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -150,6 +156,7 @@ def _rank_record(rank: int, peak: int) -> dict:
 def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, console, tracker):
     """run.steps optimizer steps on the schedule, from a checkpoint where there is one: the RunState."""
     from orchestrator.plan.batch import batch_sizes_per_step, grad_accum_steps
+    from orchestrator.workload.collective_wait import CollectiveWait
     from orchestrator.workload.data import batches
     from orchestrator.workload.hooks import Checkpointer, MemoryProbes, Reporter
 
@@ -168,12 +175,14 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     probes, report = MemoryProbes(device, run, state.memory), Reporter(run, console, tracker)
     consumed = sum(grad_accum_steps(h["global_batch_size"], spec.micro_batch_size, world) for h in state.history)
     data = iter(batches(spec, rank, world, consumed))
-    with _profiler(trial_dir, run.steps, device) if run.profile and rank == 0 else nullcontext() as profiler:
+    profiling = _profiler(trial_dir, run.steps, device) if run.profile and rank == 0 else nullcontext()
+    with profiling as profiler, CollectiveWait(device) as collectives:
         for step in range(len(state.history), run.steps):
             engine.set_global_batch(sizes[step])
             grad_accum = grad_accum_steps(sizes[step], spec.micro_batch_size, world)
             if run.fail_at_step == step and run.fail_rank == rank:
                 _fail(run.fail_mode)
+            collectives.start_step()
             started_at, start = time.time(), device.clock()
             losses = []
             with probes.around_step(step):
@@ -183,22 +192,13 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                         loss = engine.forward(tokens)
                     engine.backward_and_step(loss)
                     losses.append(loss.detach())
-            if run.step_sleep_s:
+            if run.step_sleep_s and run.slow_rank in (None, rank):
                 time.sleep(run.step_sleep_s)
             seconds = device.clock() - start
+            waited = collectives.step_seconds()
             probes.after_step()
-            state.add(
-                _step_record(
-                    spec,
-                    engine,
-                    step,
-                    grad_accum * spec.micro_batch_size * world,
-                    seconds,
-                    losses,
-                    seen[step],
-                    started_at,
-                )
-            )
+            ran = grad_accum * spec.micro_batch_size * world
+            state.add(_step_record(spec, engine, step, ran, (seconds, waited), losses, seen[step], started_at))
             report(state.history[-1], state)
             checkpointer(step, run.steps, state)
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
@@ -226,16 +226,18 @@ def timing_known(history: list[dict], run, device) -> bool:
     return known
 
 
-def _step_record(spec, engine, step: int, ran: int, seconds: float, losses: list, seen: int, started_at: float) -> dict:
+def _step_record(spec, engine, step: int, ran: int, times: tuple, losses: list, seen: int, started_at: float) -> dict:
     """One step of the history. ran: the micro batches all ranks really ran, in sequences;
-    engine_global_batch_size: the engine's own train_batch_size, to check they agree."""
+    times: the step's seconds and its seconds in collectives; engine_global_batch_size: the
+    engine's own train_batch_size, to check they agree."""
     import torch
 
-    run = spec.cfg.run
+    run, (seconds, waited) = spec.cfg.run, times
     return {
         "step": step,
         "loss": float(torch.stack(losses).float().mean()),
         "step_time_s": seconds,
+        "collective_wait_s": waited,  # this rank's (rank 0's in the history): workload/collective_wait.py
         "global_batch_size": ran,
         "engine_global_batch_size": engine.engine_global_batch(),
         "tokens_per_sec_per_gpu": ran * spec.cfg.model.seq_len / seconds / spec.world_size,
