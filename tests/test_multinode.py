@@ -182,3 +182,41 @@ def test_a_requeued_two_node_job_resumes_its_steps_and_its_wandb_run(slurm_clust
     attempts = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(attempts) == m["restarts"] + 1  # one offline segment per allocation ...
     assert len({p.name.rsplit("-", 1)[-1] for p in attempts}) == 1  # ... all of one W&B run
+
+
+def test_a_slowed_rank_on_the_second_node_is_named_the_straggler_and_a_quiet_run_names_none(slurm_cluster, tmp_path):
+    # One sweep, two points: rank 1 sleeps 0.2 s in every step, or nobody does (step_sleep_s=0).
+    steps = [o for o in ONE_PER_NODE if not o.startswith("run.steps") and not o.startswith("run.warmup")]
+    proc = run_in_process(
+        "run",
+        "-m",
+        "--out",
+        str(tmp_path),
+        *steps,
+        "run.steps=10",
+        "run.warmup_steps=2",
+        "parallel.dp=2",
+        "run.slow_rank=1",
+        "run.step_sleep_s=0,0.2",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = wait(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_sleep = {r["config"]["run"]["step_sleep_s"]: r for r in results(tmp_path)}
+    slowed, quiet = by_sleep[0.2], by_sleep[0]
+    s = slowed["metrics"]["ranks"]["straggler"]
+    assert s["rank"] == 1 and s["host"] == allocated(slowed["slurm"]["job_id"])[1] and s["steps"] == 8
+    assert 0.17 < s["by_s"] < 0.3  # the others wait out rank 1's sleep, and no more than a step's work
+    # rank 0's steps, whose times the throughput is, last as long as the slowed rank's: its wait
+    # is in its step, not between steps (where SLURM's checkpoint agreement once hid it)
+    assert slowed["metrics"]["step_time_s"] > 0.2
+    rank0, rank1 = slowed["metrics"]["ranks"]["ranks"]
+    assert rank0["wait_s"]["median"] > 0.17 > rank1["wait_s"]["median"]  # rank 0 waits in collectives
+    assert rank1["compute_s"]["median"] > 0.2  # the sleep is rank 1's own time
+    assert quiet["metrics"]["ranks"]["straggler"] is None, quiet["metrics"]["ranks"]
+    print(quiet["metrics"]["ranks"]["why_no_straggler"])  # the quiet run's closest call, for the record
+    rows = json.loads(run_in_process("report", str(tmp_path), "--json").stdout)
+    cells = {r["run.step_sleep_s"]: r["straggler"] for r in rows}  # the report's column
+    assert cells == {"0.2": f"rank 1 on {s['host']}, {s['by_s'] * 1e3:.3g} ms ({s['share_of_step']:.0%})", "0": ""}
+    status = " ".join(run_in_process("status", str(tmp_path)).stdout.split())
+    assert "straggler" in status and f"rank 1 on {s['host']}" in status

@@ -34,7 +34,13 @@ def wanted(step: int, every: int, device: Device) -> int:
 
     The flag lives on the rank's device: NCCL, the GPU backend, reduces no host tensors.
     """
-    local = WARNED if warning.warned() else PERIODIC if every and (step + 1) % every == 0 else 0
+    return agree(device, WARNED if warning.warned() else PERIODIC if every and (step + 1) % every == 0 else 0)
+
+
+def agree(device: Device, local: int = 0) -> int:
+    """The largest of every rank's `local`, on the rank's device."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return local
     flag = torch.tensor([local], device=device.torch)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item())

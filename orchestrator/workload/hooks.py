@@ -161,8 +161,19 @@ class Checkpointer:
             checkpoint.resume(self.engine, self.trial_dir, self.rank, self.device) if self.enabled else None
         )
 
-    def __call__(self, step: int, steps: int, state: RunState) -> None:
-        if not self.enabled or step + 1 >= steps or not (why := checkpoint.wanted(step, self.every, self.device)):
+    def due(self, step: int, steps: int) -> int:
+        """Whether the ranks save after `step` (checkpoint.wanted), agreed as the step's last
+        collective, inside its time, on every step (on 0 where nothing can be saved). A rank
+        done early waits for a slower one at the next collective; were that one between steps
+        (this agreement, run.timing_ci's), the wait would be in no step's time: rank 0's steps
+        would seem shorter than the slowest rank's, its throughput higher than the ranks ran
+        at, and the straggler hidden (workload/rank_steps.py)."""
+        wanted = checkpoint.wanted(step, self.every, self.device)
+        return wanted if self.enabled and step + 1 < steps else 0
+
+    def __call__(self, step: int, state: RunState, why: int) -> None:
+        """Save after `step` where the ranks agreed to (`due`)."""
+        if not why:
             return
         if why == checkpoint.WARNED:
             state.on_warning.append(step + 1)

@@ -18,10 +18,12 @@ import statistics
 from orchestrator.core.files import real_number
 from orchestrator.core.timing_stats import spread, sure
 
-# The others wait at least this share of their step for the straggler: below it, a slower
-# rank costs less than the steps of a quiet 2-core machine scatter (bench/RESULTS.md, "Every
-# rank's step").
-STRAGGLER_SHARE = 0.05
+# The others wait at least this share of their step for the straggler. Quiet two-rank runs
+# came within 4 % of it: rank 0 was the slower by 1.8, 2.4 and 3.9 % of the step in three
+# quiet runs on two nodes of the SLURM test cluster (tests/test_multinode.py), by -0.3 to 2.5 %
+# on one host; a rank slowed by 50 ms in a 20 ms step costs the others 67 % (bench/RESULTS.md,
+# "Every rank's step").
+STRAGGLER_SHARE = 0.10
 FIGURES = ("compute_s", "wait_s")  # what metrics.ranks gives of each rank: a spread each
 SOURCE = "each rank's clock around torch.distributed's collectives (workload/collective_wait.py)"
 

@@ -194,13 +194,14 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                     losses.append(loss.detach())
             if run.step_sleep_s and run.slow_rank in (None, rank):
                 time.sleep(run.step_sleep_s)
+            save = checkpointer.due(step, run.steps)
             seconds = device.clock() - start
             waited = collectives.step_seconds()
             probes.after_step()
             ran = grad_accum * spec.micro_batch_size * world
             state.add(_step_record(spec, engine, step, ran, (seconds, waited), losses, seen[step], started_at))
             report(state.history[-1], state)
-            checkpointer(step, run.steps, state)
+            checkpointer(step, state, save)
             if run.gc_collect_every and (step + 1) % run.gc_collect_every == 0:
                 gc.collect()
             if profiler is not None:

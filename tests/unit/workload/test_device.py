@@ -93,3 +93,39 @@ def test_the_cpu_path_for_real():
     again = (torch.rand(3), np.random.rand(), random.random())
     assert torch.equal(drawn[0], again[0]) and drawn[1:] == again[1:]
     assert {a.name for a in device.profiler_activities()} == {"CPU"}
+
+
+class FakeEvent:
+    """torch.cuda.Event's timing calls: record() takes the fake stream's time, in ms."""
+
+    clock_ms = [0.0]
+
+    def __init__(self, enable_timing: bool = False):
+        assert enable_timing  # an event that cannot time would raise on elapsed_time
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = FakeEvent.clock_ms[0]
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        assert self.at is not None and end.at is not None, "elapsed_time of an event never recorded"
+        return end.at - self.at
+
+
+def test_a_gpu_interval_is_two_events_on_the_stream_read_in_seconds():
+    cuda = FakeCuda()
+    cuda.Event = FakeEvent  # type: ignore[attr-defined]
+    device = Device.for_rank("cuda", {"LOCAL_RANK": "0"}, accel=cuda)
+    FakeEvent.clock_ms[0] = 10.0
+    start = device.mark()
+    FakeEvent.clock_ms[0] = 35.0  # the stream ran 25 ms past the first event
+    end = device.mark()
+    assert isinstance(start, FakeEvent) and device.seconds_between(start, end) == 0.025
+    assert not [c for c in cuda.calls if c[0] == "synchronize"]  # marking never waits for the device
+
+
+def test_a_cpu_interval_is_the_hosts_clock():
+    device = Device.for_rank("cpu", {})
+    start = device.mark()
+    end = device.mark()
+    assert isinstance(start, float) and 0 <= device.seconds_between(start, end) < 0.1
