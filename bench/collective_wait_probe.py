@@ -1,4 +1,4 @@
-"""A probe for the per-rank step (issue 72, not yet in the workload): each rank's time inside
+"""The probe that workload/collective_wait.py grew from (issue 72): each rank's time inside
 torch.distributed collectives, synchronous or through Work.wait(), and its compute as the step
 less that (bench/RESULTS.md, "Each rank's wait in collectives, probed"). torchrun 2 ranks:
   OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 bench/collective_wait_probe.py STAGE SLOW_S

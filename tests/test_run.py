@@ -8,6 +8,7 @@ run on a fresh machine does once).
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,11 @@ def test_the_default_trial_succeeds_and_is_measured(default_trial):
     assert (spread["ci_low"], spread["ci_high"]) == (timed[0], timed[-1])  # 8 steps: the whole range, 99 %
     assert m["noisy"] is None or "scatter" in m["noisy"]
     assert "the median of 8 timed steps of 10" in " ".join(stdout.split())
+    # every rank's own step: its compute and its time in collectives, all 8 timed steps
+    ranks = m["ranks"]
+    assert [r["rank"] for r in ranks["ranks"]] == list(range(r["env"]["world_size"]))
+    assert all(x["steps"] == 8 and x["compute_s"]["median"] > 0 for x in ranks["ranks"])
+    assert "per rank, median ms of compute / in collectives: 0: " in " ".join(stdout.split())
     # said before it started: the plan's step, its time for run.steps, its peak
     assert "planned:" in stdout and "for 10 steps" in stdout and "GiB free" in " ".join(stdout.split())
     load = r["host_load"]
@@ -317,6 +323,25 @@ def test_only_a_cpu_trials_ranks_are_forked_from_a_launcher_that_imported_their_
     assert torchrun[:-3] == [*cpu[3:-1], "--start-method=fork"] and torchrun[-1] == str(tmp_path)
     script = Path(torchrun[torchrun.index("--run-path") + 1])
     assert script.is_file() and script.stem == "train"
+
+
+def test_the_result_names_the_rank_the_others_wait_for(tmp_path):
+    # rank 1 sleeps 0.2 s a step: its compute, the others' wait (the quiet case: test_multinode.py)
+    proc = run(
+        tmp_path,
+        "run.steps=8",
+        "run.warmup_steps=1",
+        "run.slow_rank=1",
+        "run.step_sleep_s=0.2",
+        NO_WANDB,
+        FP32,
+        PRESET_KERNELS,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "result.json").read_text())["metrics"]["ranks"]["straggler"]
+    assert s["rank"] == 1 and s["host"] == socket.gethostname() and 0.17 < s["by_s"] < 0.4
+    said = " ".join(proc.stdout.split())
+    assert f"straggler: rank 1 on {s['host']}; the others wait {s['by_s'] * 1e3:.3g} ms a step for it" in said
 
 
 def test_a_trial_past_its_time_limit_is_ended_and_recorded_as_timeout(tmp_path):

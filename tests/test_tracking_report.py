@@ -91,6 +91,16 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
             <= w["summary"]["perf/step_time_ci_high"]
         )
         assert w["summary"]["perf/noisy"] is bool(result["metrics"]["noisy"])
+        # every rank's figures in the one run, and whether a straggler was named (always there)
+        ranks = result["metrics"]["ranks"]
+        assert len([k for k in w["summary"] if k.startswith("perf/rank/") and k.endswith("/compute_s")]) == len(
+            result["env"]["ranks"]
+        )
+        for r in ranks["ranks"]:
+            for key in ("compute_s", "wait_s"):
+                assert w["summary"][f"perf/rank/{r['rank']}/{key}"] == pytest.approx(r[key]["median"])
+            assert w["summary"][f"perf/rank/{r['rank']}/host"] == r["host"]
+        assert w["summary"]["perf/straggler/named"] is (ranks["straggler"] is not None)
         # the last step's own throughput is not a summary figure beside perf/'s median
         assert "train/tokens_per_sec_per_gpu" not in w["summary"] and "train/step_time_s" not in w["summary"]
     (group,) = groups  # one group: the sweep, by its name and when it started
