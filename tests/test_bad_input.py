@@ -31,6 +31,7 @@ CASES = [  # (overrides, the field the message must name)
     (["run.lr=inf"], "run.lr"),
     (["run.grad_clip=nan"], "run.grad_clip"),
     (["run.weight_decay=nan"], "run.weight_decay"),
+    (["parallel.dp=2", "run.slow_rank=2"], "run.slow_rank"),
     ([*S, "run.steps=100000", "cluster.time=00:01:00"], "cluster.signal_delay_s"),
     ([*S, "cluster.time=0"], "cluster.time"),
 ]
