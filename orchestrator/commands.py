@@ -45,7 +45,14 @@ from orchestrator.analysis.tune.space import plan_space
 from orchestrator.config import OBJECTIVES
 from orchestrator.core.errors import ConfigError, PlanRefused
 from orchestrator.core.files import read_json, strict_json
-from orchestrator.hydra_glue.compose import MAX_POINTS, PROGRESS_EVERY_S, compose_trial, expand_sweep, fixed_part
+from orchestrator.hydra_glue.compose import (
+    MAX_POINTS,
+    PROGRESS_EVERY_S,
+    compose_trial,
+    expand_sweep,
+    fixed_part,
+    searchpath_overrides,
+)
 from orchestrator.hydra_glue.conf_tree import CONFIG_NAME, Source, current_source, use_source
 from orchestrator.hydra_glue.hydra_compat import hydra_arguments
 from orchestrator.hydra_glue.hydra_errors import foreign_launcher
@@ -153,7 +160,10 @@ def _hydra(command: str, argv: list[str], task) -> None:
     OmegaConf.register_new_resolver("orchestrator.flags", lambda name: FLAGS_HELP.get(name, ""), replace=True)
     source = current_source()
     saved = sys.argv
-    sys.argv = [f"orchestrator {command}", *with_overrides(argv, [f"hydra.job.name={command}"])]
+    # the extra preset folders too: `hardware=NAME-calibrated` from `orchestrator calibrate`
+    # lives in the user's (conf_tree.user_conf_dir), which hydra.main alone would not search
+    extra = [f"hydra.job.name={command}", *searchpath_overrides(source)]
+    sys.argv = [f"orchestrator {command}", *with_overrides(argv, extra)]
     try:
         hydra.main(config_path=source.primary, config_name=source.config_name, version_base="1.3")(task)()
     finally:

@@ -95,3 +95,44 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+REBIND_CHECK = """
+import json, os
+import torch
+import deepspeed
+import deepspeed.comm as ds_comm
+from orchestrator.workload.deepspeed_compat import leave_shm_comm_unbuilt
+from orchestrator.workload.collective_wait import CollectiveWait
+from orchestrator.workload.device import Device
+leave_shm_comm_unbuilt()
+deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+backend = ds_comm.comm.cdb
+bound = backend.all_gather_function
+with CollectiveWait(Device.for_rank("cpu", {})) as clock:
+    clock.start_step()
+    ds_comm.all_gather_into_tensor(torch.zeros(4), torch.ones(4))  # as ZeRO gathers its partitions
+    ds_comm.reduce_scatter_tensor(torch.zeros(4), torch.ones(4))
+    _, kinds = clock.step_seconds()
+print(json.dumps({"kinds": sorted(kinds), "restored": backend.all_gather_function is bound}), flush=True)
+os._exit(0)
+"""
+
+
+def test_zeros_gathers_and_reduce_scatters_reach_the_collective_clock(tmp_path):
+    """DeepSpeed's backend binds torch's all_gather_into_tensor and reduce_scatter_tensor when
+    it starts, before the clock wraps them: rebound while the clock holds, put back after."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "DS_ACCELERATOR": "cpu",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    proc = subprocess.run([sys.executable, "-c", REBIND_CHECK], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert out == {"kinds": ["all_gather", "reduce_scatter"], "restored": True}

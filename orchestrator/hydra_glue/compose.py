@@ -162,7 +162,8 @@ def _session(source: Source) -> Iterator[None]:
         GlobalHydra.instance().clear()
 
 
-def _searchpath(source: Source) -> list[str]:
+def searchpath_overrides(source: Source) -> list[str]:
+    """Hydra's override that searches the source's extra preset folders (-cd's, the user's own)."""
     return [f"hydra.searchpath=[{','.join('file://' + d for d in source.extra_dirs)}]"] if source.extra_dirs else []
 
 
@@ -170,7 +171,9 @@ def _searchpath(source: Source) -> list[str]:
 def _compose_with_hydra(source: Source, overrides: tuple[str, ...]) -> Composed:
     try:
         with _session(source):
-            cfg = compose(source.config_name, overrides=list(overrides) + _searchpath(source), return_hydra_config=True)
+            cfg = compose(
+                source.config_name, overrides=list(overrides) + searchpath_overrides(source), return_hydra_config=True
+            )
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise config_error(exc, list(overrides)) from None
     except OSError as exc:  # a group or preset name past the file system's limits

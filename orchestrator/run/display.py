@@ -14,11 +14,12 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.config import GIB
+from orchestrator.core.files import real_number
 from orchestrator.hardware_presets import calibrated_name
 from orchestrator.plan.prediction import planned_for_timed_steps
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.spec import TrialSpec
-from orchestrator.workload.rank_steps import per_rank_line, straggler_line
+from orchestrator.workload.rank_steps import exposed_line, per_rank_line, planned_exposed, straggler_line
 
 
 def console(stderr: bool = False) -> Console:
@@ -109,6 +110,14 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
             human_bytes(mem["live_peak_bytes"]),
             human_bytes(pm.get("total", 0) - pm.get("runtime", 0)),
         )
+    exposed = (m.get("ranks") or {}).get("exposed_comm") or {}
+    if real_number(exposed.get("exposed_s")) is not None:
+        planned = planned_exposed(plan)[0]
+        table.add_row(
+            "exposed communication",
+            f"{exposed['exposed_s'] * 1e3:.3g} ms",
+            "" if planned is None else f"{planned * 1e3:.3g} ms",
+        )
     table.add_row("loss", f"{_loss(m['loss_first'])} -> {_loss(m['loss_last'])}", "")
     out.print(table)
     if m.get("noisy"):
@@ -116,6 +125,8 @@ def show_result(result: dict, trial_dir, out: Console) -> None:
     if line := straggler_line(m.get("ranks")):
         out.print(f"  [bold yellow]{line}[/bold yellow]", highlight=False)
     if line := per_rank_line(m.get("ranks")):
+        out.print(f"  [dim]{line}[/dim]", highlight=False)
+    if line := exposed_line(m.get("ranks"), plan):
         out.print(f"  [dim]{line}[/dim]", highlight=False)
     spread = m.get("step_time_spread") or {}
     out.print(
@@ -182,6 +193,8 @@ def show_report(rows: list[dict], columns: tuple[str, ...], out: Console) -> Non
         *(["calibrated s"] if calibrated else []),
         "peak",
         "predicted peak",
+        "exposed ms",
+        "predicted exposed ms",
         "straggler",
         "cause",
     ):
@@ -207,6 +220,8 @@ def show_report(rows: list[dict], columns: tuple[str, ...], out: Console) -> Non
             *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
             human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
             human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "",
+            "" if r.get("exposed_comm_s") is None else f"{r['exposed_comm_s'] * 1e3:.3g}",
+            "" if r.get("predicted_exposed_comm_s") is None else f"{r['predicted_exposed_comm_s'] * 1e3:.3g}",
             r.get("straggler", ""),
             r["error"],
         )

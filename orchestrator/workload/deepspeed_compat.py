@@ -22,6 +22,11 @@
   all-reduce falls back to torch.distributed, as it does where the op is missing.
   The dict is filled on its first look (setuptools imported, a compiler run): a CPU
   launcher server looks once (`probe_ops`), and every rank forked from it marks its copy.
+- `rebind_collectives`: DeepSpeed's torch backend (`deepspeed.comm.comm.cdb`) binds
+  `torch.distributed.all_gather_into_tensor` and `reduce_scatter_tensor` when it starts
+  (`all_gather_function`, `reduce_scatter_function`), and ZeRO's all-gathers and
+  reduce-scatters call those: a function put on torch.distributed later
+  (torch_compat.wrap_collectives) is not seen there until they are bound again.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
 MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -74,3 +80,28 @@ def probe_ops() -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__  # noqa: B018 - the first look probes
+
+
+BOUND_COLLECTIVES = ("all_gather_function", "reduce_scatter_function")
+
+
+def rebind_collectives() -> Callable[[], None]:
+    """Bind DeepSpeed's backend's collectives again to what torch.distributed holds now, by
+    their names. Returns the function that puts the earlier ones back. Nothing to do
+    where DeepSpeed's backend has not started in this process."""
+    comm = sys.modules.get("deepspeed.comm.comm")
+    backend = getattr(comm, "cdb", None)
+    if backend is None:
+        return lambda: None
+    import torch.distributed as dist
+
+    before = {name: getattr(backend, name, None) for name in BOUND_COLLECTIVES}
+    for name, bound in before.items():
+        if bound is not None:
+            setattr(backend, name, getattr(dist, getattr(bound, "__name__", ""), bound))
+
+    def restore() -> None:
+        for name, bound in before.items():
+            setattr(backend, name, bound)
+
+    return restore

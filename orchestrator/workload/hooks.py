@@ -40,7 +40,7 @@ class RunState:
     on_warning: list[int] = field(default_factory=list)  # checkpoints SLURM's warning asked for
     resumed_from_saved_at: list[float] = field(default_factory=list)  # when each resumed checkpoint was complete
     nonfinite: list[int] = field(default_factory=list)  # steps whose loss was NaN or infinite
-    # this process's timed steps, [step, seconds, seconds in collectives]: each rank's own
+    # this process's timed steps, [step, seconds, seconds in collectives, those by kind]: each rank's own
     # (the history is rank 0's, and a checkpoint's); after a requeue, those since the resume
     own_steps: list[list] = field(default_factory=list)
 
@@ -60,7 +60,8 @@ class RunState:
     def add(self, record: dict) -> None:
         self.history.append(record)
         if record["timed"]:
-            self.own_steps.append([record["step"], record["step_time_s"], record["collective_wait_s"]])
+            own = [record["step"], record["step_time_s"], record["collective_wait_s"]]
+            self.own_steps.append([*own, record["collective_wait_by_kind_s"]])
         if not _finite(record["loss"]):
             self.nonfinite.append(record["step"])
 

@@ -24,30 +24,57 @@ from orchestrator.core.timing_stats import spread, sure
 # on one host; a rank slowed by 50 ms in a 20 ms step costs the others 67 % (bench/RESULTS.md,
 # "Every rank's step").
 STRAGGLER_SHARE = 0.10
+AGREEMENT = "step agreement"  # the kind of the step's closing agreement (collective_wait.py)
 FIGURES = ("compute_s", "wait_s")  # what metrics.ranks gives of each rank: a spread each
 SOURCE = "each rank's clock around torch.distributed's collectives (workload/collective_wait.py)"
 
 
 def rank_steps(records: list[dict]) -> dict | None:
     """{"ranks": each rank's compute and wait (median and spread), "straggler": the rank the
-    others wait for or None, "why_no_straggler", "source"} from each rank's record: {"rank",
-    "host", "steps": [[step, step seconds, seconds in collectives], ...]} of its timed steps."""
+    others wait for or None, "why_no_straggler", "exposed_comm", "source"} from each rank's
+    record: {"rank", "host", "steps": [[step, step seconds, seconds in collectives, those
+    by kind], ...]} of its timed steps."""
     timed = [r for r in records if r.get("steps")]
     if not timed:
         return None
-    by_rank = {r["rank"]: {s: (seconds, wait) for s, seconds, wait in r["steps"]} for r in timed}
+    by_rank = {r["rank"]: {s[0]: (s[1], s[2]) for s in r["steps"]} for r in timed}
     ranks = [
         {
             "rank": r["rank"],
             "host": r.get("host"),
             "steps": len(r["steps"]),
-            "compute_s": spread([seconds - wait for _, seconds, wait in r["steps"]]).as_dict(),
-            "wait_s": spread([wait for _, _, wait in r["steps"]]).as_dict(),
+            "compute_s": spread([s[1] - s[2] for s in r["steps"]]).as_dict(),
+            "wait_s": spread([s[2] for s in r["steps"]]).as_dict(),
         }
         for r in sorted(timed, key=lambda r: r["rank"])
     ]
     straggler, why = _straggler(by_rank, {r["rank"]: r.get("host") for r in timed})
-    return {"ranks": ranks, "straggler": straggler, "why_no_straggler": why, "source": SOURCE}
+    return {
+        "ranks": ranks,
+        "straggler": straggler,
+        "why_no_straggler": why,
+        "exposed_comm": exposed_comm(timed),
+        "source": SOURCE,
+    }
+
+
+def exposed_comm(timed: list[dict]) -> dict | None:
+    """The step's exposed communication, measured: the seconds in collectives of the rank that
+    waits least (the last to reach each collective waits for the transfer alone, not for
+    another rank), median over its steps, in all and by kind; the step's closing agreement
+    apart (AGREEMENT: the orchestrator's own). None where the ranks kept no kinds."""
+    if not timed or any(len(s) < 4 or not isinstance(s[3], dict) for r in timed for s in r["steps"]):
+        return None
+    least = min(timed, key=lambda r: (statistics.median(s[2] for s in r["steps"]), r["rank"]))
+    steps = [s[3] for s in least["steps"]]
+    kinds = sorted({k for kinds in steps for k in kinds if k != AGREEMENT})
+    return {
+        "rank": least["rank"],
+        "exposed_s": statistics.median(sum(v for k, v in kinds_.items() if k != AGREEMENT) for kinds_ in steps),
+        "by_kind_s": {k: statistics.median(kinds_.get(k, 0.0) for kinds_ in steps) for k in kinds},
+        "agreement_s": statistics.median(kinds_.get(AGREEMENT, 0.0) for kinds_ in steps),
+        "source": "the seconds in collectives of the rank that waits least, median of its timed steps",
+    }
 
 
 def _straggler(by_rank: dict[int, dict[int, tuple[float, float]]], hosts: dict) -> tuple[dict | None, str | None]:
@@ -128,3 +155,31 @@ def per_rank_line(ranks: object, most: int = 8) -> str | None:
 
 def _median(figure: object) -> float | None:
     return real_number(figure.get("median")) if isinstance(figure, dict) else None
+
+
+def planned_exposed(plan: object) -> tuple[float | None, dict[str, float]]:
+    """The plan's exposed communication a step, in all and by kind (plan.json's comm)."""
+    comm = plan.get("comm") if isinstance(plan, dict) else None
+    if not isinstance(comm, dict):
+        return None, {}
+    kinds: dict[str, float] = {}
+    for c in comm.get("collectives") or []:
+        if isinstance(c, dict) and isinstance(c.get("op"), str) and (t := real_number(c.get("exposed_s"))) is not None:
+            kinds[c["op"]] = kinds.get(c["op"], 0.0) + t
+    return real_number(comm.get("exposed_s")), kinds
+
+
+def exposed_line(ranks: object, plan: object) -> str | None:
+    """Exposed communication by kind, measured beside planned, for a terminal."""
+    measured = ranks.get("exposed_comm") if isinstance(ranks, dict) else None
+    if not isinstance(measured, dict) or not isinstance(measured.get("by_kind_s"), dict):
+        return None
+    _, planned = planned_exposed(plan)
+    ms = lambda x: "-" if x is None else f"{x * 1e3:.3g}"  # noqa: E731
+    kinds = sorted(set(measured["by_kind_s"]) | set(planned))
+    cells = [f"{k} {ms(real_number(measured['by_kind_s'].get(k)))} / {ms(planned.get(k))}" for k in kinds]
+    return (
+        f"exposed communication a step, ms measured / planned: {', '.join(cells) or 'none'} "
+        f"(measured on rank {measured.get('rank')}, the one that waits least; "
+        f"the step's closing agreement {ms(real_number(measured.get('agreement_s')))} ms more)"
+    )

@@ -86,6 +86,10 @@ def rank_figures(ranks: dict | None) -> dict:
     for r in ranks.get("ranks") or []:
         out.update({f"perf/rank/{r['rank']}/{k}": r[k]["median"] for k in FIGURES})
         out[f"perf/rank/{r['rank']}/host"] = r.get("host")
+    exposed = ranks.get("exposed_comm")
+    if isinstance(exposed, dict):  # measured; the plan's is plan/exposed_comm_s
+        out["perf/exposed_comm_s"] = exposed["exposed_s"]
+        out.update({f"perf/exposed_comm/{k}_s": v for k, v in exposed["by_kind_s"].items()})
     straggler = ranks.get("straggler")
     out["perf/straggler/named"] = isinstance(straggler, dict)
     if isinstance(straggler, dict):

@@ -159,6 +159,7 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
     from orchestrator.workload.collective_wait import CollectiveWait
     from orchestrator.workload.data import batches
     from orchestrator.workload.hooks import Checkpointer, MemoryProbes, Reporter
+    from orchestrator.workload.rank_steps import AGREEMENT
 
     run, seq_len = spec.cfg.run, spec.cfg.model.seq_len
     sizes = batch_sizes_per_step(spec.schedule, run.steps, seq_len)
@@ -194,7 +195,8 @@ def run_steps(spec, engine, trial_dir: Path, rank: int, world: int, device, cons
                     losses.append(loss.detach())
             if run.step_sleep_s and run.slow_rank in (None, rank):
                 time.sleep(run.step_sleep_s)
-            save = checkpointer.due(step, run.steps)
+            with collectives.as_kind(AGREEMENT):
+                save = checkpointer.due(step, run.steps)
             seconds = device.clock() - start
             waited = collectives.step_seconds()
             probes.after_step()
@@ -229,16 +231,17 @@ def timing_known(history: list[dict], run, device) -> bool:
 
 def _step_record(spec, engine, step: int, ran: int, times: tuple, losses: list, seen: int, started_at: float) -> dict:
     """One step of the history. ran: the micro batches all ranks really ran, in sequences;
-    times: the step's seconds and its seconds in collectives; engine_global_batch_size: the
+    times: the step's seconds and its seconds in collectives (and by kind); engine_global_batch_size: the
     engine's own train_batch_size, to check they agree."""
     import torch
 
-    run, (seconds, waited) = spec.cfg.run, times
+    run, (seconds, (waited, kinds)) = spec.cfg.run, times
     return {
         "step": step,
         "loss": float(torch.stack(losses).float().mean()),
         "step_time_s": seconds,
         "collective_wait_s": waited,  # this rank's (rank 0's in the history): workload/collective_wait.py
+        "collective_wait_by_kind_s": kinds,
         "global_batch_size": ran,
         "engine_global_batch_size": engine.engine_global_batch(),
         "tokens_per_sec_per_gpu": ran * spec.cfg.model.seq_len / seconds / spec.world_size,

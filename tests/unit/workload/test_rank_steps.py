@@ -73,3 +73,27 @@ def test_the_display_lines_survive_a_result_written_by_hand():
     for crafted in (None, [], "x", {"straggler": "rank 1"}, {"straggler": {"rank": 1, "by_s": "fast"}}):
         assert straggler_cell(crafted) == "" and straggler_line(crafted) is None
     assert per_rank_line({"ranks": [{"rank": 0, "compute_s": "x", "wait_s": {"median": 1}}]}) is None
+
+
+def test_the_exposed_communication_is_the_least_waiting_ranks_by_kind_with_the_agreement_apart():
+    from orchestrator.workload.rank_steps import AGREEMENT, exposed_comm, exposed_line, planned_exposed
+
+    def record(rank, wait_reduce, wait_gather):
+        kinds = {"all_reduce": wait_reduce, "all_gather": wait_gather, AGREEMENT: 0.001}
+        return {"rank": rank, "host": "h", "steps": [[i, 0.1, sum(kinds.values()), kinds] for i in range(6)]}
+
+    # rank 1 waits for rank 0 besides the transfer; rank 0 waits for the transfer alone
+    out = exposed_comm([record(1, 0.05, 0.02), record(0, 0.01, 0.004)])
+    assert out["rank"] == 0 and out["by_kind_s"] == {"all_gather": 0.004, "all_reduce": 0.01}
+    assert out["exposed_s"] == 0.014 and out["agreement_s"] == 0.001  # the agreement is not the training's
+    assert exposed_comm([{"rank": 0, "steps": [[0, 0.1, 0.01]]}]) is None  # steps without kinds: nothing to say
+    plan = {
+        "comm": {
+            "exposed_s": 0.02,
+            "collectives": [{"op": "all_reduce", "exposed_s": 0.012}, {"op": "all_gather", "exposed_s": 0.008}],
+        }
+    }
+    assert planned_exposed(plan) == (0.02, {"all_reduce": 0.012, "all_gather": 0.008})
+    line = exposed_line({"exposed_comm": out}, plan)
+    assert "all_gather 4 / 8, all_reduce 10 / 12" in line and "rank 0" in line
+    assert planned_exposed({"comm": "x"}) == (None, {}) and exposed_line({"exposed_comm": 3}, plan) is None
