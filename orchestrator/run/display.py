@@ -173,6 +173,8 @@ def show_report(rows: list[dict], columns: tuple[str, ...], out: Console) -> Non
     fixed = {"trial", *columns}
     swept = [k for k in rows[0] if k not in fixed]
     calibrated = any(r.get("calibrated_step_s") is not None for r in rows)
+    exposed = any(r.get("exposed_comm_s") is not None for r in rows)
+    straggling = any(r.get("straggler") for r in rows)
     table = Table(
         title=f"{len(rows)} trials, best tokens/s/GPU first (predicted = the plan"
         + ("; calibrated = the preset `orchestrator calibrate` fitted)" if calibrated else ")"),
@@ -193,9 +195,8 @@ def show_report(rows: list[dict], columns: tuple[str, ...], out: Console) -> Non
         *(["calibrated s"] if calibrated else []),
         "peak",
         "predicted peak",
-        "exposed ms",
-        "predicted exposed ms",
-        "straggler",
+        *(["exposed ms (plan)"] if exposed else []),
+        *(["straggler"] if straggling else []),
         "cause",
     ):
         table.add_column(name, justify="left" if name in ("trial", "status", "cause") else "right")
@@ -220,13 +221,20 @@ def show_report(rows: list[dict], columns: tuple[str, ...], out: Console) -> Non
             *([num("calibrated_step_s", "{:.4g}")] if calibrated else []),
             human_bytes(r["peak_bytes"]) if r.get("peak_bytes") else "",
             human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "",
-            "" if r.get("exposed_comm_s") is None else f"{r['exposed_comm_s'] * 1e3:.3g}",
-            "" if r.get("predicted_exposed_comm_s") is None else f"{r['predicted_exposed_comm_s'] * 1e3:.3g}",
-            r.get("straggler", ""),
+            *([_exposed_cell(r)] if exposed else []),
+            *([r.get("straggler", "")] if straggling else []),
             r["error"],
         )
     out.print(table)
     _print_below(below, out)
+
+
+def _exposed_cell(r: dict) -> str:
+    """Exposed communication a step, measured (the plan's), in ms."""
+    measured, planned = r.get("exposed_comm_s"), r.get("predicted_exposed_comm_s")
+    if measured is None:
+        return ""
+    return f"{measured * 1e3:.3g}" + ("" if planned is None else f" ({planned * 1e3:.3g})")
 
 
 def _interval(spread: dict | None) -> str:
