@@ -70,23 +70,27 @@ def test_a_cpu_ranks_deepspeed_backend_starts_without_compiling_its_shared_memor
     """The launcher server probes the ops (probe_ops), each forked rank marks its copy. Without
     the mark DeepSpeed compiles deepspeed_shm_comm into TORCH_EXTENSIONS_DIR (an empty
     one here, so it would be built: ~110 s of CPU) and keeps it as the backend's shm_comm_op."""
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "DS_ACCELERATOR": "cpu",
-        "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-    }
+    env = {**_one_rank(tmp_path), "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")}
     proc = subprocess.run([sys.executable, "-c", SHM_CHECK], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     *_, child, parent = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert child["was"] is True  # this machine could build it: the mark is what left it unbuilt
     assert child["op"] == "None" and child["built"] == [] and child["world"] == 1
     assert child["probed"] is True and parent["parents"] is True  # probed once before the fork; marked in the fork only
+
+
+def _one_rank(home) -> dict:
+    """A one-rank world on loopback, in a bare environment (a fresh HOME), for DeepSpeed on a CPU."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "DS_ACCELERATOR": "cpu",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
 
 
 def _free_port() -> int:
@@ -122,16 +126,7 @@ os._exit(0)
 def test_zeros_gathers_and_reduce_scatters_reach_the_collective_clock(tmp_path):
     """DeepSpeed's backend binds torch's all_gather_into_tensor and reduce_scatter_tensor when
     it starts, before the clock wraps them: rebound while the clock holds, put back after."""
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "DS_ACCELERATOR": "cpu",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-    }
+    env = _one_rank(tmp_path)
     proc = subprocess.run([sys.executable, "-c", REBIND_CHECK], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
