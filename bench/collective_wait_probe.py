@@ -62,20 +62,13 @@ for n in NAMES:
         wrap(n)
 
 import deepspeed  # noqa: E402  (after the collectives are wrapped: DeepSpeed binds nothing at import, but say so)
+from small_engine import deepspeed_mlp  # noqa: E402
 
 stage = int(sys.argv[1])
 slow = float(sys.argv[2])
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 rank = dist.get_rank()
-model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
-cfg = {
-    "train_batch_size": 8,
-    "train_micro_batch_size_per_gpu": 4,
-    "zero_optimization": {"stage": stage, "overlap_comm": stage > 0, "reduce_bucket_size": 200000},
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-    "steps_per_print": 10**9,
-}
-eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+_, eng = deepspeed_mlp(stage)
 x = torch.randn(4, 512)
 rows = []
 for _ in range(6):

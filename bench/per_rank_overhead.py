@@ -20,6 +20,7 @@ import time
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch
 import torch.distributed as dist
+from small_engine import LAYERS, deepspeed_mlp
 
 from orchestrator.workload.checkpoint import agree
 from orchestrator.workload.collective_wait import CollectiveWait
@@ -43,26 +44,17 @@ def per_call_us(device: Device) -> tuple[float, float]:
 
 
 def calls_per_step(stage: int | None, device: Device) -> int:
-    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])
-    if stage is None:  # FSDP2
+    if stage is None:  # FSDP2, on the same MLP
         from torch.distributed.fsdp import fully_shard
 
+        model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(LAYERS)])
         for layer in model:
             fully_shard(layer)
         fully_shard(model)
         opt = torch.optim.AdamW(model.parameters())
         step = lambda: (model(torch.randn(4, 256)).pow(2).mean().backward(), opt.step(), opt.zero_grad())  # noqa: E731
     else:
-        import deepspeed
-
-        cfg = {
-            "train_batch_size": 8,
-            "train_micro_batch_size_per_gpu": 4,
-            "zero_optimization": {"stage": stage, "overlap_comm": stage > 0, "reduce_bucket_size": 20000},
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-            "steps_per_print": 10**9,
-        }
-        eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        _, eng = deepspeed_mlp(stage, width=256, reduce_bucket=20000)
 
         def step():
             eng.backward(eng(torch.randn(4, 256)).pow(2).mean())

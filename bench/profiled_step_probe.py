@@ -21,6 +21,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 import torch.profiler as tp
+from small_engine import deepspeed_mlp
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -49,15 +50,7 @@ def covered(a, b) -> float:
 def main() -> None:
     stage = int(sys.argv[1])
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
-    cfg = {
-        "train_batch_size": 8,
-        "train_micro_batch_size_per_gpu": 4,
-        "zero_optimization": {"stage": stage, "overlap_comm": stage > 0, "reduce_bucket_size": 200000},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-        "steps_per_print": 10**9,
-    }
-    eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    _, eng = deepspeed_mlp(stage)
     x = torch.randn(4, 512)
 
     def step():

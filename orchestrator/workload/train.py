@@ -139,7 +139,8 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
 
 def _rank_record(rank: int, peak: int, steps: list) -> dict:
     """What a rank says of itself at its end, gathered by rank 0 into result.json's env.ranks
-    (and its timed steps, [step, seconds, seconds in collectives], into metrics.ranks)."""
+    (and its timed steps, [step, seconds, seconds in collectives, those by kind], into
+    metrics.ranks)."""
     return {
         "steps": steps,
         "rank": rank,
