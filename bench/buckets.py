@@ -52,8 +52,12 @@ def trial(model: str, hardware: str, nodes: int, bucket: int) -> list[str]:
     return [*base, f"batch.global_batch_size={dp}", f"zero.reduce_bucket_size={bucket}"]
 
 
+def plans(model: str, hardware: str, nodes: int) -> list:
+    return [plan_trial(build_spec(trial(model, hardware, nodes, b))) for b in BUCKETS]
+
+
 def steps(model: str, hardware: str, nodes: int) -> list[float]:
-    return [plan_trial(build_spec(trial(model, hardware, nodes, b))).time.step_s for b in BUCKETS]
+    return [p.time.step_s for p in plans(model, hardware, nodes)]
 
 
 def smallest_as_good(line: list[float]) -> int:
@@ -81,7 +85,11 @@ def table() -> str:
 
 
 def plot(path: Path) -> Path:
-    points = [BucketPoint(f"{n} node(s)", b, s) for n in NODES for b, s in zip(BUCKETS, steps("1B", "h100-p5", n))]
+    points = [
+        BucketPoint(f"{n} node(s)", b, p.time.step_s, predicted_exposed_s=p.comm.exposed_s)
+        for n in NODES
+        for b, p in zip(BUCKETS, plans("1B", "h100-p5", n))
+    ]
     return bucket_plot(points, path, "1B, DDP, micro batch 1, h100-p5 (predicted)")
 
 

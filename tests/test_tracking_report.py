@@ -397,7 +397,8 @@ def test_a_plain_runs_wandb_run_has_a_name_and_a_noise_verdict(default_trial):
 
 def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp_path, monkeypatch):
     """buckets.png drew dp 1 and dp 2 of one node as one line, and FSDP2 trials (which
-    reduce-scatter per block, whatever the bucket size) at 5e8: read back from the plot."""
+    reduce-scatter per block, whatever the bucket size) at 5e8: read back from the plot.
+    Its second panel draws exposed communication, the plan's and the measured, per point."""
     from orchestrator.analysis import plots
 
     drawn = []
@@ -413,13 +414,20 @@ def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp
         results.append(
             {
                 "status": "ok",
-                "plan": {"parallel": {"nodes": 1}, "time": {"step_s": 0.1 * dp}},
+                "plan": {
+                    "parallel": {"nodes": 1},
+                    "time": {"step_s": 0.1 * dp},
+                    "comm": {"exposed_s": 0.01 * dp, "collectives": []},
+                },
                 "config": {
                     "zero": {"reduce_bucket_size": bucket, "stage": 2},
                     "engine": {"name": engine},
                     "parallel": {"dp": dp},
                 },
-                "metrics": {"step_time_s": 0.1 * dp},
+                "metrics": {
+                    "step_time_s": 0.1 * dp,
+                    "ranks": {"exposed_comm": {"exposed_s": 0.02 * dp * (2 if bucket > 1e6 else 1)}},
+                },
             }
         )
         labels.append(f"engine={engine}, parallel.dp={dp}, zero.reduce_bucket_size={bucket:g}")
@@ -430,11 +438,15 @@ def test_the_bucket_plot_draws_one_line_per_configuration_and_no_fsdp2_point(tmp
 
     plots.report_plots(results, labels, SweepPaths(tmp_path))
     (fig,) = [f for name, f in drawn if name == "buckets.png"]
-    lines = {line.get_label(): list(line.get_xdata()) for line in fig.axes[0].get_lines()}
+    step, exposed = fig.axes
+    lines = {line.get_label(): list(line.get_xdata()) for line in step.get_lines()}
     assert set(lines) == {
-        f"engine=deepspeed, parallel.dp={dp}, {kind}" for dp in (1, 2) for kind in ("predicted", "measured")
+        f"engine=deepspeed, parallel.dp={dp}, 1 node(s), {kind}" for dp in (1, 2) for kind in ("predicted", "measured")
     }
     assert all(x == [1e6, 5e8] for x in lines.values())
+    drawn_ms = {line.get_label(): list(line.get_ydata()) for line in exposed.get_lines()}
+    assert drawn_ms["engine=deepspeed, parallel.dp=2, 1 node(s), measured"] == pytest.approx([40, 80])
+    assert drawn_ms["engine=deepspeed, parallel.dp=2, 1 node(s), predicted"] == pytest.approx([20, 20])
 
 
 def test_a_report_across_two_sweeps_keeps_the_column_that_tells_them_apart(cli, default_trial, tmp_path):

@@ -6,8 +6,9 @@ The report's (`orchestrator report DIR`):
   predicted_vs_measured.png   peak and activation memory, and step time, measured
                               against the plan, with the identity line
   warmup.png                  the global batch of every step against tokens consumed
-  buckets.png                 step time against the reduce bucket size, a line per configuration
-                              that ran at several bucket sizes
+  buckets.png                 step time and exposed communication against the reduce bucket
+                              size, a line per configuration and node count that ran at several
+                              bucket sizes, measured beside planned
 and a tune's (tune.png): the search in the order it ran, and its predictions against
 what was measured.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from orchestrator.config import Sharding, runs_as
 from orchestrator.records.trial_dir import SweepPaths
+from orchestrator.workload.rank_steps import measured_exposed, planned_exposed
 
 
 def _pyplot():
@@ -52,6 +54,8 @@ def report_plots(results: list[dict], labels: list[str], paths: SweepPaths) -> l
             r["config"]["zero"]["reduce_bucket_size"],
             r["plan"]["time"]["step_s"],
             r["metrics"].get("step_time_s"),
+            planned_exposed(r["plan"])[0],
+            measured_exposed(r["metrics"].get("ranks")),
         )
         for r, label in ok
         if (r.get("plan") or {}).get("parallel")
@@ -80,9 +84,9 @@ def series(result: dict, label: str, x_key: str) -> str:
     swept values), less the key on the x axis (dp 1 and dp 2 are two bucket lines, and two
     engines two scaling lines, not one)."""
     rest = [part for part in label.split(", ") if part and not part.startswith(f"{x_key}=")]
-    if rest:
-        return ", ".join(rest)
-    return "the sweep" if x_key != "zero.reduce_bucket_size" else f"{result['plan']['parallel']['nodes']} node(s)"
+    if x_key == "zero.reduce_bucket_size":  # where buckets stop paying moves with the node count
+        rest.append(f"{result['plan']['parallel']['nodes']} node(s)")
+    return ", ".join(rest) or "the sweep"
 
 
 def natural(text: str) -> list:
@@ -92,40 +96,45 @@ def natural(text: str) -> list:
 
 @dataclass(frozen=True)
 class BucketPoint:
-    series: str  # the configuration it belongs to: one line each
+    series: str  # the configuration and node count it belongs to: one line each
     bucket: int  # zero.reduce_bucket_size, elements
     predicted_s: float  # step time
     measured_s: float | None = None
+    predicted_exposed_s: float | None = None  # communication a step not hidden under compute
+    measured_exposed_s: float | None = None  # metrics.ranks.exposed_comm (workload/rank_steps.py)
 
 
 def bucket_plot(points: list[BucketPoint], path: Path, title: str = "") -> Path:
-    """Step time against the reduce bucket size, a line per configuration (the series):
-    predicted (dashed) and measured (solid) where the trials ran. Where larger buckets stop
-    paying is where a line stops falling."""
+    """Step time and, where the points have it, exposed communication against the reduce
+    bucket size, a line per configuration and node count (the series): predicted (dashed)
+    and measured (solid) where the trials ran. Where larger buckets stop paying is where a
+    line stops falling; the exposed panel says whether it is communication that stopped."""
     lines: dict[str, list[BucketPoint]] = defaultdict(list)
     for p in points:
         lines[p.series].append(p)
-    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
-    for i, (series, line) in enumerate(sorted(lines.items(), key=lambda item: natural(item[0]))):
-        line.sort(key=lambda p: p.bucket)
-        x = [p.bucket for p in line]
-        ax.plot(
-            x,
-            [p.predicted_s for p in line],
-            linestyle="--",
-            marker="x",
-            color=f"C{i % 10}",
-            label=f"{series}, predicted",
-        )
-        measured = [(p.bucket, p.measured_s) for p in line if p.measured_s is not None]
-        if measured:
-            ax.plot(*zip(*measured), marker="o", color=f"C{i % 10}", label=f"{series}, measured")
-    ax.set_xscale("log")
-    ax.set_xlabel("zero.reduce_bucket_size (elements)")
-    ax.set_ylabel("step time (s)")
-    ax.set_title(title or "Step time against the gradient bucket size")
-    ax.margins(x=0.08, y=0.12)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below, off the data
+    exposed = any(p.predicted_exposed_s is not None or p.measured_exposed_s is not None for p in points)
+    fig, panels = _pyplot().subplots(1, 2 if exposed else 1, figsize=(13 if exposed else 7, 4.5), squeeze=False)
+    figures = [("predicted_s", "measured_s", "step time (s)", 1.0)]
+    if exposed:
+        figures.append(("predicted_exposed_s", "measured_exposed_s", "exposed communication a step (ms)", 1e3))
+    for ax, (planned, measured, ylabel, scale) in zip(panels[0], figures):
+        for i, (name, line) in enumerate(sorted(lines.items(), key=lambda item: natural(item[0]))):
+            line.sort(key=lambda p: p.bucket)
+            for key, style, kind in ((planned, "--", "predicted"), (measured, "-", "measured")):
+                xy = [(p.bucket, v * scale) for p in line if (v := getattr(p, key)) is not None]
+                if xy:
+                    marker = "x" if kind == "predicted" else "o"
+                    ax.plot(*zip(*xy), linestyle=style, marker=marker, color=f"C{i % 10}", label=f"{name}, {kind}")
+        ax.set_xscale("log")
+        ax.set(xlabel="zero.reduce_bucket_size (elements)", ylabel=ylabel)
+        ax.margins(x=0.08, y=0.12)
+        ax.grid(alpha=0.3)
+    panels[0][0].set_title(title or "Step time against the gradient bucket size")
+    if exposed:
+        panels[0][1].set_title("Exposed communication against the gradient bucket size")
+    # one legend below the panels, off the data: the lines are the same series in each
+    handles, labels = panels[0][0].get_legend_handles_labels()
+    panels[0][0].legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     return save_figure(fig, path)
 
 

@@ -27,7 +27,7 @@ from orchestrator.records.results import read_result
 from orchestrator.records.trial_dir import SweepPaths, TrialPaths, trials_below
 from orchestrator.records.trial_meta import sweep_point
 from orchestrator.spec import REPEAT
-from orchestrator.workload.rank_steps import planned_exposed, straggler_cell
+from orchestrator.workload.rank_steps import measured_exposed, planned_exposed, straggler_cell
 
 COLUMNS = (
     "status",
@@ -269,7 +269,7 @@ def _row(result: dict, trial_dir: Path, base: Path, swept: dict, fitted) -> dict
         # the rank the others wait for, and how long a step (workload/rank_steps.py)
         "straggler": straggler_cell(m.get("ranks")),
         # communication not hidden under compute, a step: measured (rank_steps.exposed_comm), planned
-        "exposed_comm_s": _num(_obj(_obj(m.get("ranks")).get("exposed_comm")).get("exposed_s")),
+        "exposed_comm_s": measured_exposed(m.get("ranks")),
         "predicted_exposed_comm_s": planned_exposed(plan)[0],
         "error": f"{error.get('type')}: {str(error.get('message'))[:120]}" if error else "",
     }

@@ -169,6 +169,12 @@ def planned_exposed(plan: object) -> tuple[float | None, dict[str, float]]:
     return real_number(comm.get("exposed_s")), kinds
 
 
+def measured_exposed(ranks: object) -> float | None:
+    """The measured exposed communication a step (seconds) of a result's metrics.ranks, or None."""
+    measured = ranks.get("exposed_comm") if isinstance(ranks, dict) else None
+    return real_number(measured.get("exposed_s")) if isinstance(measured, dict) else None
+
+
 def exposed_line(ranks: object, plan: object) -> str | None:
     """Exposed communication by kind, measured beside planned, for a terminal."""
     measured = ranks.get("exposed_comm") if isinstance(ranks, dict) else None
