@@ -149,6 +149,15 @@ class ZeroConfig:
 @dataclass
 class ParallelConfig:
     dp: int = 2  # data-parallel degree = world size (no tensor/pipeline parallelism yet)
+    # HSDP (Zhao et al., "PyTorch FSDP", 2023, hybrid sharding; torchtitan's dp_replicate):
+    # the dp ranks form `replicate` groups of dp / replicate ranks; each group shards the
+    # model among its ranks, and the groups hold replicas, all-reducing their gradient
+    # shards. 1: one group of all dp ranks (plain FSDP). FSDP2 only (engine=fsdp, or
+    # accelerate's FSDP), on a 2D device mesh (replicate, shard).
+    replicate: int = 1
+    # true: each shard group must lie within one node (the gathers and reduce-scatters on
+    # NVLink, only the replicas' all-reduce between nodes); a layout that breaks it exits 2
+    shard_within_node: bool = False
 
 
 # torchrun's --numa-binding names; none: no binding.

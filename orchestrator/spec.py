@@ -24,6 +24,7 @@ from orchestrator import hardware_presets, machine
 from orchestrator.config import TrialConfig
 from orchestrator.core.errors import ConfigError, one_of
 from orchestrator.core.files import read_yaml
+from orchestrator.plan.dp_layout import DpLayout
 from orchestrator.core.redact import redact, redact_text
 from orchestrator.hydra_glue.compose import Composed, compose_trial, composing
 from orchestrator.hydra_glue.conf_tree import presets, user_conf_dir
@@ -32,7 +33,7 @@ from orchestrator.plan.batch import BatchSchedule, grad_accum_steps, warmup_sche
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.records.trial_meta import TrialMeta
 from orchestrator.validation.checks import at_most, positive, typed_config
-from orchestrator.validation.cluster_checks import check_cluster, placement
+from orchestrator.validation.cluster_checks import check_cluster, check_dp_layout, placement
 from orchestrator.validation.trial_checks import (
     MAX_DP,
     check_batch,
@@ -65,6 +66,11 @@ class TrialSpec:
     global_batch_size: int  # sequences, after the warm-up
     tokens_per_step: int  # at the final global batch
     schedule: BatchSchedule  # [(from_token, global_batch_size)]
+
+    @property
+    def layout(self) -> DpLayout:
+        """Which ranks shard together and which hold replicas (parallel.replicate)."""
+        return DpLayout(self.dp, self.cfg.parallel.replicate, self.gpus_per_node)
 
     @property
     def threads_per_rank(self) -> int:
@@ -136,6 +142,7 @@ def spec_from(composed: Composed) -> TrialSpec:
     check_logger(cfg)
     dp = at_most(positive(cfg.parallel.dp, "parallel.dp"), "parallel.dp", MAX_DP)
     gpus_per_node, nodes = placement(cfg, dp)
+    check_dp_layout(cfg, dp, gpus_per_node)
     mbs, gbs = check_batch(cfg, dp)
     return TrialSpec(
         cfg=cfg,

@@ -32,6 +32,15 @@ CASES = [  # (overrides, the field the message must name)
     (["run.grad_clip=nan"], "run.grad_clip"),
     (["run.weight_decay=nan"], "run.weight_decay"),
     (["parallel.dp=2", "run.slow_rank=2"], "run.slow_rank"),
+    # HSDP: replicas that do not split the ranks, on an engine without a 2D mesh, a shard
+    # group asked to lie within a node that is larger than one or straddles two
+    (["engine=fsdp", "parallel.dp=4", "parallel.replicate=3"], "parallel.replicate"),
+    (["engine=fsdp", "parallel.dp=4", "parallel.replicate=0"], "parallel.replicate"),
+    (["parallel.dp=4", "parallel.replicate=2"], "parallel.replicate"),
+    ([*S, "engine=fsdp", "cluster.gpus_per_node=2", "parallel.dp=8", "parallel.shard_within_node=true"],
+     "parallel.shard_within_node"),
+    ([*S, "engine=fsdp", "cluster.gpus_per_node=4", "parallel.dp=8", "parallel.replicate=2",
+      "parallel.shard_within_node=true", "cluster.gpus_per_node=2"], "parallel.shard_within_node"),
     ([*S, "run.steps=100000", "cluster.time=00:01:00"], "cluster.signal_delay_s"),
     ([*S, "cluster.time=0"], "cluster.time"),
 ]
@@ -44,6 +53,16 @@ def test_bad_input_exits_2_naming_the_field(overrides, field, capsys):
     assert code == 2, said
     assert f"{field}=" in said and "is not allowed" in said and "Traceback" not in said
     assert len(said.strip().splitlines()) == 1  # one paragraph
+
+
+def test_a_bad_dp_layout_names_the_nearest_valid_replicate(capsys):
+    assert main(["plan", "engine=fsdp", "parallel.dp=8", "parallel.replicate=3"]) == 2
+    said = capsys.readouterr().err
+    assert "one of 1, 2, 4, 8; the nearest valid value is 2" in said
+    within = [*S, "engine=fsdp", "cluster.gpus_per_node=2", "parallel.dp=8", "parallel.shard_within_node=true"]
+    assert main(["plan", *within]) == 2
+    assert "8 ranks across 4 nodes of 2 ranks; the nearest valid value is parallel.replicate=4" in capsys.readouterr().err
+    assert main(["plan", *within, "parallel.replicate=4"]) == 0
 
 
 def test_signal_delay_names_the_nearest_valid_value(capsys):

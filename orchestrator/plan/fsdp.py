@@ -31,14 +31,21 @@ reduce-scatters on streams of their own and waits on events. A CPU device has no
 so there each collective is a blocking call and the step is compute plus all of its
 communication (measured on the namespace cluster: bench/RESULTS.md). Each call is timed by
 collectives.py (NCCL's ring, or gloo's).
+
+HSDP (parallel.replicate > 1; dp_layout.py): the shards are 1/shard_ranks of each parameter,
+the gathers and reduce-scatters run among a shard group's ranks (within a node where the
+layout puts them there), and each block's gradient shard is then all-reduced among the
+replicas that hold it, between nodes: the per-block reduction is the two back to back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator.plan.dp_layout import DpLayout
 from orchestrator.plan.collectives import Network
 from orchestrator.plan.comm import Collective, StepTime, calls, collective
 from orchestrator.plan.params import ParamTensor
@@ -50,9 +57,9 @@ class FsdpLayout:
 
     blocks: list[int]  # elements of each transformer block: what one fully_shard gathers
     root: int  # elements outside the blocks: the root module's (embeddings, final norm, head)
-    shard: int  # elements of this rank's shards, all parameters (each split on dim 0 into dp parts)
+    shard: int  # elements of this rank's shards, all parameters (each split on dim 0 into shard_ranks parts)
     largest_tensor: int  # elements of the largest parameter: a CPU AdamW's per-tensor temporaries follow it
-    dp: int
+    shard_ranks: int  # the ranks one parameter is sharded over: dp, or dp / parallel.replicate (HSDP)
     param_bytes: int  # the compute dtype (MixedPrecisionPolicy.param_dtype)
     wire_bytes: int  # the reduce-scatter's dtype (reduce_dtype)
     reshard_after_forward: bool
@@ -60,6 +67,7 @@ class FsdpLayout:
     offload: bool  # CPUOffloadPolicy
     adam_foreach: bool  # torch's AdamW on CUDA updates every tensor at once; on a CPU one at a time
     overlap: bool = True  # CUDA streams: FSDP2 overlaps its collectives with compute; a CPU has none
+    replicate: int = 1  # HSDP's replicas, each gradient shard all-reduced across them
 
     @property
     def elements(self) -> int:
@@ -68,7 +76,7 @@ class FsdpLayout:
 
 def layout_of(
     tensors: Sequence[ParamTensor],
-    dp: int,
+    shard_ranks: int,
     param_bytes: int,
     wire_bytes: int,
     reshard: bool,
@@ -76,6 +84,7 @@ def layout_of(
     offload: bool,
     adam_foreach: bool,
     overlap: bool = True,
+    replicate: int = 1,
 ) -> FsdpLayout:
     blocks: dict[str, int] = {}
     root = 0
@@ -85,13 +94,13 @@ def layout_of(
             blocks[block] = blocks.get(block, 0) + p.numel
         else:
             root += p.numel
-    shard = sum(-(-p.numel // dp) for p in tensors)
+    shard = sum(-(-p.numel // shard_ranks) for p in tensors)
     return FsdpLayout(
         blocks=list(blocks.values()),
         root=root,
         shard=shard,
         largest_tensor=max(p.numel for p in tensors),
-        dp=dp,
+        shard_ranks=shard_ranks,
         param_bytes=param_bytes,
         wire_bytes=wire_bytes,
         reshard_after_forward=reshard,
@@ -99,6 +108,7 @@ def layout_of(
         offload=offload,
         adam_foreach=adam_foreach,
         overlap=overlap,
+        replicate=replicate,
     )
 
 
@@ -115,7 +125,7 @@ def fsdp_states(f: FsdpLayout) -> dict[str, int]:
     block_grads = largest * (f.param_bytes + (f.wire_bytes if f.wire_bytes != f.param_bytes else 0))
     if f.grad_accum > 1:  # unsynchronised micro batches accumulate unsharded gradients
         grads = f.param_bytes * f.elements
-    temporaries = 4 * f.shard if f.adam_foreach else 2 * 4 * -(-f.largest_tensor // f.dp)
+    temporaries = 4 * f.shard if f.adam_foreach else 2 * 4 * -(-f.largest_tensor // f.shard_ranks)
     static = params + optimizer  # zero_grad(set_to_none=True) frees the gradient shards
     offloaded = 0
     if f.offload:
@@ -136,13 +146,20 @@ def fsdp_states(f: FsdpLayout) -> dict[str, int]:
     )
 
 
-def fsdp_step_time(f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network) -> StepTime:
-    """Step time of grad_accum micro batches under FSDP2's prefetching schedule."""
+def fsdp_step_time(
+    f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network, replicas: Network | None = None
+) -> StepTime:
+    """Step time of grad_accum micro batches under FSDP2's prefetching schedule. net: the
+    shard group's ranks (all of them without HSDP); replicas: HSDP's replica group, where each
+    block's gradient shard is all-reduced after its reduce-scatter, on the same stream."""
     n = max(1, len(f.blocks))
     gather = calls("all_gather", f.blocks, f.param_bytes, net)
     root = calls("all_gather", [f.root], f.param_bytes, net)
     scatter = calls("reduce_scatter", [*reversed(f.blocks), f.root], f.wire_bytes, net)
-    ag, rs = gather.seconds, scatter.seconds
+    shards = [-(-e // f.shard_ranks) for e in scatter.sizes]
+    across = calls("all_reduce", shards, f.wire_bytes, replicas) if replicas and f.replicate > 1 else None
+    ag = gather.seconds
+    rs = [a + b for a, b in zip(scatter.seconds, across.seconds)] if across else scatter.seconds
     fwd_block, bwd_block = fwd_s / n, bwd_s / n
     # forward: the root's and the first block's gathers wait; each later gather hides under a block
     fwd = sum(root.seconds) + ag[0] + sum(max(fwd_block, nxt) for nxt in [*ag[1:], 0.0])
@@ -150,7 +167,7 @@ def fsdp_step_time(f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network) -
 
     def backward(sync: bool) -> float:
         # the last block's gather waits (when resharded); then each block's backward hides the
-        # next one's gather and the previous one's reduce-scatter; the last reduce-scatters wait
+        # next one's gather and the previous one's reduction; the last reductions wait
         rs_prev = [0.0] + (rs[: n - 1] if sync else [0.0] * (n - 1))
         hidden = sum(max(bwd_block, nxt + prev) for nxt, prev in zip([*back_ag[1:], 0.0], rs_prev))
         return back_ag[0] + hidden + (sum(rs[n - 1 :]) if sync else 0.0)
@@ -165,7 +182,8 @@ def fsdp_step_time(f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network) -
     totals = {
         "forward": f.grad_accum * (sum(ag) + sum(root.seconds)),
         "backward": f.grad_accum * sum(back_ag),
-        "reduce": sum(rs),
+        "reduce": sum(scatter.seconds),
+        "across": sum(across.seconds) if across else 0.0,
     }
     share = {k: v / math.fsum(totals.values()) if math.fsum(totals.values()) else 0.0 for k, v in totals.items()}
     c: list[Collective] = [
@@ -195,6 +213,24 @@ def fsdp_step_time(f: FsdpLayout, *, fwd_s: float, bwd_s: float, net: Network) -
             "backward, each block's gradients, last micro batch", scatter, net, exposed_s=exposed * share["reduce"]
         )
     )
+    if across and replicas:
+        c.append(
+            collective(
+                f"backward, each block's gradient shard across the {f.replicate} replicas (HSDP), last micro batch",
+                across,
+                replicas,
+                exposed_s=exposed * share["across"],
+            )
+        )
     return StepTime(
         compute_s=compute, comm_s=math.fsum(x.time_s for x in c), exposed_s=exposed, step_s=step, collectives=c
     )
+
+
+def group_networks(net: Network, layout: DpLayout) -> tuple[Network, Network | None]:
+    """The networks of one shard group and one replica group of the trial's ranks (None
+    without HSDP): each group's ranks and the nodes they span, on the trial's two levels."""
+    shard = dataclasses.replace(net, ranks=layout.shard, nodes=layout.shard_nodes)
+    if not layout.hybrid:
+        return shard, None
+    return shard, dataclasses.replace(net, ranks=layout.replicate, nodes=layout.replica_nodes)

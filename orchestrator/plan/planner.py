@@ -24,7 +24,7 @@ from orchestrator.plan.collectives import Network, network, small_call_note
 from orchestrator.plan.comm import StepTime, bytes_per_rank_per_step, schedule_of, step_time, wire_dtype
 from orchestrator.plan.compute import ComputeTime, estimated_kernels, micro_batch_time
 from orchestrator.plan.flops import Flops, flops
-from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, layout_of
+from orchestrator.plan.fsdp import FsdpLayout, fsdp_states, fsdp_step_time, group_networks, layout_of
 from orchestrator.plan.host_memory import HostMemory, host_memory, slurm_size_bytes
 from orchestrator.plan.inputs import LocalLinks, MachineFacts, MeasuredKernels, Measurements
 from orchestrator.plan.memory import (
@@ -223,11 +223,13 @@ def step_times(
     """The step of `grad_accum` micro batches (compute and communication, no optimizer)
     under the trial's engine: FSDP2's schedule, or DeepSpeed's (and DDP's)."""
     if sharded:
+        shard_net, replicas = group_networks(net, spec.layout)
         return fsdp_step_time(
             dataclasses.replace(sharded, grad_accum=grad_accum),
             fwd_s=micro_time.forward_s,
             bwd_s=micro_time.backward_s,
-            net=net,
+            net=shard_net,
+            replicas=replicas,
         )
     return step_time(
         schedule_of(spec), grad_accum=grad_accum, fwd_s=micro_time.forward_s, bwd_s=micro_time.backward_s, net=net
@@ -238,7 +240,7 @@ def optimizer_step_s(spec: TrialSpec, n: int, offloaded: bool, bandwidth_gbps: f
     """The optimizer step is memory-bound: the bytes AdamW moves for the parameters this
     rank updates, at the device's bandwidth, or the host's where it is offloaded."""
     hw = spec.cfg.hardware
-    updated = n if spec.cfg.zero.stage == 0 else -(-n // spec.dp)
+    updated = n if spec.cfg.zero.stage == 0 else -(-n // spec.layout.shard)  # HSDP: each replica updates its shard
     if offloaded:
         return offloaded_step_s(
             updated, spec.precision, hw.host_memory_bandwidth_gbps, spec.gpus_per_node, hw.host_link_gbps
@@ -277,7 +279,7 @@ def fsdp_layout(spec: TrialSpec) -> FsdpLayout | None:
         return None
     return layout_of(
         parameter_tensors(spec.cfg.model),
-        spec.dp,
+        spec.layout.shard,
         element_bytes(spec.precision),
         element_bytes(wire_dtype(spec)),
         reshard=z.stage == 3,
@@ -285,6 +287,7 @@ def fsdp_layout(spec: TrialSpec) -> FsdpLayout | None:
         offload=z.offload_param != "none" or z.offload_optimizer != "none",
         adam_foreach=spec.cfg.hardware.device.is_gpu,
         overlap=spec.cfg.hardware.device.is_gpu,
+        replicate=spec.layout.replicate,
     )
 
 

@@ -6,13 +6,16 @@ The engine (workload/fsdp.py) applies these; accelerate's FSDP2 config
 
 from __future__ import annotations
 
+from orchestrator.plan.dp_layout import MESH_DIMS
 from orchestrator.spec import TrialSpec
 
 
 def fsdp_settings(spec: TrialSpec) -> dict:
     """fully_shard's settings for this trial (also recorded in metrics.engine)."""
     z = spec.cfg.zero
+    layout = spec.layout
     return {
+        "mesh": dict(zip(MESH_DIMS, layout.mesh_shape)) if layout.hybrid else {"shard": layout.dp},
         "reshard_after_forward": z.stage == 3,
         "param_dtype": spec.precision,
         "reduce_dtype": str(z.communication_dtype or spec.precision),
@@ -24,7 +27,12 @@ def explain(spec: TrialSpec) -> list[str]:
     s = fsdp_settings(spec)
     return [
         f"fully_shard on each transformer block, then on the root (torchtitan's order), on a "
-        f"{spec.world_size}-rank device mesh",
+        + (
+            f"2D device mesh (replicate {s['mesh']['replicate']} x shard {s['mesh']['shard']}, parallel.replicate): "
+            "HSDP, each parameter sharded within a group of ranks and its gradient shards all-reduced across groups"
+            if spec.layout.hybrid
+            else f"{spec.world_size}-rank device mesh"
+        ),
         f"reshard_after_forward={s['reshard_after_forward']} on the blocks: zero.stage={spec.cfg.zero.stage} "
         + (
             "(parameters gathered again for the backward, ZeRO-3's pattern)"

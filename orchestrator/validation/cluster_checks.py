@@ -1,6 +1,6 @@
 """The cluster group's checks: SLURM's names, sizes and time limits, hydra-submitit-
 launcher's aliases, no secret in the job script (written in clear), and how many nodes a
-data-parallel size fills. spec.py calls them with the other checks."""
+data-parallel size fills and how its layout sits on them. spec.py calls them with the other checks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import re
 import shlex
 from typing import Any
 
-from orchestrator.config import TrialConfig
+from orchestrator.config import EngineName, TrialConfig
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.redact import redact, secret_export
+from orchestrator.plan.dp_layout import DpLayout, divisors
 from orchestrator.validation.checks import above_zero, positive, time_limit_s
 
 
@@ -132,3 +133,38 @@ def placement(cfg: TrialConfig, dp: int) -> tuple[int, int]:
             "parallel.dp", dp, f"on SLURM, at most cluster.gpus_per_node={per_node} or a multiple of it (whole nodes)"
         )
     return per_node, math.ceil(dp / per_node)
+
+
+def check_dp_layout(cfg: TrialConfig, dp: int, ranks_per_node: int) -> DpLayout:
+    """parallel.replicate and parallel.shard_within_node against the degree and the nodes:
+    the replicas must split the ranks evenly, HSDP is FSDP2's (engine=fsdp), and a shard group
+    asked to lie within a node must fit in one and not straddle two."""
+    p = cfg.parallel
+    replicate = positive(p.replicate, "parallel.replicate")
+    if dp % replicate:
+        allowed = divisors(dp)
+        nearest = min(allowed, key=lambda d: (abs(d - replicate), d))
+        raise ConfigError(
+            "parallel.replicate",
+            replicate,
+            f"a divisor of parallel.dp={dp} (each replica a shard group of dp / replicate ranks): "
+            f"one of {', '.join(map(str, allowed))}; the nearest valid value is {nearest}",
+        )
+    layout = DpLayout(dp, replicate, ranks_per_node)
+    if layout.hybrid and cfg.engine.name != EngineName.fsdp:
+        raise ConfigError(
+            "parallel.replicate",
+            replicate,
+            f"1 with engine={cfg.engine.name}: HSDP (shard within a group, replicate across) runs on "
+            "FSDP2's 2D device mesh, engine=fsdp",
+        )
+    if p.shard_within_node and (layout.shard > ranks_per_node or layout.shard_nodes > 1):
+        within = [r for r in divisors(dp) if dp // r <= ranks_per_node and ranks_per_node % (dp // r) == 0]
+        raise ConfigError(
+            "parallel.shard_within_node",
+            True,
+            f"a shard group within one node: parallel.dp={dp} / parallel.replicate={replicate} shards over "
+            f"{layout.shard} ranks across {layout.shard_nodes} nodes of {ranks_per_node} ranks; "
+            f"the nearest valid value is parallel.replicate={min(within, key=lambda r: abs(r - replicate))}",
+        )
+    return layout

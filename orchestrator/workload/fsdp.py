@@ -1,8 +1,9 @@
 """FSDP2Engine: torch's own fully sharded data parallel (`fully_shard`), run under torchrun.
 
 Applied as torchtitan applies it: `fully_shard` on every transformer block, then on the
-root (embeddings, final norm, head), on a one-dimensional device mesh of all ranks ("cpu"
-with gloo here, "cuda" with NCCL on GPUs). The trial's settings map to FSDP2's:
+root (embeddings, final norm, head), on a device mesh of all ranks ("cpu" with gloo here,
+"cuda" with NCCL on GPUs): one-dimensional, or with parallel.replicate > 1 two-dimensional
+(replicate, shard), FSDP2's HSDP (plan/dp_layout.py). The trial's settings map to FSDP2's:
 
 - zero.stage=3: `reshard_after_forward=True`, each block's parameters are gathered again
   for the backward (the ZeRO-3 pattern); zero.stage=2: False, the gathered parameters are
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 from orchestrator.config import ADAMW_BETAS, ADAMW_EPS
+from orchestrator.plan.dp_layout import MESH_DIMS
 from orchestrator.spec import TrialSpec
 from orchestrator.translate.accelerate import LAYER_CLASS
 from orchestrator.translate.fsdp import fsdp_settings
@@ -44,7 +46,11 @@ class FSDP2Engine:
 
         if not dist.is_initialized():
             dist.init_process_group(backend=device.backend, **spec.collective_timeout)
-        mesh = init_device_mesh(device.torch.type, (spec.world_size,))
+        # HSDP (parallel.replicate > 1): a 2D mesh, fully_shard shards on its inner dimension
+        # and replicates on its outer one, all-reducing each gradient shard across replicas
+        layout = spec.layout
+        names = MESH_DIMS if layout.hybrid else None
+        mesh = init_device_mesh(device.torch.type, layout.mesh_shape, mesh_dim_names=names)
         self.settings = fsdp_settings(spec)
         model = build_model(spec.cfg.model, device="cpu", seed=spec.cfg.run.seed)
         apply_recompute(model, spec.cfg.recompute.mode)
@@ -72,6 +78,11 @@ class FSDP2Engine:
             model.parameters(), lr=run.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=run.weight_decay
         )
         self.sharded = all(type(p).__name__ == "DTensor" for p in model.parameters())
+        # how the parameters lie on the mesh, read off torch's DTensors: Shard(0) on a 1D mesh,
+        # (Replicate(), Shard(0)) on HSDP's 2D one
+        first = next(model.parameters())
+        self.placements = [str(p) for p in getattr(first, "placements", ())]
+        self.mesh_shape = list(mesh.shape)
         self.blocks = len(blocks)
         self._block_names = tuple(f"{n}." for n, m in model.named_modules() if m in blocks)
         self._gathered_after_forward: dict | None = None
@@ -142,6 +153,8 @@ class FSDP2Engine:
             **self.settings,
             "sharded_blocks": self.blocks,
             "parameters_sharded": self.sharded,
+            "mesh_shape": self.mesh_shape,
+            "placements": self.placements,
             "optimizer": type(self.optimizer).__name__,
             "built_partitioned": False,
             "gathered_after_forward": self._gathered_after_forward,
