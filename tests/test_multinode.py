@@ -258,3 +258,33 @@ def test_a_comm_bound_trials_exposed_communication_is_measured_for_every_collect
     # ZeRO-2's all_gather sends 276 KiB a rank, most of it inside the link's token bucket
     # (tests/slurm/cluster.sh), which the links' table, measured from 1 MiB up, does not see
     assert by_stage[2]["metrics"]["ranks"]["exposed_comm"]["by_kind_s"]["all_gather"] > 0
+
+
+def test_hsdp_shards_within_each_node_and_replicates_across_four(slurm_cluster, tmp_path):
+    # 4 nodes x 2 ranks, FSDP2: shard over all 8 ranks (every gather crosses the shaped links),
+    # or HSDP, shard 2 within each node and replicate 4 across (only the gradient shards'
+    # all-reduce crosses them), swept beside each other in one report.
+    steps = [o for o in ONE_PER_NODE if not o.startswith("run.steps") and not o.startswith("run.warmup")]
+    proc = run_in_process(
+        "run", "-m", "--out", str(tmp_path), *steps, "engine=fsdp", "cluster.gpus_per_node=2", "parallel.dp=8",
+        "run.steps=6", "run.warmup_steps=2", "parallel.replicate=1,4",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = wait(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_layout = {r["config"]["parallel"]["replicate"]: r for r in results(tmp_path)}
+    flat, hsdp = by_layout[1], by_layout[4]
+    assert hsdp["metrics"]["engine"]["mesh_shape"] == [4, 2] and flat["metrics"]["engine"]["mesh_shape"] == [8]
+    levels = {c["op"]: c["level"] for c in hsdp["plan"]["comm"]["collectives"]}
+    assert levels == {"all_gather": "intra", "reduce_scatter": "intra", "all_reduce": "inter"}
+    hosts = {x["rank"]: x["host"] for x in hsdp["env"]["ranks"]}
+    assert len(set(hosts.values())) == 4 and all(hosts[2 * n] == hosts[2 * n + 1] for n in range(4))  # groups on a node
+    measured = {k: r["metrics"]["ranks"]["exposed_comm"]["by_kind_s"] for k, r in by_layout.items()}
+    assert set(measured[4]) == set(levels) and "all_reduce" not in measured[1]
+    # within a node the gathers run over the node's loopback, not the 400 Mbit/s link
+    assert measured[4]["all_gather"] < 0.5 * measured[1]["all_gather"], measured
+    rows = json.loads(run_in_process("report", str(tmp_path), "--json").stdout)
+    assert {r["parallel.replicate"] for r in rows} == {"1", "4"}
+    assert all(r["exposed_comm_s"] and r["predicted_exposed_comm_s"] for r in rows)
+    for k, r in sorted(by_layout.items()):  # for the record: planned against measured, per layout
+        print(f"replicate={k}", r["plan"]["comm"]["exposed_s"], r["metrics"]["ranks"]["exposed_comm"])
