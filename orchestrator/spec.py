@@ -24,12 +24,12 @@ from orchestrator import hardware_presets, machine
 from orchestrator.config import TrialConfig
 from orchestrator.core.errors import ConfigError, one_of
 from orchestrator.core.files import read_yaml
-from orchestrator.plan.dp_layout import DpLayout
 from orchestrator.core.redact import redact, redact_text
 from orchestrator.hydra_glue.compose import Composed, compose_trial, composing
 from orchestrator.hydra_glue.conf_tree import presets, user_conf_dir
 from orchestrator.hydra_glue.hydra_registry import override_key
 from orchestrator.plan.batch import BatchSchedule, grad_accum_steps, warmup_schedule
+from orchestrator.plan.dp_layout import DpLayout
 from orchestrator.records.trial_dir import TrialPaths
 from orchestrator.records.trial_meta import TrialMeta
 from orchestrator.validation.checks import at_most, positive, typed_config

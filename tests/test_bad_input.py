@@ -37,10 +37,22 @@ CASES = [  # (overrides, the field the message must name)
     (["engine=fsdp", "parallel.dp=4", "parallel.replicate=3"], "parallel.replicate"),
     (["engine=fsdp", "parallel.dp=4", "parallel.replicate=0"], "parallel.replicate"),
     (["parallel.dp=4", "parallel.replicate=2"], "parallel.replicate"),
-    ([*S, "engine=fsdp", "cluster.gpus_per_node=2", "parallel.dp=8", "parallel.shard_within_node=true"],
-     "parallel.shard_within_node"),
-    ([*S, "engine=fsdp", "cluster.gpus_per_node=4", "parallel.dp=8", "parallel.replicate=2",
-      "parallel.shard_within_node=true", "cluster.gpus_per_node=2"], "parallel.shard_within_node"),
+    (
+        [*S, "engine=fsdp", "cluster.gpus_per_node=2", "parallel.dp=8", "parallel.shard_within_node=true"],
+        "parallel.shard_within_node",
+    ),
+    (
+        [
+            *S,
+            "engine=fsdp",
+            "cluster.gpus_per_node=4",
+            "parallel.dp=8",
+            "parallel.replicate=2",
+            "parallel.shard_within_node=true",
+            "cluster.gpus_per_node=2",
+        ],
+        "parallel.shard_within_node",
+    ),
     ([*S, "run.steps=100000", "cluster.time=00:01:00"], "cluster.signal_delay_s"),
     ([*S, "cluster.time=0"], "cluster.time"),
 ]
@@ -61,7 +73,9 @@ def test_a_bad_dp_layout_names_the_nearest_valid_replicate(capsys):
     assert "one of 1, 2, 4, 8; the nearest valid value is 2" in said
     within = [*S, "engine=fsdp", "cluster.gpus_per_node=2", "parallel.dp=8", "parallel.shard_within_node=true"]
     assert main(["plan", *within]) == 2
-    assert "8 ranks across 4 nodes of 2 ranks; the nearest valid value is parallel.replicate=4" in capsys.readouterr().err
+    assert (
+        "8 ranks across 4 nodes of 2 ranks; the nearest valid value is parallel.replicate=4" in capsys.readouterr().err
+    )
     assert main(["plan", *within, "parallel.replicate=4"]) == 0
 
 

@@ -101,6 +101,15 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
                 assert w["summary"][f"perf/rank/{r['rank']}/{key}"] == pytest.approx(r[key]["median"])
             assert w["summary"][f"perf/rank/{r['rank']}/host"] == r["host"]
         assert w["summary"]["perf/straggler/named"] is (ranks["straggler"] is not None)
+        # each node's load over the steps, read by its own ranks (here one host, both ranks)
+        (host,) = {r["host"] for r in result["env"]["ranks"]}
+        node = result["metrics"]["nodes"][host]
+        assert node["ranks"] == [0, 1] and w["summary"][f"perf/node/{host}/ranks"] == "0,1"
+        busy = w["summary"][f"perf/node/{host}/cpu_busy_share"]
+        assert (
+            busy == pytest.approx(node["cpu_busy_share"]) and 0.1 < busy <= 1
+        )  # two ranks on 2 cores, busy for their steps
+        assert 0 < w["summary"][f"perf/node/{host}/memory_used_bytes"] == node["memory_used_bytes"]
         # the last step's own throughput is not a summary figure beside perf/'s median
         assert "train/tokens_per_sec_per_gpu" not in w["summary"] and "train/step_time_s" not in w["summary"]
     (group,) = groups  # one group: the sweep, by its name and when it started

@@ -9,6 +9,7 @@ processes that used the most of it; MemAvailable for the memory a new trial can 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -109,3 +110,47 @@ def available_bytes() -> int | None:
         pass
     known = [b for b in (host, memory_cgroup.headroom_bytes()) if b is not None]
     return min(known) if known else None
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all this host's cores since boot: two readings give the share busy between them."""
+    return _cpu_ticks()
+
+
+def node_load(since: tuple[int, int]) -> dict:
+    """This node's load since the ticks `since` (cpu_ticks): the share of its cores busy and
+    the memory in use now (MemTotal less MemAvailable), what each rank reports of its node."""
+    busy, total = _cpu_ticks()
+    used = None
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
+        used = info["MemTotal"] - info["MemAvailable"]
+    except (OSError, KeyError, ValueError):
+        pass
+    return {
+        "cpu_busy_share": (busy - since[0]) / max(total - since[1], 1),
+        "cores": os.cpu_count() or 1,
+        "memory_used_bytes": used,
+    }
+
+
+def by_node(records: list[dict]) -> dict[str, dict]:
+    """Each node's load, from the ranks' records ({"host", "rank", "node_load"}): the ranks on
+    a node read the same node, so the figures are the median of theirs (they differ only by
+    when each rank read them), with the node's ranks."""
+    nodes: dict[str, list[dict]] = {}
+    for r in records:
+        if isinstance(r.get("node_load"), dict):
+            nodes.setdefault(str(r.get("host")), []).append(r)
+    out = {}
+    for host, ranks in sorted(nodes.items()):
+        loads = [r["node_load"] for r in ranks]
+        memory = [x["memory_used_bytes"] for x in loads if x.get("memory_used_bytes") is not None]
+        out[host] = {
+            "ranks": sorted(r["rank"] for r in ranks),
+            "cpu_busy_share": statistics.median(x["cpu_busy_share"] for x in loads),
+            "cores": loads[0].get("cores"),
+            "memory_used_bytes": statistics.median(memory) if memory else None,
+        }
+    return out

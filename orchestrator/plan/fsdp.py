@@ -45,9 +45,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.plan.dp_layout import DpLayout
 from orchestrator.plan.collectives import Network
 from orchestrator.plan.comm import Collective, StepTime, calls, collective
+from orchestrator.plan.dp_layout import DpLayout
 from orchestrator.plan.params import ParamTensor
 
 

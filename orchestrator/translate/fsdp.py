@@ -26,7 +26,7 @@ def fsdp_settings(spec: TrialSpec) -> dict:
 def explain(spec: TrialSpec) -> list[str]:
     s = fsdp_settings(spec)
     return [
-        f"fully_shard on each transformer block, then on the root (torchtitan's order), on a "
+        "fully_shard on each transformer block, then on the root (torchtitan's order), on a "
         + (
             f"2D device mesh (replicate {s['mesh']['replicate']} x shard {s['mesh']['shard']}, parallel.replicate): "
             "HSDP, each parameter sharded within a group of ranks and its gradient shards all-reduced across groups"

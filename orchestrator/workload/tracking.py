@@ -11,7 +11,8 @@ zero.stage, parallel.dp, ...), with the preset chosen per group under choices/ a
 derived numbers (world size, precision, batch) under derived/. The history of every
 step is under train/, against train/tokens_seen as its x-axis (define_metric). The
 summary holds the measured figures under perf/ (every rank's compute and time in
-collectives under perf/rank/R/, the rank the others wait for under perf/straggler/), the
+collectives under perf/rank/R/ with its host, the rank the others wait for under
+perf/straggler/, each node's load over the steps under perf/node/HOST/), the
 plan's predictions under plan/, and the status. Nothing from the environment goes in:
 no key, token or password can reach it.
 
@@ -97,6 +98,18 @@ def rank_figures(ranks: dict | None) -> dict:
     return out
 
 
+def node_figures(nodes: dict | None) -> dict:
+    """Each node's load over the steps (perf/node/HOST/...: its cores' busy share, its memory
+    in use, its ranks), from every rank's own reading of its node (measure/host_load.by_node)."""
+    out: dict = {}
+    for host, n in (nodes or {}).items():
+        out.update(
+            {f"perf/node/{host}/{k}": n[k] for k in ("cpu_busy_share", "memory_used_bytes") if n.get(k) is not None}
+        )
+        out[f"perf/node/{host}/ranks"] = ",".join(map(str, n["ranks"]))
+    return out
+
+
 def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
     """Measured under perf/, predicted under plan/: the same figure never shares a name."""
     out: dict = {"status": status}
@@ -111,6 +124,7 @@ def summary(metrics: dict | None, plan: dict | None, status: str) -> dict:
         if metrics.get("noisy"):
             out["perf/noisy_why"] = metrics["noisy"]
         out.update(rank_figures(metrics.get("ranks")))
+        out.update(node_figures(metrics.get("nodes")))
         if steps := metrics.get("nonfinite_loss_steps"):
             out.update({"perf/nonfinite_loss_steps": len(steps), "perf/nonfinite_loss_first_step": steps[0] + 1})
     if plan:

@@ -82,6 +82,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
     import torch.distributed as dist
 
     from orchestrator.core.files import atomic_write_json
+    from orchestrator.measure import host_load
     from orchestrator.workload.device import Device
     from orchestrator.workload.engines import import_libraries, make_engine
     from orchestrator.workload.rank_steps import rank_steps
@@ -105,15 +106,19 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         engine = make_engine(spec, trial_dir, device)
         if not spec.cfg.run.gc_collect_every:  # else run_steps collects every so many steps itself
             gc.enable()
+        ticks = host_load.cpu_ticks()  # the node's load over the steps, per node in W&B and result.json
         state = run_steps(spec, engine, trial_dir, rank, world, device, console, tracker)
         peak = device.peak_bytes()
         everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, _rank_record(rank, peak, state.own_steps))
+        dist.all_gather_object(
+            everyone, {**_rank_record(rank, peak, state.own_steps), "node_load": host_load.node_load(ticks)}
+        )
         dist.barrier()  # every rank is done with every collective before any leaves
         if rank != 0:
             return
         metrics = summarize(spec, state.history, world, device, trial_dir, {**state.memory, "peak_bytes": peak})
         metrics["ranks"] = rank_steps(everyone)
+        metrics["nodes"] = host_load.by_node(everyone)
         for record in everyone:  # result.json keeps each rank's figures, not its every step
             del record["steps"]
         metrics["engine"] = engine.describe()
