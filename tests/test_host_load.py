@@ -4,9 +4,11 @@ the memory the host has free (orchestrator/measure/host_load.py, trial.py). Real
 import os
 import subprocess
 import sys
+import time
 
 from orchestrator.config import GIB
 from orchestrator.measure import host_load
+from orchestrator.measure.host_load import by_node, cpu_ticks, node_load
 from orchestrator.run.trial import host_memory_refusal
 from orchestrator.spec import build_spec
 
@@ -113,3 +115,22 @@ def test_plan_says_what_run_would_say_of_a_local_cpu_trial_its_host_cannot_hold(
     monkeypatch.setattr(commands, "available_bytes", lambda: 64 * 2**20)  # this host: 64 MiB free (faked)
     proc = cli("plan", "hardware=cpu", PRESET_KERNELS)
     assert proc.returncode == 3 and "the host has 0.06 GiB free" in proc.stderr, proc.stderr
+
+
+def test_a_busy_rank_reads_its_node_busy_and_its_memory_in_use():
+    since = cpu_ticks()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # this process keeps a core busy
+        pass
+    load = node_load(since)
+    assert 1 / load["cores"] * 0.5 < load["cpu_busy_share"] <= 1
+    assert load["memory_used_bytes"] > 0
+
+
+def test_the_ranks_of_a_node_are_one_node_and_its_figure_the_median_of_their_readings():
+    def rank(r, host, busy):
+        return {"rank": r, "host": host, "node_load": {"cpu_busy_share": busy, "cores": 2, "memory_used_bytes": 10}}
+
+    nodes = by_node([rank(0, "a", 0.5), rank(1, "a", 0.7), rank(2, "b", 0.1), {"rank": 3, "host": "b"}])
+    assert nodes["a"] == {"ranks": [0, 1], "cpu_busy_share": 0.6, "cores": 2, "memory_used_bytes": 10}
+    assert nodes["b"]["ranks"] == [2]  # a rank that read nothing (another version) is left out
