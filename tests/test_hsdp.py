@@ -38,6 +38,9 @@ def test_the_translated_explanation_names_the_2d_mesh():
     spec = build_spec([*GPUS, "parallel.dp=32", "parallel.replicate=4"])
     assert fsdp_settings(spec)["mesh"] == {"replicate": 4, "shard": 8}
     assert "2D device mesh (replicate 4 x shard 8" in explain(spec)[0]
+    from orchestrator.run.display import trial_label
+
+    assert "dp=32 replicate=4 (shard 8)" in trial_label(spec)
 
 
 @pytest.fixture(scope="module")
