@@ -50,10 +50,10 @@ def trial_label(spec: TrialSpec) -> str:
     c = spec.cfg
     engine = "" if c.engine.name == "deepspeed" else f"engine={c.engine.name} "
     replicate = f" replicate={spec.layout.replicate} (shard {spec.layout.shard})" if spec.layout.hybrid else ""
+    hardware = calibrated_name(c.hardware.name) if c.hardware.calibrated_on else c.hardware.name
     return (
         f"model={spec.choices.get('model')} {engine}zero.stage={c.zero.stage} recompute={c.recompute.mode} "
-        f"dp={spec.dp}{replicate} hardware={calibrated_name(c.hardware.name) if c.hardware.calibrated_on else c.hardware.name} "
-        f"precision={spec.precision}"
+        f"dp={spec.dp}{replicate} hardware={hardware} precision={spec.precision}"
     )
 
 
