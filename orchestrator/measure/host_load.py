@@ -41,8 +41,9 @@ class HostLoad:
         return {**asdict(self), "warning": self.warning()}
 
 
-def _cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores since boot."""
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all this host's cores since boot: two readings give the share
+    busy between them."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
@@ -69,10 +70,10 @@ def _process_ticks() -> dict[int, tuple[str, int]]:
 def measure(window_s: float = WINDOW_S, exclude: set[int] | None = None) -> HostLoad:
     """The host's load over `window_s`: this process (and `exclude`) not counted among the busiest."""
     skip = {os.getpid(), *(exclude or set())}
-    busy0, total0 = _cpu_ticks()
+    busy0, total0 = cpu_ticks()
     procs0 = _process_ticks()
     time.sleep(window_s)
-    busy1, total1 = _cpu_ticks()
+    busy1, total1 = cpu_ticks()
     procs1 = _process_ticks()
     hz = os.sysconf("SC_CLK_TCK")
     used = sorted(
@@ -96,38 +97,28 @@ def measure(window_s: float = WINDOW_S, exclude: set[int] | None = None) -> Host
     )
 
 
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo's figures in bytes ({} where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
+    except (OSError, ValueError):
+        return {}
+
+
 def available_bytes() -> int | None:
     """Memory a new process can take without swapping: MemAvailable, or less where this
     process's cgroup limit leaves less (a SLURM job's or a container's); None where unknown."""
-    host = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    host = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    known = [b for b in (host, memory_cgroup.headroom_bytes()) if b is not None]
+    known = [b for b in (_meminfo().get("MemAvailable"), memory_cgroup.headroom_bytes()) if b is not None]
     return min(known) if known else None
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all this host's cores since boot: two readings give the share busy between them."""
-    return _cpu_ticks()
 
 
 def node_load(since: tuple[int, int]) -> dict:
     """This node's load since the ticks `since` (cpu_ticks): the share of its cores busy and
     the memory in use now (MemTotal less MemAvailable), what each rank reports of its node."""
-    busy, total = _cpu_ticks()
-    used = None
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
-        used = info["MemTotal"] - info["MemAvailable"]
-    except (OSError, KeyError, ValueError):
-        pass
+    busy, total = cpu_ticks()
+    info = _meminfo()
+    used = info["MemTotal"] - info["MemAvailable"] if {"MemTotal", "MemAvailable"} <= set(info) else None
     return {
         "cpu_busy_share": (busy - since[0]) / max(total - since[1], 1),
         "cores": os.cpu_count() or 1,

@@ -110,9 +110,7 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         state = run_steps(spec, engine, trial_dir, rank, world, device, console, tracker)
         peak = device.peak_bytes()
         everyone: list[Any] = [None] * world
-        dist.all_gather_object(
-            everyone, {**_rank_record(rank, peak, state.own_steps), "node_load": host_load.node_load(ticks)}
-        )
+        dist.all_gather_object(everyone, _rank_record(rank, peak, state.own_steps, host_load.node_load(ticks)))
         dist.barrier()  # every rank is done with every collective before any leaves
         if rank != 0:
             return
@@ -142,10 +140,10 @@ def train(trial_dir: Path, rank: int, world: int, console) -> None:
         raise
 
 
-def _rank_record(rank: int, peak: int, steps: list) -> dict:
+def _rank_record(rank: int, peak: int, steps: list, node_load: dict) -> dict:
     """What a rank says of itself at its end, gathered by rank 0 into result.json's env.ranks
     (and its timed steps, [step, seconds, seconds in collectives, those by kind], into
-    metrics.ranks)."""
+    metrics.ranks; its node's load over the steps, into metrics.nodes)."""
     return {
         "steps": steps,
         "rank": rank,
@@ -156,6 +154,7 @@ def _rank_record(rank: int, peak: int, steps: list) -> dict:
         "host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
         "affinity": sorted(os.sched_getaffinity(0)),
         "forked": forked(),
+        "node_load": node_load,
     }
 
 
