@@ -106,9 +106,7 @@ def test_every_point_has_a_wandb_run_that_matches_its_result(local_sweep):
         node, every = result["metrics"]["nodes"][host], sorted(r["rank"] for r in result["env"]["ranks"])
         assert node["ranks"] == every and w["summary"][f"perf/node/{host}/ranks"] == ",".join(map(str, every))
         busy = w["summary"][f"perf/node/{host}/cpu_busy_share"]
-        assert (
-            busy == pytest.approx(node["cpu_busy_share"]) and 0 < busy <= 1
-        )  # a share of the node's cores
+        assert busy == pytest.approx(node["cpu_busy_share"]) and 0 < busy <= 1  # a share of the node's cores
         assert 0 < w["summary"][f"perf/node/{host}/memory_used_bytes"] == node["memory_used_bytes"]
         # the last step's own throughput is not a summary figure beside perf/'s median
         assert "train/tokens_per_sec_per_gpu" not in w["summary"] and "train/step_time_s" not in w["summary"]
