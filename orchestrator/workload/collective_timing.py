@@ -2,9 +2,11 @@
 
 torch.distributed on the rank's backend (gloo here, NCCL on GPUs), its variables from
 torchrun's environment or, under srun, from SLURM's (submitit's TorchDistributedEnvironment,
-as the orchestrator's own SLURM task). For each collective and size, as nccl-tests does: one
-untimed call, then the median of REPS timed calls, each started together (a barrier) and
-ended by the slowest rank (a barrier); what the two barriers alone cost is taken off.
+as the orchestrator's own SLURM task). For each collective and size: one untimed call, then
+the median of REPS timed calls, each started together (a barrier) and ended by the slowest
+rank (a barrier), less the median of what the barriers alone cost, timed beside each call so
+that both see the same load: a barrier cost timed once, at the start, was taken off every call
+after it, and on a busy machine a burst of load there timed every call below 2 MB at nothing.
 Rank 0 prints one JSON line: the world, its nodes, and a row per collective and size.
 
 Usage: python -m orchestrator.workload.collective_timing SIZES_BYTES REPS [DEVICE]
@@ -28,16 +30,24 @@ from orchestrator.core.process import freeze_at_exit
 from orchestrator.workload.device import Device
 
 
-def timed(call, reps: int, device: Device) -> float:
-    call()
-    times = []
+def timed(
+    call: Callable[[], object], reps: int, clock: Callable[[], float], barrier=dist.barrier
+) -> tuple[float, float]:
+    """(seconds of one call, seconds of the barrier that ends it): medians of `reps`, each rep
+    a barrier-only interval and then the call's, back to back."""
+    call()  # untimed: gloo sets up a size's buffers on its first call
+    calls, barriers = [], []
     for _ in range(reps):
-        dist.barrier()
-        start = device.clock()
+        barrier()
+        start = clock()
+        barrier()  # ends the barrier's interval, and starts the call on every rank together
+        middle = clock()
         call()
-        dist.barrier()
-        times.append(device.clock() - start)
-    return statistics.median(times)
+        barrier()  # the slowest rank's end
+        calls.append(clock() - middle)
+        barriers.append(middle - start)
+    barrier_s = statistics.median(barriers)
+    return max(0.0, statistics.median(calls) - barrier_s), barrier_s
 
 
 def main() -> None:
@@ -51,8 +61,7 @@ def main() -> None:
     device = Device.for_rank(kind, os.environ)
     dist.init_process_group(device.backend)
     n = dist.get_world_size()
-    barrier = timed(lambda: None, reps, device)
-    rows = []
+    rows, barriers = [], []
     for nbytes in sizes:
         elements = max(n, nbytes // 4 // n * n)  # fp32, divisible by the world size
         full, part = torch.ones(elements, device=device.torch), torch.ones(elements // n, device=device.torch)
@@ -62,11 +71,16 @@ def main() -> None:
             "all_gather": functools.partial(dist.all_gather_into_tensor, full, part),
         }
         for op, call in calls.items():
-            rows.append({"op": op, "bytes": elements * 4, "seconds": max(0.0, timed(call, reps, device) - barrier)})
+            seconds, barrier_s = timed(call, reps, device.clock)
+            rows.append({"op": op, "bytes": elements * 4, "seconds": seconds})
+            barriers.append(barrier_s)
     hosts = [None] * n
     dist.all_gather_object(hosts, socket.gethostname())
     if dist.get_rank() == 0:
-        print(json.dumps({"world": n, "nodes": len(set(hosts)), "barrier_s": barrier, "rows": rows}), flush=True)
+        print(
+            json.dumps({"world": n, "nodes": len(set(hosts)), "barrier_s": statistics.median(barriers), "rows": rows}),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
